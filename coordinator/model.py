@@ -1,0 +1,417 @@
+"""The coordinator's domain model: typed IDs, enums and records.
+
+Everything here is plain data. The pure checkpoint coordinator works on these types, the Redis
+store serialises them to JSON (``to_dict`` / ``from_dict``), and ``coordinator.convert`` maps
+them to and from protobuf messages. No I/O happens in this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, NewType
+
+JobId = NewType("JobId", str)
+CheckpointId = NewType("CheckpointId", int)
+VertexId = NewType("VertexId", str)
+
+JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+DEFAULT_MAX_PARALLELISM = 128
+
+
+class CheckpointMode(enum.Enum):
+    ALIGNED = "aligned"
+    UNALIGNED = "unaligned"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+class CheckpointKind(enum.Enum):
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+    SAVEPOINT_SUSPEND = "savepoint_suspend"  # stop-with-savepoint
+    SAVEPOINT_TERMINATE = "savepoint_terminate"  # stop-with-savepoint --drain
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self is not CheckpointKind.CHECKPOINT
+
+    @property
+    def is_synchronous(self) -> bool:
+        """Stop-with-savepoint: the job ends once this savepoint completes."""
+        return self in (CheckpointKind.SAVEPOINT_SUSPEND, CheckpointKind.SAVEPOINT_TERMINATE)
+
+
+class CheckpointStatus(enum.Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class TaskState(enum.Enum):
+    DEPLOYING = "deploying"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELED)
+
+
+class JobState(enum.Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    FINISHED = "finished"
+    CANCELED = "canceled"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.FINISHED, JobState.CANCELED, JobState.FAILED)
+
+
+class PartitionerKind(enum.Enum):
+    FORWARD = "forward"
+    HASH = "hash"
+    REBALANCE = "rebalance"
+    BROADCAST = "broadcast"
+
+
+class TriggerRefusal(enum.Enum):
+    """Why a checkpoint trigger was refused (Flink's CheckpointFailureReason for pre-checks)."""
+
+    TOO_MANY_CHECKPOINT_REQUESTS = "too many pending checkpoints (max concurrent reached)"
+    MINIMUM_TIME_BETWEEN_CHECKPOINTS = "minimum pause since the last checkpoint has not passed"
+    NOT_ALL_REQUIRED_TASKS_RUNNING = "not all tasks are running"
+    CHECKPOINT_COORDINATOR_SHUTDOWN = "the checkpoint coordinator is shut down"
+    PERIODIC_SCHEDULER_SHUTDOWN = "periodic checkpointing is stopped"
+    STOP_WITH_SAVEPOINT_PENDING = "a stop-with-savepoint is already in progress"
+
+
+class AbortReason(enum.Enum):
+    """Why a pending checkpoint failed. ``counts_as_failure`` feeds the failure manager."""
+
+    EXPIRED = "checkpoint expired before completing"
+    DECLINED = "a task declined the checkpoint"
+    SUBSUMED = "a newer checkpoint completed"
+    TASK_FAILURE = "a task failed"
+    JOB_CANCELED = "the job was canceled"
+    COORDINATOR_SHUTDOWN = "the coordinator shut down"
+    COORDINATOR_RESTARTED = "the coordinator restarted while the checkpoint was pending"
+    FINALIZE_FAILED = "writing the checkpoint metadata or committing it failed"
+    TASK_NOT_READY = "a task was not ready for the checkpoint"
+
+    @property
+    def counts_as_failure(self) -> bool:
+        # Flink counts only real checkpoint failures: expiry, declines caused by the checkpoint
+        # itself and I/O; not subsumption, shutdown or failover-related aborts.
+        return self in (AbortReason.EXPIRED, AbortReason.DECLINED, AbortReason.FINALIZE_FAILED)
+
+
+class AckResult(enum.Enum):
+    SUCCESS = "success"
+    DUPLICATE = "duplicate"
+    UNKNOWN = "unknown"
+    DISCARDED = "discarded"
+
+
+@dataclass(frozen=True, order=True)
+class TaskKey:
+    """A subtask of a vertex, independent of the attempt."""
+
+    vertex_id: str
+    subtask_index: int
+
+    def __str__(self) -> str:
+        return f"{self.vertex_id}#{self.subtask_index}"
+
+
+@dataclass(frozen=True, order=True)
+class ExecutionAttempt:
+    """One execution attempt of a subtask (Flink's ExecutionAttemptID)."""
+
+    vertex_id: str
+    subtask_index: int
+    attempt: int
+
+    @property
+    def key(self) -> TaskKey:
+        return TaskKey(self.vertex_id, self.subtask_index)
+
+    def __str__(self) -> str:
+        return f"{self.vertex_id}#{self.subtask_index}@{self.attempt}"
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    operator_id: str
+    name: str
+    kind: str
+    payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class JobVertex:
+    vertex_id: str
+    name: str
+    parallelism: int
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
+    operators: tuple[OperatorSpec, ...] = ()
+    is_source: bool = False
+
+
+@dataclass(frozen=True)
+class JobEdge:
+    source_vertex_id: str
+    target_vertex_id: str
+    partitioner: PartitionerKind
+
+
+@dataclass(frozen=True)
+class JobGraph:
+    name: str
+    vertices: tuple[JobVertex, ...]
+    edges: tuple[JobEdge, ...] = ()
+
+    def vertex(self, vertex_id: str) -> JobVertex | None:
+        for v in self.vertices:
+            if v.vertex_id == vertex_id:
+                return v
+        return None
+
+    def task_keys(self) -> list[TaskKey]:
+        return [TaskKey(v.vertex_id, i) for v in self.vertices for i in range(v.parallelism)]
+
+    def source_task_keys(self) -> list[TaskKey]:
+        return [
+            TaskKey(v.vertex_id, i) for v in self.vertices if v.is_source for i in range(v.parallelism)
+        ]
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoint settings of one job. Defaults follow Flink's."""
+
+    interval_ms: int = 0
+    """Period of automatic checkpoints; 0 disables them (manual triggers still work)."""
+    timeout_ms: int = 600_000
+    """A pending checkpoint older than this expires."""
+    min_pause_ms: int = 0
+    """Minimum time from the completion of one checkpoint to the trigger of the next."""
+    max_concurrent: int = 1
+    """Most checkpoints pending at once (savepoints included)."""
+    mode: CheckpointMode = CheckpointMode.ALIGNED
+    """Barrier handling on the task side."""
+    aligned_checkpoint_timeout_ms: int = 0
+    """ALIGNED only: switch a checkpoint to unaligned when alignment takes longer; 0 = never."""
+    tolerable_failures: int | None = 0
+    """Consecutive failed checkpoints tolerated before the job fails; None = unlimited."""
+    retained: int = 1
+    """Completed checkpoints kept; older ones are deleted from storage."""
+    storage_uri: str = ""
+    """Checkpoint storage root for this job; empty = the coordinator's default."""
+
+
+@dataclass(frozen=True)
+class StateHandle:
+    path: str
+    size_bytes: int
+    kind: str = "keyed"
+    key_group_start: int = 0
+    key_group_end: int = 0
+
+
+@dataclass(frozen=True)
+class OperatorSubtaskState:
+    operator_id: str
+    handles: tuple[StateHandle, ...] = ()
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(h.size_bytes for h in self.handles)
+
+
+@dataclass(frozen=True)
+class SubtaskMetrics:
+    sync_duration_ms: int = 0
+    async_duration_ms: int = 0
+    alignment_duration_ms: int = 0
+    start_delay_ms: int = 0
+    state_size_bytes: int = 0
+    processed_during_alignment_bytes: int = 0
+    persisted_in_flight_bytes: int = 0
+    unaligned: bool = False
+
+
+@dataclass(frozen=True)
+class SubtaskAck:
+    """What one subtask attempt reported for one checkpoint."""
+
+    attempt: ExecutionAttempt
+    ack_timestamp_ms: int
+    operator_states: tuple[OperatorSubtaskState, ...] = ()
+    metrics: SubtaskMetrics = field(default_factory=SubtaskMetrics)
+
+    @property
+    def state_size_bytes(self) -> int:
+        reported = sum(s.size_bytes for s in self.operator_states)
+        return reported or self.metrics.state_size_bytes
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """A checkpoint whose metadata is durable. Stored in Redis and in ``_metadata``."""
+
+    job_id: str
+    checkpoint_id: int
+    kind: CheckpointKind
+    trigger_timestamp_ms: int
+    completion_timestamp_ms: int
+    external_path: str
+    """Directory holding ``_metadata`` (``<root>/<job>/chk-<id>`` or the savepoint directory)."""
+    subtask_states: tuple[SubtaskAck, ...]
+    vertex_parallelism: dict[str, int] = field(default_factory=dict)
+    vertex_max_parallelism: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def state_size_bytes(self) -> int:
+        return sum(a.state_size_bytes for a in self.subtask_states)
+
+    def state_paths(self) -> list[str]:
+        return [h.path for a in self.subtask_states for s in a.operator_states for h in s.handles]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> CompletedCheckpoint:
+        return CompletedCheckpoint(
+            job_id=d["job_id"],
+            checkpoint_id=int(d["checkpoint_id"]),
+            kind=CheckpointKind(d["kind"]),
+            trigger_timestamp_ms=int(d["trigger_timestamp_ms"]),
+            completion_timestamp_ms=int(d["completion_timestamp_ms"]),
+            external_path=d["external_path"],
+            subtask_states=tuple(subtask_ack_from_dict(a) for a in d["subtask_states"]),
+            vertex_parallelism={k: int(v) for k, v in d.get("vertex_parallelism", {}).items()},
+            vertex_max_parallelism={
+                k: int(v) for k, v in d.get("vertex_max_parallelism", {}).items()
+            },
+        )
+
+
+def subtask_ack_from_dict(d: dict[str, Any]) -> SubtaskAck:
+    return SubtaskAck(
+        attempt=ExecutionAttempt(**d["attempt"]),
+        ack_timestamp_ms=int(d["ack_timestamp_ms"]),
+        operator_states=tuple(
+            OperatorSubtaskState(
+                operator_id=s["operator_id"],
+                handles=tuple(StateHandle(**h) for h in s["handles"]),
+            )
+            for s in d["operator_states"]
+        ),
+        metrics=SubtaskMetrics(**d["metrics"]),
+    )
+
+
+@dataclass(frozen=True)
+class PendingCheckpointRecord:
+    """The Redis record of a pending checkpoint: enough to abort it after a coordinator crash."""
+
+    job_id: str
+    checkpoint_id: int
+    kind: CheckpointKind
+    trigger_timestamp_ms: int
+    external_path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> PendingCheckpointRecord:
+        return PendingCheckpointRecord(
+            job_id=d["job_id"],
+            checkpoint_id=int(d["checkpoint_id"]),
+            kind=CheckpointKind(d["kind"]),
+            trigger_timestamp_ms=int(d["trigger_timestamp_ms"]),
+            external_path=d["external_path"],
+        )
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """The durable description of a job (Redis). Task attempts are not durable: after a
+    coordinator restart every task registers again."""
+
+    job_id: str
+    graph: JobGraph
+    checkpoint_config: CheckpointConfig
+    state: JobState
+    created_at_ms: int
+    restarts: int = 0
+    failure: str = ""
+    restore_checkpoint_id: int = 0
+    """The checkpoint the job was first submitted to restore from (0 = none)."""
+    restore_savepoint_path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        d["checkpoint_config"]["mode"] = self.checkpoint_config.mode.value
+        for v in d["graph"]["vertices"]:
+            for op in v["operators"]:
+                op["payload"] = op["payload"].hex()
+        for e in d["graph"]["edges"]:
+            e["partitioner"] = e["partitioner"].value
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> JobRecord:
+        g = d["graph"]
+        graph = JobGraph(
+            name=g["name"],
+            vertices=tuple(
+                JobVertex(
+                    vertex_id=v["vertex_id"],
+                    name=v["name"],
+                    parallelism=int(v["parallelism"]),
+                    max_parallelism=int(v["max_parallelism"]),
+                    operators=tuple(
+                        OperatorSpec(
+                            operator_id=o["operator_id"],
+                            name=o["name"],
+                            kind=o["kind"],
+                            payload=bytes.fromhex(o["payload"]),
+                        )
+                        for o in v["operators"]
+                    ),
+                    is_source=bool(v["is_source"]),
+                )
+                for v in g["vertices"]
+            ),
+            edges=tuple(
+                JobEdge(e["source_vertex_id"], e["target_vertex_id"], PartitionerKind(e["partitioner"]))
+                for e in g["edges"]
+            ),
+        )
+        c = dict(d["checkpoint_config"])
+        c["mode"] = CheckpointMode(c["mode"])
+        return JobRecord(
+            job_id=d["job_id"],
+            graph=graph,
+            checkpoint_config=CheckpointConfig(**c),
+            state=JobState(d["state"]),
+            created_at_ms=int(d["created_at_ms"]),
+            restarts=int(d.get("restarts", 0)),
+            failure=d.get("failure", ""),
+            restore_checkpoint_id=int(d.get("restore_checkpoint_id", 0)),
+            restore_savepoint_path=d.get("restore_savepoint_path", ""),
+        )
