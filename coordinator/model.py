@@ -99,6 +99,8 @@ class AbortReason(enum.Enum):
     SUBSUMED = "a newer checkpoint completed"
     TASK_FAILURE = "a task failed"
     JOB_CANCELED = "the job was canceled"
+    JOB_FINISHED = "the job finished"
+    JOB_FAILED = "the job failed"
     COORDINATOR_SHUTDOWN = "the coordinator shut down"
     COORDINATOR_RESTARTED = "the coordinator restarted while the checkpoint was pending"
     FINALIZE_FAILED = "writing the checkpoint metadata or committing it failed"
@@ -187,7 +189,10 @@ class JobGraph:
 
     def source_task_keys(self) -> list[TaskKey]:
         return [
-            TaskKey(v.vertex_id, i) for v in self.vertices if v.is_source for i in range(v.parallelism)
+            TaskKey(v.vertex_id, i)
+            for v in self.vertices
+            if v.is_source
+            for i in range(v.parallelism)
         ]
 
 
@@ -361,6 +366,8 @@ class JobRecord:
     restore_checkpoint_id: int = 0
     """The checkpoint the job was first submitted to restore from (0 = none)."""
     restore_savepoint_path: str = ""
+    deployment: int = 0
+    """Deployments so far; task attempt numbers continue from here after a coordinator restart."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -398,7 +405,9 @@ class JobRecord:
                 for v in g["vertices"]
             ),
             edges=tuple(
-                JobEdge(e["source_vertex_id"], e["target_vertex_id"], PartitionerKind(e["partitioner"]))
+                JobEdge(
+                    e["source_vertex_id"], e["target_vertex_id"], PartitionerKind(e["partitioner"])
+                )
                 for e in g["edges"]
             ),
         )
@@ -414,4 +423,5 @@ class JobRecord:
             failure=d.get("failure", ""),
             restore_checkpoint_id=int(d.get("restore_checkpoint_id", 0)),
             restore_savepoint_path=d.get("restore_savepoint_path", ""),
+            deployment=int(d.get("deployment", 0)),
         )

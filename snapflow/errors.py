@@ -72,6 +72,18 @@ class CheckpointFailedError(SnapflowError):
         self.reason = reason
 
 
+class DeadlineExceededError(SnapflowError):
+    """The operation did not finish within its deadline; it may still complete later."""
+
+    status = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class ResourceExhaustedError(SnapflowError):
+    """A bound was reached (jobs, queued requests, watch stream backlog)."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class StorageError(SnapflowError):
     """Checkpoint storage could not be read or written."""
 

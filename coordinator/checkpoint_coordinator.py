@@ -1,0 +1,728 @@
+"""The pure checkpoint coordinator of one job (Flink's CheckpointCoordinator).
+
+Events go in (trigger requests, acks, declines, ticks of an injected clock, task changes, the
+outcome of asynchronous I/O the shell performed) and *actions* come out: plain dataclasses that
+the shell in ``coordinator.job_manager`` executes in order (Redis, storage, gRPC). There are no
+sockets, no Redis, no clocks and no threads in here, so every behaviour can be pinned down with
+exact event sequences.
+
+Recovery contract (what the shell relies on):
+
+* Triggering is two-step because checkpoint ids come from Redis: a request that passes the
+  pre-checks yields ``AllocateCheckpointId``; the shell answers with ``on_checkpoint_id`` (or
+  ``on_checkpoint_id_failed``). While an id is being allocated no other trigger starts
+  (Flink's ``isTriggering``).
+* Completion is two-step because the metadata and the Redis commit are I/O: the last ack yields
+  ``FinalizeCheckpoint``; only after the shell wrote ``_metadata`` and committed the record does
+  it call ``on_checkpoint_committed``, which yields ``NotifyComplete``. A failed finalisation is
+  reported with ``on_finalize_failed`` and aborts the checkpoint.
+* State handed over in an ack that cannot be used (late, unknown, duplicate, aborted) is
+  returned in ``DiscardState`` so it is never leaked, except paths that a retained completed
+  checkpoint references, which are never discarded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from coordinator.model import (
+    AbortReason,
+    AckResult,
+    CheckpointConfig,
+    CheckpointKind,
+    CheckpointMode,
+    CompletedCheckpoint,
+    ExecutionAttempt,
+    JobGraph,
+    OperatorSubtaskState,
+    SubtaskAck,
+    SubtaskMetrics,
+    TriggerRefusal,
+)
+
+# How many ids of ended checkpoints to remember for classifying late acks (Flink keeps 16).
+RECENT_CHECKPOINTS_REMEMBERED = 16
+
+
+class TaskView(Protocol):
+    """What the coordinator needs to know about the job's tasks (``JobExecution`` provides it)."""
+
+    def all_running(self) -> bool: ...
+
+    def current_attempts(self) -> list[ExecutionAttempt]: ...
+
+    def source_attempts(self) -> list[ExecutionAttempt]: ...
+
+
+@dataclass(frozen=True)
+class TriggerRequest:
+    request_id: int
+    kind: CheckpointKind
+    periodic: bool = False
+    target_directory: str = ""
+
+    @property
+    def forced(self) -> bool:
+        # Savepoints bypass max-concurrent and min-pause, as in Flink.
+        return self.kind.is_savepoint
+
+
+@dataclass(frozen=True)
+class BarrierOptions:
+    kind: CheckpointKind
+    mode: CheckpointMode
+    aligned_checkpoint_timeout_ms: int
+    target_location: str
+
+
+# --- actions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllocateCheckpointId:
+    request: TriggerRequest
+
+
+@dataclass(frozen=True)
+class RequestRefused:
+    request: TriggerRequest
+    refusal: TriggerRefusal
+
+
+@dataclass(frozen=True)
+class CheckpointTriggered:
+    checkpoint_id: int
+    request: TriggerRequest
+    timestamp_ms: int
+    external_path: str
+    tasks: tuple[ExecutionAttempt, ...]
+
+
+@dataclass(frozen=True)
+class SendTrigger:
+    checkpoint_id: int
+    timestamp_ms: int
+    options: BarrierOptions
+    tasks: tuple[ExecutionAttempt, ...]
+
+
+@dataclass(frozen=True)
+class SubtaskAcknowledged:
+    checkpoint_id: int
+    ack: SubtaskAck
+
+
+@dataclass(frozen=True)
+class FinalizeCheckpoint:
+    checkpoint: CompletedCheckpoint
+    retained: int
+
+
+@dataclass(frozen=True)
+class CheckpointCompleted:
+    checkpoint: CompletedCheckpoint
+    request: TriggerRequest
+    dropped: tuple[CompletedCheckpoint, ...]
+
+
+@dataclass(frozen=True)
+class NotifyComplete:
+    checkpoint_id: int
+    tasks: tuple[ExecutionAttempt, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointAborted:
+    checkpoint_id: int
+    request: TriggerRequest
+    reason: AbortReason
+    message: str
+    timestamp_ms: int
+    trigger_timestamp_ms: int
+    external_path: str
+    discarded_paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NotifyAborted:
+    checkpoint_id: int
+    tasks: tuple[ExecutionAttempt, ...]
+    reason: AbortReason
+
+
+@dataclass(frozen=True)
+class DiscardState:
+    paths: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class DeleteCompleted:
+    """Retention dropped these checkpoints: delete them from storage (Redis already did)."""
+
+    checkpoints: tuple[CompletedCheckpoint, ...]
+
+
+@dataclass(frozen=True)
+class FailJob:
+    message: str
+
+
+Action = (
+    AllocateCheckpointId
+    | RequestRefused
+    | CheckpointTriggered
+    | SendTrigger
+    | SubtaskAcknowledged
+    | FinalizeCheckpoint
+    | CheckpointCompleted
+    | NotifyComplete
+    | CheckpointAborted
+    | NotifyAborted
+    | DiscardState
+    | DeleteCompleted
+    | FailJob
+)
+
+
+# --- state -------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingCheckpoint:
+    checkpoint_id: int
+    request: TriggerRequest
+    trigger_timestamp_ms: int
+    deadline_ms: int
+    external_path: str
+    not_yet_acknowledged: set[ExecutionAttempt]
+    acknowledged: dict[ExecutionAttempt, SubtaskAck] = field(default_factory=dict)
+    finalizing: bool = False
+
+    @property
+    def kind(self) -> CheckpointKind:
+        return self.request.kind
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.not_yet_acknowledged) + len(self.acknowledged)
+
+    def acked_paths(self) -> list[str]:
+        return [
+            h.path for a in self.acknowledged.values() for s in a.operator_states for h in s.handles
+        ]
+
+
+class FailureManager:
+    """Flink's CheckpointFailureManager: counts consecutive real checkpoint failures.
+
+    Only failures whose reason ``counts_as_failure`` count, each checkpoint id at most once, and
+    only for checkpoints newer than the last successful one. Savepoint failures never count.
+    """
+
+    def __init__(self, tolerable: int | None) -> None:
+        self.tolerable = tolerable
+        self.consecutive_failures = 0
+        self.last_succeeded_id = 0
+        self._counted: set[int] = set()
+
+    def on_failure(self, checkpoint_id: int, kind: CheckpointKind, reason: AbortReason) -> bool:
+        """Record a failure; True when the job must fail."""
+        if kind.is_savepoint or not reason.counts_as_failure:
+            return False
+        if checkpoint_id <= self.last_succeeded_id or checkpoint_id in self._counted:
+            return False
+        self._counted.add(checkpoint_id)
+        self.consecutive_failures += 1
+        return self.tolerable is not None and self.consecutive_failures > self.tolerable
+
+    def on_success(self, checkpoint_id: int) -> None:
+        self.last_succeeded_id = max(self.last_succeeded_id, checkpoint_id)
+        self.consecutive_failures = 0
+        self._counted = {i for i in self._counted if i > checkpoint_id}
+        self.consecutive_failures = len(self._counted)
+
+
+class CheckpointCoordinator:
+    """Checkpoint bookkeeping of one job. Not thread-safe: the shell serialises calls."""
+
+    def __init__(
+        self,
+        job_id: str,
+        graph: JobGraph,
+        config: CheckpointConfig,
+        tasks: TaskView,
+        rng: random.Random,
+        max_queued_requests: int = 16,
+    ) -> None:
+        self.job_id = job_id
+        self.graph = graph
+        self.config = config
+        self.tasks = tasks
+        self.rng = rng
+        self.max_queued_requests = max_queued_requests
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.completed: list[CompletedCheckpoint] = []  # retained checkpoints, ascending id
+        self.savepoints: list[CompletedCheckpoint] = []
+        self.queue: deque[TriggerRequest] = deque()
+        self.triggering: TriggerRequest | None = None
+        self.failure_manager = FailureManager(config.tolerable_failures)
+        self.last_completion_ms: int | None = None
+        self.next_periodic_ms: int | None = None
+        self.shutdown = False
+        self.stopping_with_savepoint = False
+        self.job_failed = False
+        self.highest_id = 0
+        self._recently_ended: deque[int] = deque(maxlen=RECENT_CHECKPOINTS_REMEMBERED)
+        self._referenced_paths: set[str] = set()
+
+    # --- recovery --------------------------------------------------------------------------
+
+    def restore_completed(
+        self, completed: list[CompletedCheckpoint], savepoints: list[CompletedCheckpoint]
+    ) -> None:
+        """Load what Redis holds after a coordinator restart or a job resubmission."""
+        self.completed = sorted(completed, key=lambda c: c.checkpoint_id)
+        self.savepoints = sorted(savepoints, key=lambda c: c.checkpoint_id)
+        ids = [c.checkpoint_id for c in self.completed + self.savepoints]
+        if ids:
+            self.highest_id = max(self.highest_id, *ids)
+        if self.completed:
+            self.failure_manager.on_success(self.completed[-1].checkpoint_id)
+        self._recompute_referenced()
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        return self.completed[-1] if self.completed else None
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time ``on_tick`` has something to do (None: nothing scheduled)."""
+        deadlines = [p.deadline_ms for p in self.pending.values() if not p.finalizing]
+        if self.next_periodic_ms is not None:
+            deadlines.append(self.next_periodic_ms)
+        if self.queue and self.last_completion_ms is not None and self.config.min_pause_ms > 0:
+            deadlines.append(self.last_completion_ms + self.config.min_pause_ms)
+        return min(deadlines) if deadlines else None
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (used by tests after each step)."""
+        last_completed = self.completed[-1].checkpoint_id if self.completed else 0
+        for cid, p in self.pending.items():
+            assert cid == p.checkpoint_id
+            assert cid <= self.highest_id
+            assert not (p.not_yet_acknowledged & set(p.acknowledged)), "attempt both acked and not"
+            assert not p.finalizing or not p.not_yet_acknowledged, "finalizing with missing acks"
+            assert p.kind.is_savepoint or cid > last_completed, "pending older than completed"
+        ids = [c.checkpoint_id for c in self.completed]
+        assert ids == sorted(set(ids)), "completed not strictly ascending"
+        assert len(self.completed) <= max(1, self.config.retained), "retention exceeded"
+        assert len(self.queue) <= self.max_queued_requests
+        tolerable = self.failure_manager.tolerable
+        assert (
+            self.job_failed
+            or tolerable is None
+            or self.failure_manager.consecutive_failures <= tolerable
+        ), "failure count over the limit without failing the job"
+        assert all(r is not self.triggering for r in self.queue)
+
+    # --- triggering ------------------------------------------------------------------------
+
+    def request(self, request: TriggerRequest, now_ms: int) -> list[Action]:
+        """A trigger request (periodic, manual, savepoint, stop-with-savepoint)."""
+        refusal = self._refuse_outright(request)
+        if refusal is not None:
+            return [RequestRefused(request, refusal)]
+        if len(self.queue) >= self.max_queued_requests:
+            return [RequestRefused(request, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)]
+        if request.kind.is_synchronous:
+            self.stopping_with_savepoint = True
+            self.next_periodic_ms = None
+        # Savepoints and manual requests go before periodic ones (Flink's request queue).
+        if request.periodic:
+            self.queue.append(request)
+        else:
+            position = next((i for i, r in enumerate(self.queue) if r.periodic), len(self.queue))
+            self.queue.insert(position, request)
+        return self._start_next(now_ms)
+
+    def _refuse_outright(self, request: TriggerRequest) -> TriggerRefusal | None:
+        if self.shutdown or self.job_failed:
+            return TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
+        if self.stopping_with_savepoint:
+            return TriggerRefusal.STOP_WITH_SAVEPOINT_PENDING
+        if not self.tasks.all_running():
+            return TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING
+        return None
+
+    def _start_next(self, now_ms: int) -> list[Action]:
+        actions: list[Action] = []
+        while self.queue and self.triggering is None:
+            request = self.queue[0]
+            refusal = None
+            if not self.tasks.all_running():
+                refusal = TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING
+            elif not request.forced:
+                if len(self.pending) >= self.config.max_concurrent:
+                    if not request.periodic:
+                        break  # stays queued until a pending checkpoint ends
+                    refusal = TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS
+                elif self._in_min_pause(now_ms):
+                    if not request.periodic:
+                        break  # stays queued until the pause has passed (next_deadline_ms)
+                    refusal = TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS
+                    assert self.last_completion_ms is not None
+                    self.next_periodic_ms = self.last_completion_ms + self.config.min_pause_ms
+            self.queue.popleft()
+            if refusal is not None:
+                actions.append(RequestRefused(request, refusal))
+                continue
+            self.triggering = request
+            actions.append(AllocateCheckpointId(request))
+        return actions
+
+    def _in_min_pause(self, now_ms: int) -> bool:
+        return (
+            self.config.min_pause_ms > 0
+            and self.last_completion_ms is not None
+            and now_ms < self.last_completion_ms + self.config.min_pause_ms
+        )
+
+    def on_checkpoint_id(
+        self, request: TriggerRequest, checkpoint_id: int, external_path: str, now_ms: int
+    ) -> list[Action]:
+        """The shell allocated an id (Redis INCR) for the request being triggered."""
+        assert self.triggering == request, "id allocated for a request that is not triggering"
+        self.triggering = None
+        assert checkpoint_id > self.highest_id, "checkpoint ids must strictly increase"
+        self.highest_id = checkpoint_id
+        refusal = None
+        if self.shutdown or self.job_failed:
+            refusal = TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
+        elif self.stopping_with_savepoint and not request.kind.is_synchronous:
+            refusal = TriggerRefusal.STOP_WITH_SAVEPOINT_PENDING
+        elif not self.tasks.all_running():
+            refusal = TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING
+        if refusal is not None:
+            self._recently_ended.append(checkpoint_id)
+            if request.kind.is_synchronous:
+                self.stopping_with_savepoint = False
+                self._schedule_periodic(now_ms)
+            return [RequestRefused(request, refusal), *self._start_next(now_ms)]
+        attempts = self.tasks.current_attempts()
+        pending = PendingCheckpoint(
+            checkpoint_id=checkpoint_id,
+            request=request,
+            trigger_timestamp_ms=now_ms,
+            deadline_ms=now_ms + self.config.timeout_ms,
+            external_path=external_path,
+            not_yet_acknowledged=set(attempts),
+        )
+        self.pending[checkpoint_id] = pending
+        options = self._barrier_options(request.kind, external_path)
+        actions: list[Action] = [
+            CheckpointTriggered(checkpoint_id, request, now_ms, external_path, tuple(attempts)),
+            SendTrigger(checkpoint_id, now_ms, options, tuple(self.tasks.source_attempts())),
+        ]
+        actions.extend(self._start_next(now_ms))
+        return actions
+
+    def on_checkpoint_id_failed(self, request: TriggerRequest, now_ms: int) -> list[Action]:
+        """Allocating an id failed (Redis down, stale epoch): the request fails."""
+        assert self.triggering == request
+        self.triggering = None
+        if request.kind.is_synchronous:
+            self.stopping_with_savepoint = False
+            self._schedule_periodic(now_ms)
+        return [
+            RequestRefused(request, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN),
+            *self._start_next(now_ms),
+        ]
+
+    def _barrier_options(self, kind: CheckpointKind, location: str) -> BarrierOptions:
+        mode = self.config.mode
+        timeout = self.config.aligned_checkpoint_timeout_ms
+        if kind.is_savepoint and mode is CheckpointMode.UNALIGNED:
+            mode, timeout = CheckpointMode.ALIGNED, 0  # savepoints are always aligned (Flink)
+        if kind.is_savepoint:
+            timeout = 0
+        return BarrierOptions(kind, mode, timeout, location)
+
+    # --- periodic scheduling and time ------------------------------------------------------
+
+    def on_tasks_running(self, now_ms: int) -> list[Action]:
+        """Every task runs: start the periodic scheduler with a random first delay."""
+        if self.config.interval_ms > 0 and not self.shutdown and not self.stopping_with_savepoint:
+            low = self.config.min_pause_ms
+            high = max(low, self.config.interval_ms)
+            self.next_periodic_ms = now_ms + self.rng.randint(low, high)
+        return self._start_next(now_ms)
+
+    def _schedule_periodic(self, now_ms: int) -> None:
+        if self.config.interval_ms > 0 and not self.shutdown and self.tasks.all_running():
+            self.next_periodic_ms = now_ms + self.config.interval_ms
+
+    def on_tick(self, now_ms: int) -> list[Action]:
+        actions: list[Action] = []
+        for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+            if p.checkpoint_id in self.pending and not p.finalizing and now_ms >= p.deadline_ms:
+                actions.extend(
+                    self._abort(
+                        p, AbortReason.EXPIRED, f"expired after {self.config.timeout_ms} ms", now_ms
+                    )
+                )
+        if self.next_periodic_ms is not None and now_ms >= self.next_periodic_ms:
+            self.next_periodic_ms = now_ms + self.config.interval_ms
+            actions.extend(
+                self.request(TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True), now_ms)
+            )
+        actions.extend(self._start_next(now_ms))
+        return actions
+
+    def on_tasks_not_running(self, now_ms: int, message: str) -> list[Action]:
+        """A task failed or the deployment changed: abort everything pending (Flink's failover)."""
+        self.next_periodic_ms = None
+        actions: list[Action] = []
+        for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+            if p.checkpoint_id in self.pending and not p.finalizing:
+                actions.extend(self._abort(p, AbortReason.TASK_FAILURE, message, now_ms))
+        while self.queue:
+            actions.append(
+                RequestRefused(self.queue.popleft(), TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING)
+            )
+        if self.stopping_with_savepoint and not any(
+            p.kind.is_synchronous for p in self.pending.values()
+        ):
+            self.stopping_with_savepoint = False
+        return actions
+
+    def shut_down(self, reason: AbortReason, now_ms: int) -> list[Action]:
+        """Job canceled, failed or coordinator stopping: abort everything, refuse all requests."""
+        self.shutdown = True
+        self.next_periodic_ms = None
+        actions: list[Action] = []
+        for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+            if not p.finalizing:  # fully acknowledged checkpoints still complete
+                actions.extend(self._abort(p, reason, reason.value, now_ms, count_failure=False))
+        while self.queue:
+            actions.append(
+                RequestRefused(self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)
+            )
+        return actions
+
+    # --- acks and declines -----------------------------------------------------------------
+
+    def on_ack(
+        self,
+        attempt: ExecutionAttempt,
+        checkpoint_id: int,
+        operator_states: tuple[OperatorSubtaskState, ...],
+        metrics: SubtaskMetrics,
+        now_ms: int,
+    ) -> tuple[AckResult, list[Action]]:
+        paths = [h.path for s in operator_states for h in s.handles]
+        pending = self.pending.get(checkpoint_id)
+        if pending is None:
+            completed = self._find_completed(checkpoint_id)
+            if completed is not None and any(
+                a.attempt == attempt for a in completed.subtask_states
+            ):
+                return AckResult.DUPLICATE, self._discard(
+                    paths, "duplicate ack of a completed checkpoint"
+                )
+            if (
+                completed is not None
+                or checkpoint_id in self._recently_ended
+                or (0 < checkpoint_id <= self.highest_id)
+            ):
+                return AckResult.DISCARDED, self._discard(paths, "late ack for an ended checkpoint")
+            return AckResult.UNKNOWN, self._discard(paths, "ack for an unknown checkpoint")
+        if attempt in pending.acknowledged:
+            first = {
+                h.path for s in pending.acknowledged[attempt].operator_states for h in s.handles
+            }
+            return AckResult.DUPLICATE, self._discard(
+                [p for p in paths if p not in first], "duplicate ack"
+            )
+        if attempt not in pending.not_yet_acknowledged:
+            return AckResult.UNKNOWN, self._discard(paths, f"ack from unexpected attempt {attempt}")
+        ack = SubtaskAck(attempt, now_ms, operator_states, metrics)
+        pending.not_yet_acknowledged.discard(attempt)
+        pending.acknowledged[attempt] = ack
+        actions: list[Action] = [SubtaskAcknowledged(checkpoint_id, ack)]
+        if not pending.not_yet_acknowledged:
+            pending.finalizing = True
+            actions.append(
+                FinalizeCheckpoint(self._completed_candidate(pending, now_ms), self.config.retained)
+            )
+        return AckResult.SUCCESS, actions
+
+    def on_decline(
+        self,
+        attempt: ExecutionAttempt,
+        checkpoint_id: int,
+        message: str,
+        now_ms: int,
+        reason: AbortReason = AbortReason.DECLINED,
+    ) -> list[Action]:
+        """A task declined: the checkpoint aborts (if it is pending and the attempt expected)."""
+        pending = self.pending.get(checkpoint_id)
+        if pending is None or pending.finalizing:
+            return []
+        if attempt not in pending.not_yet_acknowledged and attempt not in pending.acknowledged:
+            return []
+        return self._abort(pending, reason, f"declined by {attempt}: {message}", now_ms)
+
+    def _completed_candidate(self, p: PendingCheckpoint, now_ms: int) -> CompletedCheckpoint:
+        return CompletedCheckpoint(
+            job_id=self.job_id,
+            checkpoint_id=p.checkpoint_id,
+            kind=p.kind,
+            trigger_timestamp_ms=p.trigger_timestamp_ms,
+            completion_timestamp_ms=now_ms,
+            external_path=p.external_path,
+            subtask_states=tuple(p.acknowledged[a] for a in sorted(p.acknowledged)),
+            vertex_parallelism={v.vertex_id: v.parallelism for v in self.graph.vertices},
+            vertex_max_parallelism={v.vertex_id: v.max_parallelism for v in self.graph.vertices},
+        )
+
+    # --- completion ------------------------------------------------------------------------
+
+    def on_checkpoint_committed(
+        self, checkpoint: CompletedCheckpoint, dropped: list[CompletedCheckpoint], now_ms: int
+    ) -> list[Action]:
+        """``_metadata`` is written and the Redis commit succeeded (dropped: trimmed by retention)."""
+        pending = self.pending.pop(checkpoint.checkpoint_id)
+        assert pending.finalizing
+        self._recently_ended.append(checkpoint.checkpoint_id)
+        actions: list[Action] = []
+        if checkpoint.kind.is_savepoint:
+            self.savepoints.append(checkpoint)
+        else:
+            dropped_ids = {d.checkpoint_id for d in dropped}
+            self.completed = [c for c in self.completed if c.checkpoint_id not in dropped_ids]
+            self.completed.append(checkpoint)
+            self.completed.sort(key=lambda c: c.checkpoint_id)
+            self.last_completion_ms = now_ms
+            self.failure_manager.on_success(checkpoint.checkpoint_id)
+        self._recompute_referenced()
+        # Older pending checkpoints are subsumed; savepoints never are.
+        for older in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+            if older.checkpoint_id < checkpoint.checkpoint_id and not older.kind.is_savepoint:
+                actions.extend(
+                    self._abort(
+                        older,
+                        AbortReason.SUBSUMED,
+                        f"subsumed by checkpoint {checkpoint.checkpoint_id}",
+                        now_ms,
+                    )
+                )
+        actions.append(CheckpointCompleted(checkpoint, pending.request, tuple(dropped)))
+        # Intermediate savepoints do not commit side effects (Flink 1.15+): only checkpoints and
+        # stop-with-savepoint notify the tasks.
+        if checkpoint.kind is CheckpointKind.CHECKPOINT or checkpoint.kind.is_synchronous:
+            actions.append(
+                NotifyComplete(checkpoint.checkpoint_id, tuple(sorted(pending.acknowledged)))
+            )
+        if dropped:
+            actions.append(DeleteCompleted(tuple(dropped)))
+        if checkpoint.kind.is_synchronous:
+            self.shutdown = True  # the job ends; its tasks finish after the notification
+            self.next_periodic_ms = None
+            while self.queue:
+                actions.append(
+                    RequestRefused(
+                        self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
+                    )
+                )
+        else:
+            actions.extend(self._start_next(now_ms))
+        return actions
+
+    def on_finalize_failed(self, checkpoint_id: int, message: str, now_ms: int) -> list[Action]:
+        pending = self.pending.get(checkpoint_id)
+        if pending is None:
+            return []
+        return self._abort(pending, AbortReason.FINALIZE_FAILED, message, now_ms)
+
+    # --- aborting --------------------------------------------------------------------------
+
+    def _abort(
+        self,
+        p: PendingCheckpoint,
+        reason: AbortReason,
+        message: str,
+        now_ms: int,
+        count_failure: bool = True,
+    ) -> list[Action]:
+        del self.pending[p.checkpoint_id]
+        self._recently_ended.append(p.checkpoint_id)
+        discarded = tuple(path for path in p.acked_paths() if path not in self._referenced_paths)
+        actions: list[Action] = [
+            CheckpointAborted(
+                checkpoint_id=p.checkpoint_id,
+                request=p.request,
+                reason=reason,
+                message=message,
+                timestamp_ms=now_ms,
+                trigger_timestamp_ms=p.trigger_timestamp_ms,
+                external_path=p.external_path,
+                discarded_paths=discarded,
+            ),
+            NotifyAborted(
+                p.checkpoint_id,
+                tuple(sorted(p.acknowledged.keys() | p.not_yet_acknowledged)),
+                reason,
+            ),
+        ]
+        if p.kind.is_synchronous:
+            # A failed stop-with-savepoint leaves the job running; resume periodic checkpoints.
+            self.stopping_with_savepoint = False
+            self._schedule_periodic(now_ms)
+        if count_failure and self.failure_manager.on_failure(p.checkpoint_id, p.kind, reason):
+            self.job_failed = True
+            self.shutdown = True
+            self.next_periodic_ms = None
+            fm = self.failure_manager
+            actions.append(
+                FailJob(
+                    f"exceeded checkpoint tolerable failure threshold: {fm.consecutive_failures} "
+                    f"consecutive failures > {fm.tolerable} tolerable (last: checkpoint "
+                    f"{p.checkpoint_id} {reason.name}: {message})"
+                )
+            )
+            for other in sorted(self.pending.values(), key=lambda q: q.checkpoint_id):
+                if other.finalizing:
+                    continue
+                actions.extend(
+                    self._abort(
+                        other, AbortReason.JOB_CANCELED, "job failed", now_ms, count_failure=False
+                    )
+                )
+            while self.queue:
+                actions.append(
+                    RequestRefused(
+                        self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
+                    )
+                )
+        return actions
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _find_completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        for c in self.completed + self.savepoints:
+            if c.checkpoint_id == checkpoint_id:
+                return c
+        return None
+
+    def _discard(self, paths: list[str], why: str) -> list[Action]:
+        keep = [p for p in paths if p not in self._referenced_paths]
+        return [DiscardState(tuple(keep), why)] if keep else []
+
+    def _recompute_referenced(self) -> None:
+        self._referenced_paths = {
+            path for c in self.completed + self.savepoints for path in c.state_paths()
+        }

@@ -1,0 +1,413 @@
+"""Protobuf <-> domain model, with validation of everything a client sends.
+
+Validation errors are ``InvalidArgumentError`` with a message that says which field is wrong and
+what would be accepted, so a caller can fix the request.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from coordinator.model import (
+    DEFAULT_MAX_PARALLELISM,
+    JOB_ID_PATTERN,
+    AckResult,
+    CheckpointConfig,
+    CheckpointKind,
+    CheckpointMode,
+    CheckpointStatus,
+    CompletedCheckpoint,
+    ExecutionAttempt,
+    JobEdge,
+    JobGraph,
+    JobState,
+    JobVertex,
+    OperatorSpec,
+    OperatorSubtaskState,
+    PartitionerKind,
+    StateHandle,
+    SubtaskMetrics,
+    TaskState,
+)
+from snapflow.errors import InvalidArgumentError
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+
+MAX_PARALLELISM_LIMIT = 32_768  # Flink's upper bound for max parallelism (key groups)
+MAX_VERTICES = 1_000
+MAX_ID_LENGTH = 200
+MIN_INTERVAL_MS = 10  # Flink's minimum checkpoint interval and timeout
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+
+_MODE_TO_PB = {
+    CheckpointMode.ALIGNED: pb.CHECKPOINT_MODE_ALIGNED,
+    CheckpointMode.UNALIGNED: pb.CHECKPOINT_MODE_UNALIGNED,
+    CheckpointMode.AT_LEAST_ONCE: pb.CHECKPOINT_MODE_AT_LEAST_ONCE,
+}
+_MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()} | {
+    pb.CHECKPOINT_MODE_UNSPECIFIED: CheckpointMode.ALIGNED
+}
+_KIND_TO_PB = {
+    CheckpointKind.CHECKPOINT: pb.CHECKPOINT_KIND_CHECKPOINT,
+    CheckpointKind.SAVEPOINT: pb.CHECKPOINT_KIND_SAVEPOINT,
+    CheckpointKind.SAVEPOINT_SUSPEND: pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND,
+    CheckpointKind.SAVEPOINT_TERMINATE: pb.CHECKPOINT_KIND_SAVEPOINT_TERMINATE,
+}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
+_PARTITIONER_TO_PB = {
+    PartitionerKind.FORWARD: pb.PARTITIONER_KIND_FORWARD,
+    PartitionerKind.HASH: pb.PARTITIONER_KIND_HASH,
+    PartitionerKind.REBALANCE: pb.PARTITIONER_KIND_REBALANCE,
+    PartitionerKind.BROADCAST: pb.PARTITIONER_KIND_BROADCAST,
+}
+_PARTITIONER_FROM_PB = {v: k for k, v in _PARTITIONER_TO_PB.items()}
+TASK_STATE_TO_PB = {
+    TaskState.DEPLOYING: pb.TASK_STATE_DEPLOYING,
+    TaskState.RUNNING: pb.TASK_STATE_RUNNING,
+    TaskState.FINISHED: pb.TASK_STATE_FINISHED,
+    TaskState.FAILED: pb.TASK_STATE_FAILED,
+    TaskState.CANCELED: pb.TASK_STATE_CANCELED,
+}
+TASK_STATE_FROM_PB = {v: k for k, v in TASK_STATE_TO_PB.items()}
+JOB_STATE_TO_PB = {
+    JobState.CREATED: pb.JOB_STATE_CREATED,
+    JobState.RUNNING: pb.JOB_STATE_RUNNING,
+    JobState.RESTARTING: pb.JOB_STATE_RESTARTING,
+    JobState.FINISHED: pb.JOB_STATE_FINISHED,
+    JobState.CANCELED: pb.JOB_STATE_CANCELED,
+    JobState.FAILED: pb.JOB_STATE_FAILED,
+}
+STATUS_TO_PB = {
+    CheckpointStatus.IN_PROGRESS: pb.CHECKPOINT_STATUS_IN_PROGRESS,
+    CheckpointStatus.COMPLETED: pb.CHECKPOINT_STATUS_COMPLETED,
+    CheckpointStatus.FAILED: pb.CHECKPOINT_STATUS_FAILED,
+}
+ACK_RESULT_TO_PB = {
+    AckResult.SUCCESS: cpb.ACK_RESULT_SUCCESS,
+    AckResult.DUPLICATE: cpb.ACK_RESULT_DUPLICATE,
+    AckResult.UNKNOWN: cpb.ACK_RESULT_UNKNOWN,
+    AckResult.DISCARDED: cpb.ACK_RESULT_DISCARDED,
+}
+
+
+def kind_to_pb(kind: CheckpointKind) -> int:
+    return _KIND_TO_PB[kind]
+
+
+def mode_to_pb(mode: CheckpointMode) -> int:
+    return _MODE_TO_PB[mode]
+
+
+# --- ids -----------------------------------------------------------------------------------
+
+
+def parse_job_id(value: str, *, field: str = "job_id", allow_empty: bool = False) -> str:
+    if not value:
+        if allow_empty:
+            return uuid.uuid4().hex
+        raise InvalidArgumentError(f"{field} is required")
+    if not JOB_ID_PATTERN.match(value):
+        raise InvalidArgumentError(
+            f"{field} {value[:80]!r} is malformed: expected 32 lowercase hex characters"
+        )
+    return value
+
+
+def _check_id(value: str, what: str) -> str:
+    if not value:
+        raise InvalidArgumentError(f"{what} is required")
+    if len(value) > MAX_ID_LENGTH or not ID_PATTERN.match(value):
+        raise InvalidArgumentError(
+            f"{what} {value[:80]!r} is invalid: use 1-{MAX_ID_LENGTH} characters of A-Z a-z 0-9 _ . : -"
+        )
+    return value
+
+
+def attempt_from_pb(msg: pb.TaskAttempt) -> ExecutionAttempt:
+    _check_id(msg.vertex_id, "attempt.vertex_id")
+    if msg.subtask_index < 0:
+        raise InvalidArgumentError(f"attempt.subtask_index must be >= 0, got {msg.subtask_index}")
+    if msg.attempt < 1:
+        raise InvalidArgumentError(
+            f"attempt.attempt must be >= 1 (from RegisterTask), got {msg.attempt}"
+        )
+    return ExecutionAttempt(msg.vertex_id, msg.subtask_index, msg.attempt)
+
+
+def attempt_to_pb(a: ExecutionAttempt) -> pb.TaskAttempt:
+    return pb.TaskAttempt(vertex_id=a.vertex_id, subtask_index=a.subtask_index, attempt=a.attempt)
+
+
+def checkpoint_id_from_pb(value: int) -> int:
+    if value < 1:
+        raise InvalidArgumentError(f"checkpoint_id must be >= 1, got {value}")
+    return value
+
+
+# --- job graph and config ------------------------------------------------------------------
+
+
+def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
+    if not msg.vertices:
+        raise InvalidArgumentError("graph.vertices is empty: a job needs at least one vertex")
+    if len(msg.vertices) > MAX_VERTICES:
+        raise InvalidArgumentError(
+            f"graph has {len(msg.vertices)} vertices; at most {MAX_VERTICES}"
+        )
+    vertices: list[JobVertex] = []
+    seen: set[str] = set()
+    for i, v in enumerate(msg.vertices):
+        vid = _check_id(v.vertex_id, f"graph.vertices[{i}].vertex_id")
+        if vid in seen:
+            raise InvalidArgumentError(f"graph.vertices[{i}].vertex_id {vid!r} is duplicated")
+        seen.add(vid)
+        max_p = v.max_parallelism or DEFAULT_MAX_PARALLELISM
+        if not 1 <= max_p <= MAX_PARALLELISM_LIMIT:
+            raise InvalidArgumentError(
+                f"vertex {vid!r}: max_parallelism {max_p} out of range 1..{MAX_PARALLELISM_LIMIT}"
+            )
+        if not 1 <= v.parallelism <= max_p:
+            raise InvalidArgumentError(
+                f"vertex {vid!r}: parallelism {v.parallelism} out of range 1..{max_p} (max_parallelism)"
+            )
+        ops = []
+        op_ids: set[str] = set()
+        for j, o in enumerate(v.operators):
+            oid = _check_id(o.operator_id, f"vertex {vid!r} operators[{j}].operator_id")
+            if oid in op_ids:
+                raise InvalidArgumentError(f"vertex {vid!r}: operator_id {oid!r} is duplicated")
+            op_ids.add(oid)
+            ops.append(OperatorSpec(oid, o.name or oid, o.kind, bytes(o.payload)))
+        vertices.append(
+            JobVertex(vid, v.name or vid, v.parallelism, max_p, tuple(ops), v.is_source)
+        )
+    by_id = {v.vertex_id: v for v in vertices}
+    edges: list[JobEdge] = []
+    for i, e in enumerate(msg.edges):
+        for end in (e.source_vertex_id, e.target_vertex_id):
+            if end not in by_id:
+                raise InvalidArgumentError(f"graph.edges[{i}] names unknown vertex {end!r}")
+        if e.source_vertex_id == e.target_vertex_id:
+            raise InvalidArgumentError(f"graph.edges[{i}] is a self loop on {e.source_vertex_id!r}")
+        if e.partitioner not in _PARTITIONER_FROM_PB:
+            raise InvalidArgumentError(
+                f"graph.edges[{i}].partitioner must be FORWARD, HASH, REBALANCE or BROADCAST"
+            )
+        kind = _PARTITIONER_FROM_PB[e.partitioner]
+        src, dst = by_id[e.source_vertex_id], by_id[e.target_vertex_id]
+        if kind is PartitionerKind.FORWARD and src.parallelism != dst.parallelism:
+            raise InvalidArgumentError(
+                f"graph.edges[{i}]: FORWARD needs equal parallelism, "
+                f"{src.vertex_id!r} has {src.parallelism} and {dst.vertex_id!r} has {dst.parallelism}"
+            )
+        if by_id[e.target_vertex_id].is_source:
+            raise InvalidArgumentError(
+                f"graph.edges[{i}] points into source vertex {dst.vertex_id!r}"
+            )
+        edges.append(JobEdge(e.source_vertex_id, e.target_vertex_id, kind))
+    if not any(v.is_source for v in vertices):
+        raise InvalidArgumentError("graph has no source vertex (set is_source on at least one)")
+    _check_acyclic(vertices, edges)
+    return JobGraph(msg.name or "job", tuple(vertices), tuple(edges))
+
+
+def _check_acyclic(vertices: list[JobVertex], edges: list[JobEdge]) -> None:
+    incoming = {v.vertex_id: 0 for v in vertices}
+    for e in edges:
+        incoming[e.target_vertex_id] += 1
+    ready = [v for v, n in incoming.items() if n == 0]
+    visited = 0
+    while ready:
+        v = ready.pop()
+        visited += 1
+        for e in edges:
+            if e.source_vertex_id == v:
+                incoming[e.target_vertex_id] -= 1
+                if incoming[e.target_vertex_id] == 0:
+                    ready.append(e.target_vertex_id)
+    if visited != len(vertices):
+        raise InvalidArgumentError("graph has a cycle; a job graph must be a DAG")
+
+
+def graph_to_pb(g: JobGraph) -> pb.JobGraph:
+    return pb.JobGraph(
+        name=g.name,
+        vertices=[
+            pb.JobVertex(
+                vertex_id=v.vertex_id,
+                name=v.name,
+                parallelism=v.parallelism,
+                max_parallelism=v.max_parallelism,
+                is_source=v.is_source,
+                operators=[
+                    pb.OperatorSpec(
+                        operator_id=o.operator_id, name=o.name, kind=o.kind, payload=o.payload
+                    )
+                    for o in v.operators
+                ],
+            )
+            for v in g.vertices
+        ],
+        edges=[
+            pb.JobEdge(
+                source_vertex_id=e.source_vertex_id,
+                target_vertex_id=e.target_vertex_id,
+                partitioner=_PARTITIONER_TO_PB[e.partitioner],  # type: ignore[arg-type]
+            )
+            for e in g.edges
+        ],
+    )
+
+
+def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
+    defaults = CheckpointConfig()
+    for name in ("interval_ms", "timeout_ms", "min_pause_ms", "aligned_checkpoint_timeout_ms"):
+        if getattr(msg, name) < 0:
+            raise InvalidArgumentError(
+                f"checkpoint_config.{name} must be >= 0, got {getattr(msg, name)}"
+            )
+    for name in ("max_concurrent", "tolerable_failures", "retained"):
+        if getattr(msg, name) < 0:
+            raise InvalidArgumentError(
+                f"checkpoint_config.{name} must be >= 0, got {getattr(msg, name)}"
+            )
+    if 0 < msg.interval_ms < MIN_INTERVAL_MS:
+        raise InvalidArgumentError(
+            f"checkpoint_config.interval_ms {msg.interval_ms} is below the minimum of {MIN_INTERVAL_MS} ms"
+        )
+    if 0 < msg.timeout_ms < MIN_INTERVAL_MS:
+        raise InvalidArgumentError(
+            f"checkpoint_config.timeout_ms {msg.timeout_ms} is below the minimum of {MIN_INTERVAL_MS} ms"
+        )
+    if msg.mode not in _MODE_FROM_PB:
+        raise InvalidArgumentError(
+            f"checkpoint_config.mode {msg.mode} is not a known CheckpointMode"
+        )
+    mode = _MODE_FROM_PB[msg.mode]
+    if msg.aligned_checkpoint_timeout_ms and mode is not CheckpointMode.ALIGNED:
+        raise InvalidArgumentError(
+            "checkpoint_config.aligned_checkpoint_timeout_ms applies only to ALIGNED mode"
+        )
+    if msg.storage_uri and "://" in msg.storage_uri and not msg.storage_uri.startswith("file://"):
+        raise InvalidArgumentError(
+            f"checkpoint_config.storage_uri {msg.storage_uri!r}: only file:// URIs and paths are supported"
+        )
+    return CheckpointConfig(
+        interval_ms=msg.interval_ms,
+        timeout_ms=msg.timeout_ms or defaults.timeout_ms,
+        min_pause_ms=msg.min_pause_ms,
+        max_concurrent=msg.max_concurrent or defaults.max_concurrent,
+        mode=mode,
+        aligned_checkpoint_timeout_ms=msg.aligned_checkpoint_timeout_ms,
+        tolerable_failures=None if msg.tolerable_failures_unlimited else msg.tolerable_failures,
+        retained=msg.retained or defaults.retained,
+        storage_uri=msg.storage_uri,
+    )
+
+
+def config_to_pb(c: CheckpointConfig) -> pb.CheckpointConfig:
+    return pb.CheckpointConfig(
+        interval_ms=c.interval_ms,
+        timeout_ms=c.timeout_ms,
+        min_pause_ms=c.min_pause_ms,
+        max_concurrent=c.max_concurrent,
+        mode=_MODE_TO_PB[c.mode],  # type: ignore[arg-type]
+        aligned_checkpoint_timeout_ms=c.aligned_checkpoint_timeout_ms,
+        tolerable_failures=c.tolerable_failures or 0,
+        tolerable_failures_unlimited=c.tolerable_failures is None,
+        retained=c.retained,
+        storage_uri=c.storage_uri,
+    )
+
+
+# --- task state ----------------------------------------------------------------------------
+
+
+def operator_states_from_pb(
+    msgs: list[pb.OperatorSubtaskState] | object,
+) -> tuple[OperatorSubtaskState, ...]:
+    out = []
+    for s in msgs:  # type: ignore[attr-defined]
+        handles = []
+        for h in s.handles:
+            if not h.path:
+                raise InvalidArgumentError(
+                    f"operator {s.operator_id!r}: a state handle has an empty path"
+                )
+            if h.size_bytes < 0:
+                raise InvalidArgumentError(f"state handle {h.path!r}: size_bytes must be >= 0")
+            handles.append(
+                StateHandle(
+                    h.path, h.size_bytes, h.kind or "keyed", h.key_group_start, h.key_group_end
+                )
+            )
+        out.append(OperatorSubtaskState(s.operator_id, tuple(handles)))
+    return tuple(out)
+
+
+def operator_states_to_pb(
+    states: tuple[OperatorSubtaskState, ...],
+) -> list[pb.OperatorSubtaskState]:
+    return [
+        pb.OperatorSubtaskState(
+            operator_id=s.operator_id,
+            handles=[
+                pb.StateHandle(
+                    path=h.path,
+                    size_bytes=h.size_bytes,
+                    kind=h.kind,
+                    key_group_start=h.key_group_start,
+                    key_group_end=h.key_group_end,
+                )
+                for h in s.handles
+            ],
+        )
+        for s in states
+    ]
+
+
+def metrics_from_pb(m: pb.SubtaskCheckpointMetrics) -> SubtaskMetrics:
+    values = [
+        m.sync_duration_ms,
+        m.async_duration_ms,
+        m.alignment_duration_ms,
+        m.start_delay_ms,
+        m.state_size_bytes,
+        m.processed_during_alignment_bytes,
+        m.persisted_in_flight_bytes,
+    ]
+    if any(v < 0 for v in values):
+        raise InvalidArgumentError("metrics: durations and sizes must be >= 0")
+    return SubtaskMetrics(*values, unaligned=m.unaligned)  # type: ignore[arg-type]
+
+
+def metrics_to_pb(m: SubtaskMetrics) -> pb.SubtaskCheckpointMetrics:
+    return pb.SubtaskCheckpointMetrics(
+        sync_duration_ms=m.sync_duration_ms,
+        async_duration_ms=m.async_duration_ms,
+        alignment_duration_ms=m.alignment_duration_ms,
+        start_delay_ms=m.start_delay_ms,
+        state_size_bytes=m.state_size_bytes,
+        processed_during_alignment_bytes=m.processed_during_alignment_bytes,
+        persisted_in_flight_bytes=m.persisted_in_flight_bytes,
+        unaligned=m.unaligned,
+    )
+
+
+def task_restore_to_pb(cp: CompletedCheckpoint | None, vertex_id: str) -> cpb.TaskRestore:
+    if cp is None:
+        return cpb.TaskRestore()
+    return cpb.TaskRestore(
+        checkpoint_id=cp.checkpoint_id,
+        checkpoint_path=cp.external_path,
+        previous_parallelism=cp.vertex_parallelism.get(vertex_id, 0),
+        vertex_state=[
+            cpb.VertexSubtaskState(
+                subtask_index=a.attempt.subtask_index,
+                operators=operator_states_to_pb(a.operator_states),
+            )
+            for a in cp.subtask_states
+            if a.attempt.vertex_id == vertex_id
+        ],
+    )

@@ -1,0 +1,155 @@
+"""Pure tracking of a job's subtasks, deployments and job state (Flink's ExecutionGraph, slim).
+
+A *deployment* is one run of the job's whole graph (the Spark bridge runs it as one barrier
+stage). Every subtask of deployment ``n`` has attempt number ``n``: a failure anywhere ends the
+deployment, and the next registration starts deployment ``n + 1`` (Flink's full-restart
+failover, which is also what Spark's barrier mode does). No I/O and no clock: callers pass time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.model import ExecutionAttempt, JobGraph, JobState, TaskKey, TaskState
+from snapflow.errors import FailedPreconditionError, InvalidArgumentError, UnknownTaskError
+
+
+@dataclass
+class TaskRecord:
+    attempt: ExecutionAttempt
+    state: TaskState
+    address: str
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class Registration:
+    attempt: ExecutionAttempt
+    new_deployment: bool
+    """True when this registration started a new deployment (a restart of the whole graph)."""
+
+
+@dataclass(frozen=True)
+class TaskTransition:
+    task: TaskRecord
+    job_state_before: JobState
+    job_state_after: JobState
+
+
+class JobExecution:
+    """Subtasks of the current deployment and the job state derived from them."""
+
+    def __init__(self, graph: JobGraph, state: JobState = JobState.CREATED, deployment: int = 0):
+        self.graph = graph
+        self.state = state
+        self.deployment = deployment
+        self.restarts = 0
+        self.failure = ""
+        self.tasks: dict[TaskKey, TaskRecord] = {}
+        # The next registration starts a new deployment: at first, and after a task failed.
+        self._next_registration_redeploys = True
+        self._all_keys = frozenset(graph.task_keys())
+        self._source_keys = frozenset(graph.source_task_keys())
+
+    # -- queries --------------------------------------------------------------------------
+
+    @property
+    def total_tasks(self) -> int:
+        return len(self._all_keys)
+
+    def running_count(self) -> int:
+        return sum(1 for t in self.tasks.values() if t.state is TaskState.RUNNING)
+
+    def all_running(self) -> bool:
+        return len(self.tasks) == len(self._all_keys) and all(
+            t.state is TaskState.RUNNING for t in self.tasks.values()
+        )
+
+    def current_attempts(self) -> list[ExecutionAttempt]:
+        return sorted(t.attempt for t in self.tasks.values())
+
+    def source_attempts(self) -> list[ExecutionAttempt]:
+        return sorted(t.attempt for k, t in self.tasks.items() if k in self._source_keys)
+
+    def address_of(self, attempt: ExecutionAttempt) -> str:
+        return self.tasks[attempt.key].address
+
+    def require_current(self, attempt: ExecutionAttempt) -> TaskRecord:
+        """The task record if ``attempt`` is the current attempt of a known subtask."""
+        if attempt.key not in self._all_keys:
+            raise UnknownTaskError(
+                f"task {attempt.key} is not part of the job graph "
+                f"(vertices: {', '.join(v.vertex_id for v in self.graph.vertices)})"
+            )
+        record = self.tasks.get(attempt.key)
+        if record is None:
+            raise UnknownTaskError(
+                f"task {attempt.key} has not registered in deployment {self.deployment}"
+            )
+        if record.attempt != attempt:
+            raise UnknownTaskError(
+                f"attempt {attempt.attempt} of task {attempt.key} is not current "
+                f"(current attempt is {record.attempt.attempt})"
+            )
+        return record
+
+    # -- events -----------------------------------------------------------------------------
+
+    def register(self, key: TaskKey, address: str) -> Registration:
+        if self.state.is_terminal:
+            raise FailedPreconditionError(
+                f"job is {self.state.value}; tasks cannot register any more"
+            )
+        if key not in self._all_keys:
+            vertex = self.graph.vertex(key.vertex_id)
+            if vertex is None:
+                raise UnknownTaskError(f"vertex {key.vertex_id!r} is not part of the job graph")
+            raise UnknownTaskError(
+                f"subtask index {key.subtask_index} is out of range for vertex {key.vertex_id!r} "
+                f"(parallelism {vertex.parallelism})"
+            )
+        if not address:
+            raise InvalidArgumentError("address is required (host:port of the worker agent)")
+        new_deployment = self._next_registration_redeploys or key in self.tasks
+        if new_deployment:
+            self._next_registration_redeploys = False
+            if self.deployment > 0:
+                self.restarts += 1
+            self.deployment += 1
+            self.tasks = {}
+            self.state = JobState.RESTARTING if self.deployment > 1 else JobState.CREATED
+        attempt = ExecutionAttempt(key.vertex_id, key.subtask_index, self.deployment)
+        self.tasks[key] = TaskRecord(attempt=attempt, state=TaskState.DEPLOYING, address=address)
+        return Registration(attempt=attempt, new_deployment=new_deployment)
+
+    def update(
+        self, attempt: ExecutionAttempt, state: TaskState, failure: str = ""
+    ) -> TaskTransition:
+        record = self.require_current(attempt)
+        before = self.state
+        if record.state.is_terminal and record.state is not state:
+            raise FailedPreconditionError(
+                f"task {attempt} is already {record.state.value}; it cannot become {state.value}"
+            )
+        record.state = state
+        record.failure = failure
+        if state in (TaskState.FAILED, TaskState.CANCELED) and not self.state.is_terminal:
+            self.state = JobState.RESTARTING
+            self._next_registration_redeploys = True
+        elif state is TaskState.RUNNING and self.state in (JobState.CREATED, JobState.RESTARTING):
+            if self.all_running():
+                self.state = JobState.RUNNING
+        elif state is TaskState.FINISHED and self._all_finished():
+            self.state = JobState.FINISHED
+        return TaskTransition(task=record, job_state_before=before, job_state_after=self.state)
+
+    def _all_finished(self) -> bool:
+        return len(self.tasks) == len(self._all_keys) and all(
+            t.state is TaskState.FINISHED for t in self.tasks.values()
+        )
+
+    def end(self, state: JobState, failure: str = "") -> None:
+        """Move the job into a terminal state (cancel, fail, finish after stop-with-savepoint)."""
+        assert state.is_terminal
+        self.state = state
+        self.failure = failure

@@ -1,0 +1,70 @@
+"""The one place that maps Snapflow errors to gRPC status codes.
+
+Servicer methods are wrapped with :func:`grpc_errors`; a ``SnapflowError`` becomes its
+``status`` with its message, anything else becomes INTERNAL (logged with its traceback) so the
+service never crashes on bad input.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError
+
+from snapflow.errors import SnapflowError
+
+log = structlog.get_logger("snapflow.coordinator")
+
+T = TypeVar("T")
+
+
+def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(error, SnapflowError):
+        return error.status, str(error)
+    if isinstance(error, DecodeError):
+        return grpc.StatusCode.INVALID_ARGUMENT, f"malformed message: {error}"
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+
+
+def grpc_errors(
+    method: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await method(self, request, context)
+        except Exception as error:  # converted to a status below
+            if isinstance(error, grpc.aio.AbortError):
+                raise
+            code, message = status_for(error)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("rpc.internal_error", method=method.__name__)
+            await context.abort(code, message)
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def grpc_errors_stream(
+    method: Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[T]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[T]]:
+    @functools.wraps(method)
+    async def wrapper(
+        self: Any, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[T]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except Exception as error:
+            if isinstance(error, grpc.aio.AbortError):
+                raise
+            code, message = status_for(error)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("rpc.internal_error", method=method.__name__)
+            await context.abort(code, message)
+
+    return wrapper

@@ -1,0 +1,210 @@
+"""gRPC servicer of ``snapflow.v1.CoordinatorService``: protos in, ``JobManager`` calls out.
+
+Nothing here decides anything: requests are validated and converted (``coordinator.convert``),
+handed to the job manager, and errors become statuses (``coordinator.grpc_errors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from coordinator import convert
+from coordinator.grpc_errors import grpc_errors, grpc_errors_stream
+from coordinator.job_manager import JobManager, JobRunner
+from coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey, TaskState
+from snapflow.errors import InvalidArgumentError
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+
+MAX_HISTORY = 1000
+
+
+class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
+    def __init__(self, manager: JobManager) -> None:
+        self.manager = manager
+
+    def _runner(self, job_id: str) -> JobRunner:
+        return self.manager.runner(convert.parse_job_id(job_id))
+
+    def _deadline(self, context: grpc.aio.ServicerContext) -> float:
+        """How long a blocking call may wait: the client's deadline, capped by the server's."""
+        cap = self.manager.settings.default_rpc_deadline_s
+        remaining = context.time_remaining()
+        if remaining is None:
+            return cap
+        return max(0.0, min(cap, remaining - 0.05))
+
+    # --- jobs ------------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def SubmitJob(
+        self, request: cpb.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.SubmitJobResponse:
+        job_id = convert.parse_job_id(request.job_id, allow_empty=True)
+        graph = convert.graph_from_pb(request.graph)
+        config = convert.config_from_pb(request.checkpoint_config)
+        runner = await self.manager.submit(job_id, graph, config, request.restore)
+        return cpb.SubmitJobResponse(job=runner.job_info())
+
+    @grpc_errors
+    async def GetJob(
+        self, request: cpb.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.JobInfo:
+        return self._runner(request.job_id).job_info()
+
+    @grpc_errors
+    async def ListJobs(
+        self, request: cpb.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ListJobsResponse:
+        runners = sorted(
+            self.manager.jobs.values(), key=lambda r: (r.record.created_at_ms, r.job_id)
+        )
+        return cpb.ListJobsResponse(jobs=[r.job_info() for r in runners])
+
+    @grpc_errors
+    async def CancelJob(
+        self, request: cpb.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.JobInfo:
+        runner = self._runner(request.job_id)
+        await runner.cancel()
+        return runner.job_info()
+
+    @grpc_errors_stream
+    async def WatchJob(
+        self, request: cpb.WatchJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.JobEvent]:
+        runner = self._runner(request.job_id)
+        async for event in runner.watch():
+            yield event
+
+    # --- tasks -----------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def RegisterTask(
+        self, request: cpb.RegisterTaskRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.RegisterTaskResponse:
+        runner = self._runner(request.job_id)
+        if request.subtask_index < 0:
+            raise InvalidArgumentError(f"subtask_index must be >= 0, got {request.subtask_index}")
+        if not request.vertex_id:
+            raise InvalidArgumentError("vertex_id is required")
+        attempt, restore = await runner.register_task(
+            TaskKey(request.vertex_id, request.subtask_index), request.address
+        )
+        return cpb.RegisterTaskResponse(
+            attempt=convert.attempt_to_pb(attempt),
+            coordinator_epoch=self.manager.epoch,
+            restore=convert.task_restore_to_pb(
+                restore.checkpoint if restore else None, request.vertex_id
+            ),
+            checkpoint_config=convert.config_to_pb(runner.record.checkpoint_config),
+            checkpoint_storage_uri=runner.storage.job_dir(runner.job_id),
+        )
+
+    @grpc_errors
+    async def UpdateTaskState(
+        self, request: cpb.UpdateTaskStateRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.UpdateTaskStateResponse:
+        runner = self._runner(request.job_id)
+        attempt = convert.attempt_from_pb(request.attempt)
+        state = convert.TASK_STATE_FROM_PB.get(request.state)
+        if state is None or state is TaskState.DEPLOYING:
+            raise InvalidArgumentError("state must be RUNNING, FINISHED, FAILED or CANCELED")
+        await runner.update_task_state(attempt, state, request.failure)
+        return cpb.UpdateTaskStateResponse()
+
+    @grpc_errors
+    async def ListTasks(
+        self, request: cpb.ListTasksRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ListTasksResponse:
+        return cpb.ListTasksResponse(tasks=self._runner(request.job_id).task_infos())
+
+    # --- checkpoints (task side) -------------------------------------------------------------------
+
+    @grpc_errors
+    async def AcknowledgeCheckpoint(
+        self, request: cpb.AcknowledgeCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.AcknowledgeCheckpointResponse:
+        runner = self._runner(request.job_id)
+        attempt = convert.attempt_from_pb(request.attempt)
+        checkpoint_id = convert.checkpoint_id_from_pb(request.checkpoint_id)
+        states = convert.operator_states_from_pb(request.operator_states)
+        metrics = convert.metrics_from_pb(request.metrics)
+        result = runner.acknowledge(attempt, checkpoint_id, states, metrics)
+        return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT_TO_PB[result])  # type: ignore[arg-type]
+
+    @grpc_errors
+    async def DeclineCheckpoint(
+        self, request: cpb.DeclineCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.DeclineCheckpointResponse:
+        runner = self._runner(request.job_id)
+        attempt = convert.attempt_from_pb(request.attempt)
+        checkpoint_id = convert.checkpoint_id_from_pb(request.checkpoint_id)
+        runner.decline(attempt, checkpoint_id, request.reason, request.message)
+        return cpb.DeclineCheckpointResponse()
+
+    # --- checkpoints (user side) ---------------------------------------------------------------------
+
+    async def _trigger(
+        self, job_id: str, kind: CheckpointKind, target: str, context: grpc.aio.ServicerContext
+    ) -> cpb.CheckpointSummary:
+        runner = self._runner(job_id)
+        cp: CompletedCheckpoint = await runner.trigger(kind, target, self._deadline(context))
+        return runner.summary_of_completed(cp)
+
+    @grpc_errors
+    async def TriggerCheckpoint(
+        self, request: cpb.TriggerCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.CheckpointSummary:
+        return await self._trigger(request.job_id, CheckpointKind.CHECKPOINT, "", context)
+
+    @grpc_errors
+    async def TriggerSavepoint(
+        self, request: cpb.TriggerSavepointRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.CheckpointSummary:
+        return await self._trigger(
+            request.job_id, CheckpointKind.SAVEPOINT, request.target_directory, context
+        )
+
+    @grpc_errors
+    async def StopWithSavepoint(
+        self, request: cpb.StopWithSavepointRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.CheckpointSummary:
+        kind = (
+            CheckpointKind.SAVEPOINT_TERMINATE
+            if request.drain
+            else CheckpointKind.SAVEPOINT_SUSPEND
+        )
+        return await self._trigger(request.job_id, kind, request.target_directory, context)
+
+    @grpc_errors
+    async def DisposeSavepoint(
+        self, request: cpb.DisposeSavepointRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.DisposeSavepointResponse:
+        if not request.savepoint_path:
+            raise InvalidArgumentError("savepoint_path is required")
+        await self.manager.dispose_savepoint(request.savepoint_path)
+        return cpb.DisposeSavepointResponse()
+
+    # --- stats ---------------------------------------------------------------------------------------
+
+    @grpc_errors
+    async def GetCheckpointStats(
+        self, request: cpb.GetCheckpointStatsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.CheckpointStats:
+        if not 0 <= request.history_size <= MAX_HISTORY:
+            raise InvalidArgumentError(f"history_size must be in 0..{MAX_HISTORY} (0 = all kept)")
+        return self._runner(request.job_id).stats_pb(request.history_size)
+
+    @grpc_errors
+    async def GetCheckpointDetails(
+        self, request: cpb.GetCheckpointDetailsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.CheckpointDetails:
+        runner = self._runner(request.job_id)
+        return runner.details_pb(convert.checkpoint_id_from_pb(request.checkpoint_id))
+
+
+__all__ = ["CoordinatorServicer", "pb"]

@@ -1,0 +1,199 @@
+"""A simulated worker agent: real gRPC on both sides, no operators.
+
+It serves ``WorkerControlService`` and, on a trigger, acknowledges the checkpoint for every
+subtask it hosts (as if the barrier had flowed through them), writing a small real state file
+per subtask into the checkpoint location. Used by the coordinator's tests and benchmark, where
+the coordinator must be exercised over the wire without the worker runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+from snapflow.v1 import worker_pb2 as wpb
+from snapflow.v1 import worker_pb2_grpc as wgrpc
+
+AckPolicy = Callable[[pb.TaskAttempt, int], str]
+"""Decides per (task, checkpoint id): "ack", "decline" or "ignore"."""
+
+
+def always_ack(task: pb.TaskAttempt, checkpoint_id: int) -> str:
+    return "ack"
+
+
+@dataclass
+class SimulatedAgent:
+    coordinator_address: str
+    job_id: str
+    tasks: list[tuple[str, int]]
+    """(vertex_id, subtask_index) of the subtasks this agent hosts."""
+    write_state: bool = True
+    state_bytes: int = 64
+    policy: AckPolicy = always_ack
+    attempts: dict[tuple[str, int], pb.TaskAttempt] = field(default_factory=dict)
+    restores: dict[tuple[str, int], cpb.TaskRestore] = field(default_factory=dict)
+    triggered: list[int] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)
+    canceled: int = 0
+    epoch: int = 0
+    address: str = ""
+    ack_latencies_s: list[float] = field(default_factory=list)
+    _server: grpc.aio.Server | None = None
+    _channel: grpc.aio.Channel | None = None
+    _stub: cgrpc.CoordinatorServiceStub | None = None
+    _acks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def start(self) -> None:
+        self._server = grpc.aio.server()
+        wgrpc.add_WorkerControlServiceServicer_to_server(_Control(self), self._server)
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        await self._server.start()
+        self.address = f"127.0.0.1:{port}"
+        self._channel = grpc.aio.insecure_channel(self.coordinator_address)
+        self._stub = cgrpc.CoordinatorServiceStub(self._channel)
+
+    @property
+    def stub(self) -> cgrpc.CoordinatorServiceStub:
+        assert self._stub is not None, "start() first"
+        return self._stub
+
+    async def register_all(self, running: bool = True) -> None:
+        for vertex_id, index in self.tasks:
+            response = await self.stub.RegisterTask(
+                cpb.RegisterTaskRequest(
+                    job_id=self.job_id,
+                    vertex_id=vertex_id,
+                    subtask_index=index,
+                    address=self.address,
+                ),
+                timeout=10,
+            )
+            self.attempts[(vertex_id, index)] = response.attempt
+            self.restores[(vertex_id, index)] = response.restore
+            self.epoch = response.coordinator_epoch
+        if running:
+            await self.set_state(pb.TASK_STATE_RUNNING)
+
+    async def set_state(
+        self, state: int, failure: str = "", only: tuple[str, int] | None = None
+    ) -> None:
+        for key, attempt in self.attempts.items():
+            if only is None or key == only:
+                await self.stub.UpdateTaskState(
+                    cpb.UpdateTaskStateRequest(
+                        job_id=self.job_id, attempt=attempt, state=state, failure=failure
+                    ),  # type: ignore[arg-type]
+                    timeout=10,
+                )
+
+    async def stop(self) -> None:
+        for task in list(self._acks):
+            task.cancel()
+        if self._server is not None:
+            await self._server.stop(0)
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def wait_idle(self) -> None:
+        while self._acks:
+            await asyncio.gather(*list(self._acks), return_exceptions=True)
+
+    def _on_trigger(self, request: wpb.TriggerTaskCheckpointRequest) -> None:
+        self.triggered.append(request.checkpoint_id)
+        for attempt in self.attempts.values():
+            task = asyncio.get_running_loop().create_task(self._ack(attempt, request))
+            self._acks.add(task)
+            task.add_done_callback(self._acks.discard)
+
+    async def _ack(
+        self, attempt: pb.TaskAttempt, request: wpb.TriggerTaskCheckpointRequest
+    ) -> None:
+        decision = self.policy(attempt, request.checkpoint_id)
+        if decision == "ignore":
+            return
+        if decision == "decline":
+            await self.stub.DeclineCheckpoint(
+                cpb.DeclineCheckpointRequest(
+                    job_id=self.job_id,
+                    attempt=attempt,
+                    checkpoint_id=request.checkpoint_id,
+                    reason=cpb.DECLINE_REASON_SNAPSHOT_FAILED,
+                    message="simulated snapshot failure",
+                ),
+                timeout=10,
+            )
+            return
+        handles = []
+        if self.write_state:
+            path = os.path.join(
+                request.options.target_location,
+                f"{attempt.vertex_id}-{attempt.subtask_index}-{attempt.attempt}.state",
+            )
+            await asyncio.to_thread(_write, path, os.urandom(self.state_bytes))
+            handles.append(pb.StateHandle(path=path, size_bytes=self.state_bytes, kind="operator"))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await self.stub.AcknowledgeCheckpoint(
+            cpb.AcknowledgeCheckpointRequest(
+                job_id=self.job_id,
+                attempt=attempt,
+                checkpoint_id=request.checkpoint_id,
+                operator_states=[
+                    pb.OperatorSubtaskState(operator_id=f"{attempt.vertex_id}-op", handles=handles)
+                ],
+                metrics=pb.SubtaskCheckpointMetrics(
+                    sync_duration_ms=1, async_duration_ms=2, state_size_bytes=self.state_bytes
+                ),
+            ),
+            timeout=10,
+        )
+        self.ack_latencies_s.append(loop.time() - started)
+
+
+def _write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+class _Control(wgrpc.WorkerControlServiceServicer):
+    def __init__(self, agent: SimulatedAgent) -> None:
+        self.agent = agent
+
+    async def TriggerCheckpoint(
+        self, request: wpb.TriggerTaskCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        if request.coordinator_epoch < self.agent.epoch:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "stale coordinator epoch")
+        self.agent.epoch = request.coordinator_epoch
+        self.agent._on_trigger(request)
+        return wpb.WorkerAck()
+
+    async def NotifyCheckpointComplete(
+        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        if request.coordinator_epoch < self.agent.epoch:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "stale coordinator epoch")
+        self.agent.completed.append(request.checkpoint_id)
+        return wpb.WorkerAck()
+
+    async def NotifyCheckpointAborted(
+        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        self.agent.aborted.append(request.checkpoint_id)
+        return wpb.WorkerAck()
+
+    async def CancelTask(
+        self, request: wpb.CancelTaskRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        self.agent.canceled += len(request.tasks)
+        return wpb.WorkerAck()

@@ -1,0 +1,90 @@
+"""Start a real coordinator (gRPC on 127.0.0.1:0, the test session's Redis) for a test."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from coordinator.config import load_settings
+from coordinator.server import Coordinator
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+
+
+@dataclass
+class Running:
+    coordinator: Coordinator
+    stub: cgrpc.CoordinatorServiceStub
+    channel: grpc.aio.Channel
+    address: str
+
+
+@contextlib.asynccontextmanager
+async def running_coordinator(
+    redis_url: str, storage_root: str, **overrides: Any
+) -> AsyncIterator[Running]:
+    settings = load_settings(
+        overrides={
+            "host": "127.0.0.1",
+            "port": 0,
+            "metrics_port": -1,
+            "redis_url": redis_url,
+            "storage_root": storage_root,
+            "shutdown_grace_s": 0.5,
+            **overrides,
+        },
+        environ={},
+    )
+    coordinator = Coordinator(settings)
+    await coordinator.start()
+    address = f"127.0.0.1:{coordinator.port}"
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        yield Running(coordinator, cgrpc.CoordinatorServiceStub(channel), channel, address)
+    finally:
+        await channel.close()
+        await coordinator.stop()
+
+
+def two_vertex_graph(sources: int = 2, maps: int = 2, name: str = "test-job") -> pb.JobGraph:
+    return pb.JobGraph(
+        name=name,
+        vertices=[
+            pb.JobVertex(
+                vertex_id="src",
+                name="source",
+                parallelism=sources,
+                is_source=True,
+                operators=[pb.OperatorSpec(operator_id="src-op", kind="source")],
+            ),
+            pb.JobVertex(
+                vertex_id="map",
+                name="count",
+                parallelism=maps,
+                max_parallelism=128,
+                operators=[pb.OperatorSpec(operator_id="map-op", kind="process")],
+            ),
+        ],
+        edges=[
+            pb.JobEdge(
+                source_vertex_id="src", target_vertex_id="map", partitioner=pb.PARTITIONER_KIND_HASH
+            )
+        ],
+    )
+
+
+async def submit(
+    stub: cgrpc.CoordinatorServiceStub, graph: pb.JobGraph | None = None, **config: Any
+) -> str:
+    response = await stub.SubmitJob(
+        cpb.SubmitJobRequest(
+            graph=graph or two_vertex_graph(), checkpoint_config=pb.CheckpointConfig(**config)
+        ),
+        timeout=10,
+    )
+    return str(response.job.job_id)

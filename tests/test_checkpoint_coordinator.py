@@ -1,0 +1,648 @@
+"""Exact event -> action sequences for the pure checkpoint coordinator.
+
+Every step is followed by ``check_invariants``. The task view is a small fake: this is a unit
+test of pure logic.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+import pytest
+
+from coordinator.checkpoint_coordinator import (
+    AllocateCheckpointId,
+    BarrierOptions,
+    CheckpointAborted,
+    CheckpointCompleted,
+    CheckpointCoordinator,
+    CheckpointTriggered,
+    DeleteCompleted,
+    DiscardState,
+    FailJob,
+    FailureManager,
+    FinalizeCheckpoint,
+    NotifyAborted,
+    NotifyComplete,
+    RequestRefused,
+    SendTrigger,
+    SubtaskAcknowledged,
+    TriggerRequest,
+)
+from coordinator.model import (
+    AbortReason,
+    AckResult,
+    CheckpointConfig,
+    CheckpointKind,
+    CheckpointMode,
+    CompletedCheckpoint,
+    ExecutionAttempt,
+    JobEdge,
+    JobGraph,
+    JobVertex,
+    OperatorSubtaskState,
+    PartitionerKind,
+    StateHandle,
+    SubtaskMetrics,
+    TriggerRefusal,
+)
+
+SRC0 = ExecutionAttempt("src", 0, 1)
+SRC1 = ExecutionAttempt("src", 1, 1)
+SINK0 = ExecutionAttempt("sink", 0, 1)
+ALL = (SINK0, SRC0, SRC1)  # sorted order
+GRAPH = JobGraph(
+    "g",
+    (JobVertex("src", "source", 2, is_source=True), JobVertex("sink", "sink", 1)),
+    (JobEdge("src", "sink", PartitionerKind.REBALANCE),),
+)
+
+
+@dataclass
+class FakeTasks:
+    running: bool = True
+
+    def all_running(self) -> bool:
+        return self.running
+
+    def current_attempts(self) -> list[ExecutionAttempt]:
+        return sorted(ALL)
+
+    def source_attempts(self) -> list[ExecutionAttempt]:
+        return [SRC0, SRC1]
+
+
+class Harness:
+    def __init__(self, **config: object) -> None:
+        self.tasks = FakeTasks()
+        cfg = CheckpointConfig(**{"timeout_ms": 1000, **config})  # type: ignore[arg-type]
+        self.cc = CheckpointCoordinator("job", GRAPH, cfg, self.tasks, random.Random(7))
+        self.next_request_id = 1
+
+    def step(self, actions: list) -> list:
+        self.cc.check_invariants()
+        return actions
+
+    def manual(
+        self, now: int, kind: CheckpointKind = CheckpointKind.CHECKPOINT, target: str = ""
+    ) -> tuple[TriggerRequest, list]:
+        req = TriggerRequest(self.next_request_id, kind, periodic=False, target_directory=target)
+        self.next_request_id += 1
+        return req, self.step(self.cc.request(req, now))
+
+    def allocate(self, req: TriggerRequest, cid: int, now: int) -> list:
+        return self.step(self.cc.on_checkpoint_id(req, cid, f"/cp/job/chk-{cid}", now))
+
+    def trigger(
+        self, cid: int, now: int, kind: CheckpointKind = CheckpointKind.CHECKPOINT
+    ) -> TriggerRequest:
+        req, actions = self.manual(now, kind)
+        assert actions == [AllocateCheckpointId(req)]
+        self.allocate(req, cid, now)
+        return req
+
+    def ack(
+        self, attempt: ExecutionAttempt, cid: int, now: int, paths: tuple[str, ...] = ()
+    ) -> tuple[AckResult, list]:
+        states = (
+            (OperatorSubtaskState("op", tuple(StateHandle(p, 10) for p in paths)),) if paths else ()
+        )
+        result, actions = self.cc.on_ack(
+            attempt, cid, states, SubtaskMetrics(sync_duration_ms=1), now
+        )
+        self.cc.check_invariants()
+        return result, actions
+
+    def complete(
+        self, cid: int, now: int, dropped: tuple[CompletedCheckpoint, ...] = ()
+    ) -> tuple[CompletedCheckpoint, list]:
+        finalize = None
+        for attempt in ALL:
+            result, actions = self.ack(attempt, cid, now, (f"/cp/job/chk-{cid}/{attempt}",))
+            assert result is AckResult.SUCCESS
+            finalize = next((a for a in actions if isinstance(a, FinalizeCheckpoint)), finalize)
+        assert finalize is not None
+        return finalize.checkpoint, self.step(
+            self.cc.on_checkpoint_committed(finalize.checkpoint, list(dropped), now)
+        )
+
+
+def test_happy_path_exact_sequence() -> None:
+    h = Harness()
+    req, actions = h.manual(now=100)
+    assert actions == [AllocateCheckpointId(req)]
+    actions = h.allocate(req, 1, now=105)
+    assert actions == [
+        CheckpointTriggered(1, req, 105, "/cp/job/chk-1", ALL),
+        SendTrigger(
+            1,
+            105,
+            BarrierOptions(CheckpointKind.CHECKPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-1"),
+            (SRC0, SRC1),
+        ),
+    ]
+    result, actions = h.ack(SRC0, 1, 110, ("/cp/job/chk-1/a",))
+    assert result is AckResult.SUCCESS
+    assert [type(a) for a in actions] == [SubtaskAcknowledged]
+    h.ack(SRC1, 1, 111)
+    result, actions = h.ack(SINK0, 1, 112, ("/cp/job/chk-1/b",))
+    assert result is AckResult.SUCCESS
+    assert [type(a) for a in actions] == [SubtaskAcknowledged, FinalizeCheckpoint]
+    finalize = actions[1]
+    cp = finalize.checkpoint
+    assert (cp.checkpoint_id, cp.trigger_timestamp_ms, cp.completion_timestamp_ms) == (1, 105, 112)
+    assert [a.attempt for a in cp.subtask_states] == list(ALL)
+    assert sorted(cp.state_paths()) == ["/cp/job/chk-1/a", "/cp/job/chk-1/b"]
+    assert cp.vertex_parallelism == {"src": 2, "sink": 1}
+    assert finalize.retained == 1
+    actions = h.step(h.cc.on_checkpoint_committed(cp, [], 120))
+    assert actions == [CheckpointCompleted(cp, req, ()), NotifyComplete(1, ALL)]
+    assert h.cc.latest_completed() == cp
+    assert h.cc.pending == {}
+
+
+def test_triggers_go_only_to_source_tasks() -> None:
+    h = Harness()
+    req, _ = h.manual(0)
+    send = [a for a in h.allocate(req, 1, 0) if isinstance(a, SendTrigger)]
+    assert send[0].tasks == (SRC0, SRC1)
+
+
+def test_periodic_first_trigger_uses_random_delay_between_min_pause_and_interval() -> None:
+    h = Harness(interval_ms=1000, min_pause_ms=200)
+    assert h.step(h.cc.on_tasks_running(now_ms=0)) == []
+    expected_delay = random.Random(7).randint(200, 1000)
+    assert h.cc.next_periodic_ms == expected_delay
+    assert h.cc.next_deadline_ms() == expected_delay
+    assert h.step(h.cc.on_tick(expected_delay - 1)) == []
+    actions = h.step(h.cc.on_tick(expected_delay))
+    assert actions == [
+        AllocateCheckpointId(TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True))
+    ]
+    assert h.cc.next_periodic_ms == expected_delay + 1000
+
+
+def test_periodic_not_started_without_interval() -> None:
+    h = Harness(interval_ms=0)
+    h.cc.on_tasks_running(0)
+    assert h.cc.next_periodic_ms is None
+    assert h.cc.next_deadline_ms() is None
+
+
+def test_refusal_when_tasks_not_running() -> None:
+    h = Harness()
+    h.tasks.running = False
+    req, actions = h.manual(0)
+    assert actions == [RequestRefused(req, TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING)]
+
+
+def test_refusal_when_tasks_stop_running_during_id_allocation() -> None:
+    h = Harness()
+    req, _ = h.manual(0)
+    h.tasks.running = False
+    assert h.allocate(req, 1, 0) == [
+        RequestRefused(req, TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING)
+    ]
+    assert h.cc.pending == {}
+    # a late ack for the burned id is classified as discarded, never kept
+    result, actions = h.ack(SRC0, 1, 5, ("/cp/job/chk-1/x",))
+    assert result is AckResult.DISCARDED
+    assert actions == [DiscardState(("/cp/job/chk-1/x",), "late ack for an ended checkpoint")]
+
+
+def test_periodic_refused_when_too_many_pending_manual_queued_until_completion() -> None:
+    h = Harness(max_concurrent=1)
+    h.trigger(1, 0)
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    assert h.step(h.cc.request(periodic, 10)) == [
+        RequestRefused(periodic, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)
+    ]
+    req2, actions = h.manual(20)
+    assert actions == []  # queued
+    assert list(h.cc.queue) == [req2]
+    cp, actions = h.complete(1, 30)
+    assert actions == [
+        CheckpointCompleted(cp, TriggerRequest(1, CheckpointKind.CHECKPOINT), ()),
+        NotifyComplete(1, ALL),
+        AllocateCheckpointId(req2),
+    ]
+
+
+def test_min_pause_refuses_periodic_and_reschedules_queues_manual() -> None:
+    h = Harness(min_pause_ms=500, interval_ms=100)
+    h.trigger(1, 0)
+    h.complete(1, 50)
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    assert h.step(h.cc.request(periodic, 100)) == [
+        RequestRefused(periodic, TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS)
+    ]
+    assert h.cc.next_periodic_ms == 550
+    req, actions = h.manual(200)
+    assert actions == []
+    assert h.cc.next_deadline_ms() == 550
+    assert h.step(h.cc.on_tick(549)) == []
+    actions = h.step(h.cc.on_tick(550))
+    # the manual request goes first; the periodic one then finds the trigger busy and queues
+    assert actions[0] == AllocateCheckpointId(req)
+    assert h.cc.triggering == req
+
+
+def test_savepoint_is_forced_past_max_concurrent_and_min_pause() -> None:
+    h = Harness(max_concurrent=1, min_pause_ms=10_000)
+    h.trigger(1, 0)
+    sp, actions = h.manual(5, CheckpointKind.SAVEPOINT, "/sp")
+    assert actions == [AllocateCheckpointId(sp)]
+    actions = h.allocate(sp, 2, 5)
+    assert isinstance(actions[1], SendTrigger)
+    assert actions[1].options.kind is CheckpointKind.SAVEPOINT
+
+
+def test_savepoint_of_unaligned_job_is_aligned() -> None:
+    h = Harness(mode=CheckpointMode.UNALIGNED)
+    sp, _ = h.manual(0, CheckpointKind.SAVEPOINT)
+    send = h.allocate(sp, 1, 0)[1]
+    assert send.options.mode is CheckpointMode.ALIGNED
+    req, _ = h.manual(0)
+    assert h.cc.triggering is None and list(h.cc.queue) == [req]  # max concurrent 1: queued
+
+
+def test_aligned_timeout_passed_to_barrier() -> None:
+    h = Harness(aligned_checkpoint_timeout_ms=250)
+    req, _ = h.manual(0)
+    assert h.allocate(req, 1, 0)[1].options.aligned_checkpoint_timeout_ms == 250
+
+
+def test_duplicate_ack_discards_only_new_paths() -> None:
+    h = Harness()
+    h.trigger(1, 0)
+    assert h.ack(SRC0, 1, 1, ("/a",))[0] is AckResult.SUCCESS
+    result, actions = h.ack(SRC0, 1, 2, ("/a", "/b"))
+    assert result is AckResult.DUPLICATE
+    assert actions == [DiscardState(("/b",), "duplicate ack")]
+
+
+def test_ack_from_unexpected_attempt_is_unknown_and_discarded() -> None:
+    h = Harness()
+    h.trigger(1, 0)
+    stale = ExecutionAttempt("src", 0, 0)
+    result, actions = h.ack(stale, 1, 1, ("/stale",))
+    assert result is AckResult.UNKNOWN
+    assert actions == [DiscardState(("/stale",), f"ack from unexpected attempt {stale}")]
+
+
+def test_ack_for_never_triggered_checkpoint_is_unknown() -> None:
+    h = Harness()
+    result, actions = h.ack(SRC0, 99, 1, ("/x",))
+    assert result is AckResult.UNKNOWN
+    assert actions == [DiscardState(("/x",), "ack for an unknown checkpoint")]
+
+
+def test_late_ack_after_expiry_is_discarded() -> None:
+    h = Harness(timeout_ms=100, tolerable_failures=5)
+    h.trigger(1, 0)
+    h.ack(SRC0, 1, 10, ("/early",))
+    actions = h.step(h.cc.on_tick(100))
+    assert actions == [
+        CheckpointAborted(
+            1,
+            TriggerRequest(1, CheckpointKind.CHECKPOINT),
+            AbortReason.EXPIRED,
+            "expired after 100 ms",
+            100,
+            0,
+            "/cp/job/chk-1",
+            ("/early",),
+        ),
+        NotifyAborted(1, ALL, AbortReason.EXPIRED),
+    ]
+    result, actions = h.ack(SRC1, 1, 150, ("/late",))
+    assert result is AckResult.DISCARDED
+    assert actions == [DiscardState(("/late",), "late ack for an ended checkpoint")]
+
+
+def test_duplicate_ack_after_completion_never_discards_completed_state() -> None:
+    h = Harness()
+    cp, _ = h.trigger(1, 0), None
+    h.complete(1, 10)
+    completed = h.cc.latest_completed()
+    assert completed is not None
+    own_path = f"/cp/job/chk-1/{SRC0}"
+    result, actions = h.ack(SRC0, 1, 20, (own_path, "/extra"))
+    assert result is AckResult.DUPLICATE
+    assert actions == [DiscardState(("/extra",), "duplicate ack of a completed checkpoint")]
+
+
+def test_decline_aborts_and_fails_job_when_no_failures_tolerated() -> None:
+    h = Harness(tolerable_failures=0)
+    req = h.trigger(1, 0)
+    h.ack(SRC0, 1, 1, ("/p",))
+    actions = h.step(h.cc.on_decline(SINK0, 1, "disk full", 2))
+    assert actions[:2] == [
+        CheckpointAborted(
+            1,
+            req,
+            AbortReason.DECLINED,
+            f"declined by {SINK0}: disk full",
+            2,
+            0,
+            "/cp/job/chk-1",
+            ("/p",),
+        ),
+        NotifyAborted(1, ALL, AbortReason.DECLINED),
+    ]
+    assert isinstance(actions[2], FailJob)
+    assert "1 consecutive failures > 0 tolerable" in actions[2].message
+    req2, actions = h.manual(3)
+    assert actions == [RequestRefused(req2, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)]
+
+
+def test_decline_from_unknown_attempt_or_checkpoint_is_ignored() -> None:
+    h = Harness()
+    h.trigger(1, 0)
+    assert h.cc.on_decline(ExecutionAttempt("src", 0, 9), 1, "x", 1) == []
+    assert h.cc.on_decline(SRC0, 7, "x", 1) == []
+    assert 1 in h.cc.pending
+
+
+def test_tolerable_failures_and_reset_on_success() -> None:
+    h = Harness(tolerable_failures=1, timeout_ms=10)
+    h.trigger(1, 0)
+    actions = h.step(h.cc.on_tick(10))
+    assert not any(isinstance(a, FailJob) for a in actions)
+    h.trigger(2, 20)
+    h.complete(2, 21)
+    assert h.cc.failure_manager.consecutive_failures == 0
+    h.trigger(3, 30)
+    assert not any(isinstance(a, FailJob) for a in h.step(h.cc.on_tick(40)))
+    h.trigger(4, 50)
+    actions = h.step(h.cc.on_tick(60))
+    assert isinstance(actions[-1], FailJob)
+    assert h.cc.job_failed
+
+
+def test_unlimited_tolerable_failures() -> None:
+    h = Harness(tolerable_failures=None, timeout_ms=1)
+    for i in range(1, 6):
+        h.trigger(i, i * 10)
+        assert not any(isinstance(a, FailJob) for a in h.step(h.cc.on_tick(i * 10 + 1)))
+
+
+def test_failure_manager_counts_each_checkpoint_once_and_ignores_older_than_success() -> None:
+    fm = FailureManager(tolerable=2)
+    assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False
+    assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.DECLINED) is False  # same id
+    assert fm.consecutive_failures == 1
+    assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.SUBSUMED) is False  # not counted
+    assert fm.on_failure(6, CheckpointKind.SAVEPOINT, AbortReason.EXPIRED) is False  # savepoint
+    assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.TASK_FAILURE) is False
+    assert fm.consecutive_failures == 1
+    fm.on_success(7)
+    assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False  # older
+    assert fm.consecutive_failures == 0
+    assert fm.on_failure(8, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False
+    assert fm.on_failure(9, CheckpointKind.CHECKPOINT, AbortReason.FINALIZE_FAILED) is False
+    assert fm.on_failure(10, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is True
+
+
+def test_failures_pending_across_a_success_keep_counting_newer_ids() -> None:
+    fm = FailureManager(tolerable=5)
+    fm.on_failure(3, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED)
+    fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED)
+    fm.on_success(4)
+    assert fm.consecutive_failures == 1  # only checkpoint 5 is newer than the success
+
+
+def test_completion_subsumes_older_pending_checkpoints_but_not_savepoints() -> None:
+    h = Harness(max_concurrent=3)
+    r1 = h.trigger(1, 0)
+    h.trigger(2, 1, CheckpointKind.SAVEPOINT)
+    h.trigger(3, 2)
+    h.ack(SRC0, 1, 3, ("/one",))
+    cp, actions = h.complete(3, 10)
+    assert actions[:2] == [
+        CheckpointAborted(
+            1,
+            r1,
+            AbortReason.SUBSUMED,
+            "subsumed by checkpoint 3",
+            10,
+            0,
+            "/cp/job/chk-1",
+            ("/one",),
+        ),
+        NotifyAborted(1, ALL, AbortReason.SUBSUMED),
+    ]
+    assert isinstance(actions[2], CheckpointCompleted)
+    assert sorted(h.cc.pending) == [2]
+    assert h.cc.failure_manager.consecutive_failures == 0
+
+
+def test_retention_drops_are_deleted_after_commit() -> None:
+    h = Harness(retained=1)
+    cp1, _ = h.trigger(1, 0), None
+    first, _ = h.complete(1, 1)
+    h.trigger(2, 2)
+    second, actions = h.complete(2, 3, dropped=(first,))
+    assert actions[-1] == DeleteCompleted((first,))
+    assert h.cc.completed == [second]
+    # a late duplicate ack for the dropped checkpoint is discarded (it is no longer referenced)
+    result, acts = h.ack(SRC0, 1, 4, (f"/cp/job/chk-1/{SRC0}",))
+    assert result is AckResult.DISCARDED
+    assert acts == [DiscardState((f"/cp/job/chk-1/{SRC0}",), "late ack for an ended checkpoint")]
+
+
+def test_intermediate_savepoint_does_not_notify_complete() -> None:
+    h = Harness()
+    sp = h.trigger(1, 0, CheckpointKind.SAVEPOINT)
+    cp, actions = h.complete(1, 5)
+    assert actions == [CheckpointCompleted(cp, sp, ())]
+    assert h.cc.completed == [] and h.cc.savepoints == [cp]
+
+
+def test_stop_with_savepoint_stops_periodic_and_shuts_down_after_notify() -> None:
+    h = Harness(interval_ms=100)
+    h.cc.on_tasks_running(0)
+    assert h.cc.next_periodic_ms is not None
+    stop = h.trigger(1, 10, CheckpointKind.SAVEPOINT_SUSPEND)
+    assert h.cc.next_periodic_ms is None
+    req, actions = h.manual(11)
+    assert actions == [RequestRefused(req, TriggerRefusal.STOP_WITH_SAVEPOINT_PENDING)]
+    cp, actions = h.complete(1, 20)
+    assert actions == [CheckpointCompleted(cp, stop, ()), NotifyComplete(1, ALL)]
+    req, actions = h.manual(21)
+    assert actions == [RequestRefused(req, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)]
+
+
+def test_failed_stop_with_savepoint_resumes_periodic_checkpoints() -> None:
+    h = Harness(interval_ms=100, timeout_ms=50)
+    h.cc.on_tasks_running(0)
+    h.trigger(1, 10, CheckpointKind.SAVEPOINT_TERMINATE)
+    actions = h.step(h.cc.on_tick(60))
+    assert [type(a) for a in actions] == [CheckpointAborted, NotifyAborted]
+    assert h.cc.next_periodic_ms == 160
+    assert not h.cc.stopping_with_savepoint
+
+
+def test_task_failure_aborts_pending_without_counting_and_refuses_queue() -> None:
+    h = Harness(tolerable_failures=0, interval_ms=100)
+    h.cc.on_tasks_running(0)
+    r1 = h.trigger(1, 1)
+    r2, _ = h.manual(2)
+    actions = h.step(h.cc.on_tasks_not_running(3, "task src#0 failed"))
+    assert actions == [
+        CheckpointAborted(
+            1, r1, AbortReason.TASK_FAILURE, "task src#0 failed", 3, 1, "/cp/job/chk-1", ()
+        ),
+        NotifyAborted(1, ALL, AbortReason.TASK_FAILURE),
+        RequestRefused(r2, TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING),
+    ]
+    assert h.cc.next_periodic_ms is None
+    assert h.cc.failure_manager.consecutive_failures == 0
+
+
+def test_finalize_failure_aborts_and_counts() -> None:
+    h = Harness(tolerable_failures=1)
+    req = h.trigger(1, 0)
+    for a in ALL:
+        h.ack(a, 1, 1, (f"/p/{a}",))
+    assert h.cc.pending[1].finalizing
+    # a finalizing checkpoint does not expire
+    assert h.step(h.cc.on_tick(5000)) == []
+    actions = h.step(h.cc.on_finalize_failed(1, "disk full", 2))
+    assert actions == [
+        CheckpointAborted(
+            1,
+            req,
+            AbortReason.FINALIZE_FAILED,
+            "disk full",
+            2,
+            0,
+            "/cp/job/chk-1",
+            tuple(f"/p/{a}" for a in ALL),
+        ),
+        NotifyAborted(1, ALL, AbortReason.FINALIZE_FAILED),
+    ]
+    assert h.cc.failure_manager.consecutive_failures == 1
+
+
+def test_id_allocation_failure_refuses_and_continues_with_queue() -> None:
+    h = Harness(max_concurrent=2)
+    r1, _ = h.manual(0)
+    r2, actions = h.manual(0)
+    assert actions == []
+    assert h.step(h.cc.on_checkpoint_id_failed(r1, 1)) == [
+        RequestRefused(r1, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN),
+        AllocateCheckpointId(r2),
+    ]
+
+
+def test_queue_is_bounded() -> None:
+    h = Harness()
+    h.cc.max_queued_requests = 2
+    h.trigger(1, 0)
+    h.manual(1)
+    h.manual(2)
+    r, actions = h.manual(3)
+    assert actions == [RequestRefused(r, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)]
+
+
+def test_shutdown_aborts_pending_without_counting() -> None:
+    h = Harness(tolerable_failures=0)
+    r1 = h.trigger(1, 0)
+    actions = h.step(h.cc.shut_down(AbortReason.JOB_CANCELED, 5))
+    assert actions == [
+        CheckpointAborted(
+            1,
+            r1,
+            AbortReason.JOB_CANCELED,
+            AbortReason.JOB_CANCELED.value,
+            5,
+            0,
+            "/cp/job/chk-1",
+            (),
+        ),
+        NotifyAborted(1, ALL, AbortReason.JOB_CANCELED),
+    ]
+    r2, actions = h.manual(6)
+    assert actions == [RequestRefused(r2, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)]
+
+
+def test_restore_completed_continues_ids_and_protects_state() -> None:
+    h = Harness()
+    old = CompletedCheckpoint("job", 41, CheckpointKind.CHECKPOINT, 0, 1, "/cp/job/chk-41", ())
+    h.cc.restore_completed([old], [])
+    assert h.cc.highest_id == 41
+    req, _ = h.manual(0)
+    with pytest.raises(AssertionError):
+        h.cc.on_checkpoint_id(req, 41, "/x", 0)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_event_sequences_keep_invariants(seed: int) -> None:
+    """Fuzz the core with random but valid event orders; invariants hold after every step."""
+    rng = random.Random(seed)
+    h = Harness(
+        max_concurrent=rng.choice([1, 2, 3]),
+        min_pause_ms=rng.choice([0, 20]),
+        interval_ms=rng.choice([0, 30]),
+        timeout_ms=rng.choice([40, 200]),
+        tolerable_failures=rng.choice([None, 0, 3]),
+        retained=rng.choice([1, 2]),
+    )
+    h.cc.on_tasks_running(0)
+    now = 0
+    next_id = 1
+    finalizing: list[FinalizeCheckpoint] = []
+    for _ in range(300):
+        now += rng.randint(0, 15)
+        choice = rng.random()
+        actions: list = []
+        if choice < 0.15:
+            _, actions = h.manual(
+                now, rng.choice([CheckpointKind.CHECKPOINT, CheckpointKind.SAVEPOINT])
+            )
+        elif choice < 0.55 and h.cc.pending:
+            cid = rng.choice(sorted(h.cc.pending))
+            _, actions = h.ack(rng.choice(ALL), cid, now, (f"/s/{cid}/{rng.randint(0, 3)}",))
+        elif choice < 0.6 and h.cc.pending:
+            actions = h.step(
+                h.cc.on_decline(rng.choice(ALL), rng.choice(sorted(h.cc.pending)), "x", now)
+            )
+        elif choice < 0.75 and finalizing:
+            f = finalizing.pop(0)
+            if f.checkpoint.checkpoint_id in h.cc.pending:
+                if rng.random() < 0.9:
+                    retained = [c for c in h.cc.completed]
+                    keep = f.retained - 1 if not f.checkpoint.kind.is_savepoint else len(retained)
+                    dropped = (
+                        retained[: max(0, len(retained) - keep)]
+                        if not f.checkpoint.kind.is_savepoint
+                        else []
+                    )
+                    actions = h.step(
+                        h.cc.on_checkpoint_committed(
+                            replace(f.checkpoint, completion_timestamp_ms=now), dropped, now
+                        )
+                    )
+                else:
+                    actions = h.step(h.cc.on_finalize_failed(f.checkpoint.checkpoint_id, "io", now))
+        elif choice < 0.8:
+            h.ack(rng.choice(ALL), rng.randint(1, next_id + 2), now, ("/junk",))
+        else:
+            actions = h.step(h.cc.on_tick(now))
+        queue = list(actions)
+        while queue:
+            action = queue.pop(0)
+            if isinstance(action, AllocateCheckpointId):
+                queue.extend(h.allocate(action.request, next_id, now))
+                next_id += 1
+            elif isinstance(action, FinalizeCheckpoint):
+                finalizing.append(action)
+            elif isinstance(action, DiscardState):
+                referenced = {p for c in h.cc.completed + h.cc.savepoints for p in c.state_paths()}
+                assert not set(action.paths) & referenced, (
+                    "discarding state of a completed checkpoint"
+                )
+        if h.cc.job_failed:
+            break
