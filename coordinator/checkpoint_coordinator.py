@@ -125,7 +125,7 @@ class FinalizeCheckpoint:
 class CheckpointCompleted:
     checkpoint: CompletedCheckpoint
     request: TriggerRequest
-    dropped: tuple[CompletedCheckpoint, ...]
+    dropped_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class DiscardState:
 class DeleteCompleted:
     """Retention dropped these checkpoints: delete them from storage (Redis already did)."""
 
-    checkpoints: tuple[CompletedCheckpoint, ...]
+    checkpoint_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -592,7 +592,7 @@ class CheckpointCoordinator:
     # --- completion ------------------------------------------------------------------------
 
     def on_checkpoint_committed(
-        self, checkpoint: CompletedCheckpoint, dropped: list[CompletedCheckpoint], now_ms: int
+        self, checkpoint: CompletedCheckpoint, dropped_ids: list[int], now_ms: int
     ) -> list[Action]:
         """``_metadata`` is written and the Redis commit succeeded (dropped: trimmed by retention)."""
         pending = self.pending.pop(checkpoint.checkpoint_id)
@@ -602,7 +602,6 @@ class CheckpointCoordinator:
         if checkpoint.kind.is_savepoint:
             self.savepoints.append(checkpoint)
         else:
-            dropped_ids = {d.checkpoint_id for d in dropped}
             self.completed = [c for c in self.completed if c.checkpoint_id not in dropped_ids]
             self.completed.append(checkpoint)
             self.completed.sort(key=lambda c: c.checkpoint_id)
@@ -620,15 +619,15 @@ class CheckpointCoordinator:
                         now_ms,
                     )
                 )
-        actions.append(CheckpointCompleted(checkpoint, pending.request, tuple(dropped)))
+        actions.append(CheckpointCompleted(checkpoint, pending.request, tuple(dropped_ids)))
         # Intermediate savepoints do not commit side effects (Flink 1.15+): only checkpoints and
         # stop-with-savepoint notify the tasks.
         if checkpoint.kind is CheckpointKind.CHECKPOINT or checkpoint.kind.is_synchronous:
             actions.append(
                 NotifyComplete(checkpoint.checkpoint_id, tuple(sorted(pending.acknowledged)))
             )
-        if dropped:
-            actions.append(DeleteCompleted(tuple(dropped)))
+        if dropped_ids:
+            actions.append(DeleteCompleted(tuple(dropped_ids)))
         if checkpoint.kind.is_synchronous:
             self.shutdown = True  # the job ends; its tasks finish after the notification
             self.next_periodic_ms = None

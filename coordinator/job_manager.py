@@ -162,6 +162,8 @@ class JobRunner:
         self._io: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
         self._allocation_errors: dict[int, str] = {}
+        self._finalize_timings: dict[int, tuple[float, float]] = {}  # id -> (metadata, commit) ms
+        self._last_ack_at: dict[int, float] = {}  # id -> perf_counter() when its last ack arrived
         self._watchers: set[asyncio.Queue[cpb.JobEvent | None]] = set()
         self._wake = asyncio.Event()
         self._register_lock = asyncio.Lock()
@@ -526,6 +528,7 @@ class JobRunner:
         elif isinstance(action, SubtaskAcknowledged):
             self.stats.on_acknowledged(action.checkpoint_id, action.ack)
         elif isinstance(action, FinalizeCheckpoint):
+            self._last_ack_at[action.checkpoint.checkpoint_id] = time.perf_counter()
             self._io.put_nowait(("finalize", action))
         elif isinstance(action, CheckpointCompleted):
             cp = action.checkpoint
@@ -534,12 +537,15 @@ class JobRunner:
             duration_ms = record.end_to_end_duration_ms if record else 0
             metrics.record_completed(duration_ms / 1000.0, cp.state_size_bytes)
             metrics.set_in_progress(self.manager.in_progress_count())
+            metadata_ms, commit_ms = self._finalize_timings.pop(cp.checkpoint_id, (0.0, 0.0))
             self._log.info(
                 "checkpoint.completed",
                 checkpoint_id=cp.checkpoint_id,
                 kind=cp.kind.value,
                 bytes=cp.state_size_bytes,
                 duration_ms=duration_ms,
+                metadata_ms=metadata_ms,
+                commit_ms=commit_ms,
                 path=cp.external_path,
             )
             self._emit(completed=self.summary_pb(cp.checkpoint_id))
@@ -576,7 +582,7 @@ class JobRunner:
             self._log.info("checkpoint.state_discarded", files=len(action.paths), why=action.why)
             self._io.put_nowait(("discard", action.paths))
         elif isinstance(action, DeleteCompleted):
-            self._io.put_nowait(("delete_completed", action.checkpoints))
+            self._io.put_nowait(("delete_completed", action.checkpoint_ids))
         elif isinstance(action, FailJob):
             self._log.error("job.failed", failure=action.message)
             task = asyncio.create_task(
@@ -657,12 +663,12 @@ class JobRunner:
                 self.storage.discard_state, self.job_id, payload, self._extra_dirs()
             )
         elif kind == "delete_completed":
-            for cp in payload:
+            for checkpoint_id in payload:
                 await asyncio.to_thread(
-                    self.storage.delete_checkpoint, self.job_id, cp.checkpoint_id
+                    self.storage.delete_checkpoint, self.job_id, checkpoint_id
                 )
                 self._log.info(
-                    "checkpoint.deleted", checkpoint_id=cp.checkpoint_id, reason="retention"
+                    "checkpoint.deleted", checkpoint_id=checkpoint_id, reason="retention"
                 )
 
     def _extra_dirs(self) -> list[str]:
@@ -687,11 +693,14 @@ class JobRunner:
 
     async def _finalize(self, action: FinalizeCheckpoint) -> None:
         cp = action.checkpoint
+        last_ack_at = self._last_ack_at.pop(cp.checkpoint_id, time.perf_counter())
         if cp.checkpoint_id not in self.core.pending:
             return
+        started = time.perf_counter()
         try:
             await asyncio.to_thread(self.storage.write_metadata, cp.external_path, cp)
-            dropped = await self.manager.store.commit_completed(cp, action.retained)
+            written = time.perf_counter()
+            dropped_ids = await self.manager.store.commit_completed(cp, action.retained)
         except StaleEpochError:
             raise
         except Exception as e:
@@ -701,7 +710,15 @@ class JobRunner:
                 )
             )
             return
-        self._process(self.core.on_checkpoint_committed(cp, list(dropped), self.manager.clock()))
+        committed = time.perf_counter()
+        record = self.stats.get(cp.checkpoint_id)
+        if record is not None:
+            record.completion_latency_ms = (committed - last_ack_at) * 1000.0
+        self._finalize_timings[cp.checkpoint_id] = (
+            round((written - started) * 1000, 2),
+            round((committed - written) * 1000, 2),
+        )
+        self._process(self.core.on_checkpoint_committed(cp, dropped_ids, self.manager.clock()))
 
     # --- RPCs to workers -----------------------------------------------------------------------
 
@@ -834,6 +851,7 @@ class JobRunner:
             failure_reason=record.failure_reason,
             failure_message=record.failure_message,
             unaligned=record.unaligned,
+            completion_latency_ms=record.completion_latency_ms,
         )
 
     def summary_of_completed(self, cp: CompletedCheckpoint) -> cpb.CheckpointSummary:

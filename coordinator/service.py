@@ -11,15 +11,16 @@ from collections.abc import AsyncIterator
 import grpc
 
 from coordinator import convert
-from coordinator.grpc_errors import grpc_errors, grpc_errors_stream
+from coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
 from coordinator.job_manager import JobManager, JobRunner
 from coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey, TaskState
-from snapflow.errors import InvalidArgumentError
+from snapflow.errors import InvalidArgumentError, SnapflowError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 MAX_HISTORY = 1000
+MAX_ACKS_PER_BATCH = 4096
 
 
 class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
@@ -135,6 +136,31 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         metrics = convert.metrics_from_pb(request.metrics)
         result = runner.acknowledge(attempt, checkpoint_id, states, metrics)
         return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT_TO_PB[result])  # type: ignore[arg-type]
+
+    @grpc_errors
+    async def AcknowledgeCheckpoints(
+        self, request: cpb.AcknowledgeCheckpointsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.AcknowledgeCheckpointsResponse:
+        if len(request.acks) > MAX_ACKS_PER_BATCH:
+            raise InvalidArgumentError(
+                f"{len(request.acks)} acks in one call; at most {MAX_ACKS_PER_BATCH}: split the batch"
+            )
+        outcomes = []
+        for ack in request.acks:
+            try:
+                runner = self._runner(ack.job_id)
+                result = runner.acknowledge(
+                    convert.attempt_from_pb(ack.attempt),
+                    convert.checkpoint_id_from_pb(ack.checkpoint_id),
+                    convert.operator_states_from_pb(ack.operator_states),
+                    convert.metrics_from_pb(ack.metrics),
+                )
+            except SnapflowError as error:
+                code, message = status_for(error)
+                outcomes.append(cpb.AckOutcome(error_code=code.value[0], error_message=message))
+            else:
+                outcomes.append(cpb.AckOutcome(result=convert.ACK_RESULT_TO_PB[result]))  # type: ignore[arg-type]
+        return cpb.AcknowledgeCheckpointsResponse(outcomes=outcomes)
 
     @grpc_errors
     async def DeclineCheckpoint(

@@ -34,6 +34,8 @@ class CheckpointRecord:
     end_timestamp_ms: int = 0
     failure_reason: str = ""
     failure_message: str = ""
+    completion_latency_ms: float = 0.0
+    """Last ack's arrival to the durable commit (metadata + Redis), measured by the shell."""
 
     @property
     def latest_ack_timestamp_ms(self) -> int:

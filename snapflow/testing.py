@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from snapflow.v1 import common_pb2 as pb
+from worker.coordinator_client import AckBatcher
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
@@ -36,6 +38,7 @@ class SimulatedAgent:
     tasks: list[tuple[str, int]]
     """(vertex_id, subtask_index) of the subtasks this agent hosts."""
     write_state: bool = True
+    """Write each subtask's state file (False: report the handle only, as a pure ack load)."""
     state_bytes: int = 64
     policy: AckPolicy = always_ack
     attempts: dict[tuple[str, int], pb.TaskAttempt] = field(default_factory=dict)
@@ -47,10 +50,15 @@ class SimulatedAgent:
     epoch: int = 0
     address: str = ""
     ack_latencies_s: list[float] = field(default_factory=list)
+    last_ack_sent: dict[int, float] = field(default_factory=dict)
+    """checkpoint id -> ``time.perf_counter()`` when this agent sent its last ack for it."""
     _server: grpc.aio.Server | None = None
     _channel: grpc.aio.Channel | None = None
     _stub: cgrpc.CoordinatorServiceStub | None = None
     _acks: set[asyncio.Task[None]] = field(default_factory=set)
+    batch_acks: bool = True
+    """Send acks through the agent's ``AckBatcher`` (False: one unary RPC per subtask ack)."""
+    _batcher: AckBatcher | None = None
 
     async def start(self) -> None:
         self._server = grpc.aio.server()
@@ -60,6 +68,7 @@ class SimulatedAgent:
         self.address = f"127.0.0.1:{port}"
         self._channel = grpc.aio.insecure_channel(self.coordinator_address)
         self._stub = cgrpc.CoordinatorServiceStub(self._channel)
+        self._batcher = AckBatcher(self._stub)
 
     @property
     def stub(self) -> cgrpc.CoordinatorServiceStub:
@@ -132,31 +141,29 @@ class SimulatedAgent:
                 timeout=10,
             )
             return
-        handles = []
-        if self.write_state:
-            path = os.path.join(
-                request.options.target_location,
-                f"{attempt.vertex_id}-{attempt.subtask_index}-{attempt.attempt}.state",
-            )
-            await asyncio.to_thread(_write, path, os.urandom(self.state_bytes))
-            handles.append(pb.StateHandle(path=path, size_bytes=self.state_bytes, kind="operator"))
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        await self.stub.AcknowledgeCheckpoint(
-            cpb.AcknowledgeCheckpointRequest(
-                job_id=self.job_id,
-                attempt=attempt,
-                checkpoint_id=request.checkpoint_id,
-                operator_states=[
-                    pb.OperatorSubtaskState(operator_id=f"{attempt.vertex_id}-op", handles=handles)
-                ],
-                metrics=pb.SubtaskCheckpointMetrics(
-                    sync_duration_ms=1, async_duration_ms=2, state_size_bytes=self.state_bytes
-                ),
-            ),
-            timeout=10,
+        path = os.path.join(
+            request.options.target_location,
+            f"{attempt.vertex_id}-{attempt.subtask_index}-{attempt.attempt}.state",
         )
-        self.ack_latencies_s.append(loop.time() - started)
+        if self.write_state:
+            await asyncio.to_thread(_write, path, os.urandom(self.state_bytes))
+        handles = [pb.StateHandle(path=path, size_bytes=self.state_bytes, kind="operator")]
+        ack = cpb.AcknowledgeCheckpointRequest(
+            job_id=self.job_id,
+            attempt=attempt,
+            checkpoint_id=request.checkpoint_id,
+            operator_states=[pb.OperatorSubtaskState(operator_id=f"{attempt.vertex_id}-op", handles=handles)],
+            metrics=pb.SubtaskCheckpointMetrics(
+                sync_duration_ms=1, async_duration_ms=2, state_size_bytes=self.state_bytes
+            ),
+        )
+        started = time.perf_counter()
+        self.last_ack_sent[request.checkpoint_id] = started
+        if self.batch_acks and self._batcher is not None:
+            await self._batcher.acknowledge(ack)
+        else:
+            await self.stub.AcknowledgeCheckpoint(ack, timeout=10)
+        self.ack_latencies_s.append(time.perf_counter() - started)
 
 
 def _write(path: str, data: bytes) -> None:

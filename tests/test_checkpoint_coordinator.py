@@ -115,7 +115,7 @@ class Harness:
         return result, actions
 
     def complete(
-        self, cid: int, now: int, dropped: tuple[CompletedCheckpoint, ...] = ()
+        self, cid: int, now: int, dropped: tuple[int, ...] = ()
     ) -> tuple[CompletedCheckpoint, list]:
         finalize = None
         for attempt in ALL:
@@ -443,8 +443,8 @@ def test_retention_drops_are_deleted_after_commit() -> None:
     cp1, _ = h.trigger(1, 0), None
     first, _ = h.complete(1, 1)
     h.trigger(2, 2)
-    second, actions = h.complete(2, 3, dropped=(first,))
-    assert actions[-1] == DeleteCompleted((first,))
+    second, actions = h.complete(2, 3, dropped=(1,))
+    assert actions[-1] == DeleteCompleted((1,))
     assert h.cc.completed == [second]
     # a late duplicate ack for the dropped checkpoint is discarded (it is no longer referenced)
     result, acts = h.ack(SRC0, 1, 4, (f"/cp/job/chk-1/{SRC0}",))
@@ -616,7 +616,7 @@ def test_random_event_sequences_keep_invariants(seed: int) -> None:
                     retained = [c for c in h.cc.completed]
                     keep = f.retained - 1 if not f.checkpoint.kind.is_savepoint else len(retained)
                     dropped = (
-                        retained[: max(0, len(retained) - keep)]
+                        [c.checkpoint_id for c in retained[: max(0, len(retained) - keep)]]
                         if not f.checkpoint.kind.is_savepoint
                         else []
                     )

@@ -258,6 +258,28 @@ class AcknowledgeCheckpointResponse(_message.Message):
     result: AckResult
     def __init__(self, result: _Optional[_Union[AckResult, str]] = ...) -> None: ...
 
+class AcknowledgeCheckpointsRequest(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[AcknowledgeCheckpointRequest]
+    def __init__(self, acks: _Optional[_Iterable[_Union[AcknowledgeCheckpointRequest, _Mapping]]] = ...) -> None: ...
+
+class AckOutcome(_message.Message):
+    __slots__ = ("result", "error_code", "error_message")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    result: AckResult
+    error_code: int
+    error_message: str
+    def __init__(self, result: _Optional[_Union[AckResult, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class AcknowledgeCheckpointsResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[AckOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[AckOutcome, _Mapping]]] = ...) -> None: ...
+
 class DeclineCheckpointRequest(_message.Message):
     __slots__ = ("job_id", "attempt", "checkpoint_id", "reason", "message")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -327,7 +349,7 @@ class GetCheckpointDetailsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class CheckpointSummary(_message.Message):
-    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned")
+    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned", "completion_latency_ms")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +365,7 @@ class CheckpointSummary(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     FAILURE_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     UNALIGNED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: int
     kind: _common_pb2.CheckpointKind
     status: _common_pb2.CheckpointStatus
@@ -358,7 +381,8 @@ class CheckpointSummary(_message.Message):
     failure_reason: str
     failure_message: str
     unaligned: bool
-    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ...) -> None: ...
+    completion_latency_ms: float
+    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ..., completion_latency_ms: _Optional[float] = ...) -> None: ...
 
 class Quantiles(_message.Message):
     __slots__ = ("min", "avg", "p50", "p90", "p99", "max")

@@ -79,6 +79,11 @@ class CoordinatorServiceStub:
                 request_serializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointRequest.SerializeToString,
                 response_deserializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointResponse.FromString,
                 _registered_method=True)
+        self.AcknowledgeCheckpoints = channel.unary_unary(
+                '/snapflow.v1.CoordinatorService/AcknowledgeCheckpoints',
+                request_serializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointsRequest.SerializeToString,
+                response_deserializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointsResponse.FromString,
+                _registered_method=True)
         self.DeclineCheckpoint = channel.unary_unary(
                 '/snapflow.v1.CoordinatorService/DeclineCheckpoint',
                 request_serializer=snapflow_dot_v1_dot_coordinator__pb2.DeclineCheckpointRequest.SerializeToString,
@@ -177,6 +182,14 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcknowledgeCheckpoints(self, request, context):
+        """Several acks in one call (an agent coalesces the acks of the subtasks it hosts). Each ack
+        is handled on its own: one invalid ack gets its own error and does not affect the others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeclineCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -268,6 +281,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.AcknowledgeCheckpoint,
                     request_deserializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointRequest.FromString,
                     response_serializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointResponse.SerializeToString,
+            ),
+            'AcknowledgeCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcknowledgeCheckpoints,
+                    request_deserializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointsRequest.FromString,
+                    response_serializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointsResponse.SerializeToString,
             ),
             'DeclineCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.DeclineCheckpoint,
@@ -548,6 +566,33 @@ class CoordinatorService:
             '/snapflow.v1.CoordinatorService/AcknowledgeCheckpoint',
             snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointRequest.SerializeToString,
             snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcknowledgeCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapflow.v1.CoordinatorService/AcknowledgeCheckpoints',
+            snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointsRequest.SerializeToString,
+            snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,82 @@
+# Snapflow developer commands. `make run` and `make test` are the two to know.
+#
+#   make install      create .venv and install the project with its dev extras (idempotent)
+#   make test         run the test suite
+#   make run          run the demo job (embedded Redis + coordinator + simulated workers)
+#   make coordinator  run the coordinator service in the foreground (embedded Redis)
+#   make proto        regenerate snapflow/v1 from protos/
+#   make lint         ruff check, ruff format --check, mypy
+#   make bench        run the benchmarks (BENCH=<name> selects one)
+#   make clean        remove caches and build artefacts (distclean also removes .venv)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# Extra arguments for `make run` / `make coordinator`, e.g. make run ARGS='--seconds 30'.
+ARGS  ?=
+# One benchmark by name; empty lets the bench package decide (all, or a list).
+BENCH ?=
+
+MIN_PYTHON := (3, 11)
+CHECK_PYTHON = import sys; v = sys.version_info; \
+	sys.exit(0 if v >= $(MIN_PYTHON) else \
+	f"error: Snapflow needs Python >= 3.11, but {sys.executable} is {v.major}.{v.minor}.{v.micro}; \
+	run make with PYTHON=/path/to/python3.11 (or newer)")
+
+.DEFAULT_GOAL := help
+
+.PHONY: help install test run coordinator proto lint bench clean distclean
+
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+
+install: $(STAMP)
+
+# Re-installs only when pyproject.toml changed (or .venv was removed).
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+		echo "error: '$(PYTHON)' not found; install Python >= 3.11 or run make with PYTHON=/path/to/python3" >&2; \
+		exit 1; }
+	@$(PYTHON) -c '$(CHECK_PYTHON)'
+	@if [ ! -x $(BIN)/python ]; then \
+		echo "creating $(VENV) with $$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
+		$(PYTHON) -m venv $(VENV); \
+	fi
+	@$(BIN)/python -c '$(CHECK_PYTHON)' || { \
+		echo "error: the existing $(VENV) uses an older Python; remove it (make distclean) and run make install again" >&2; \
+		exit 1; }
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+test: install
+	$(BIN)/pytest -p no:cacheprovider tests/
+
+run: install
+	$(BIN)/snapflow demo $(ARGS)
+
+coordinator: install
+	$(BIN)/snapflow coordinator $(ARGS)
+
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. protos/snapflow/v1/*.proto
+
+# Generated code (snapflow/v1) is excluded in pyproject.toml ([tool.ruff], [tool.mypy]).
+# All three checks run; the target fails if any of them failed.
+lint: install
+	@status=0; \
+	echo "$(BIN)/ruff check ."; $(BIN)/ruff check . || status=1; \
+	echo "$(BIN)/ruff format --check ."; $(BIN)/ruff format --check . || status=1; \
+	echo "$(BIN)/mypy"; $(BIN)/mypy || status=1; \
+	exit $$status
+
+bench: install
+	$(BIN)/python -m bench $(BENCH)
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache spark-warehouse
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

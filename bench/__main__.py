@@ -1,0 +1,28 @@
+"""Run every benchmark, or the one named on the command line."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "coordinator": "bench.coordinator_bench",
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    for name in names:
+        module = importlib.import_module(BENCHMARKS[name])
+        rc = module.main()
+        if rc:
+            return int(rc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

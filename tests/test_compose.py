@@ -1,0 +1,603 @@
+"""Static checks of docker-compose.yml, the Dockerfile and the container health check.
+
+No Docker engine is needed: the files are parsed and cross-checked against the repository and
+the installed packages (the pyspark version, the ``snapflow`` CLI parser). The health check
+script is run against a real in-process gRPC health server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import ipaddress
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+HEALTHCHECK_SCRIPT = ROOT / "docker" / "healthcheck.py"
+
+EXPECTED_SERVICES = {
+    "redis",
+    "coordinator",
+    "spark-master",
+    "spark-worker-1",
+    "spark-worker-2",
+    "submitter",
+}
+SPARK_WORKERS = ("spark-worker-1", "spark-worker-2")
+DEFAULT_GRPC_PORT = 50051
+DEFAULT_METRICS_PORT = 9464
+SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    assert COMPOSE_FILE.is_file(), f"{COMPOSE_FILE} does not exist"
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(data, dict), "docker-compose.yml must be a mapping"
+    assert isinstance(data.get("services"), dict), "docker-compose.yml has no 'services' mapping"
+    for name, service in data["services"].items():
+        assert isinstance(service, dict), f"service {name!r} is not a mapping"
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = compose["services"]
+    return services
+
+
+def _tokens(value: Any) -> list[str]:
+    """A compose command/entrypoint (string or list) as argv tokens; list items that hold a
+    whole shell command line (``sh -c "..."``) are split as well."""
+    if value is None:
+        return []
+    items = shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+    out: list[str] = []
+    for item in items:
+        out.extend(shlex.split(item) if any(c.isspace() for c in item) else [item])
+    return out
+
+
+def _argv(service: dict[str, Any]) -> list[str]:
+    return _tokens(service.get("entrypoint")) + _tokens(service.get("command"))
+
+
+def _snapflow_invocations(tokens: list[str]) -> Iterator[list[str]]:
+    """The argument lists (after the program name) of every ``snapflow`` invocation."""
+    for i, token in enumerate(tokens):
+        if PurePosixPath(token).name == "snapflow":
+            args: list[str] = []
+            for arg in tokens[i + 1 :]:
+                if arg in SHELL_OPERATORS:
+                    break
+                args.append(arg)
+            yield args
+
+
+def _all_snapflow_invocations(services: dict[str, dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    return [
+        (name, args)
+        for name, service in services.items()
+        for args in _snapflow_invocations(_argv(service))
+    ]
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _build_context(service: dict[str, Any]) -> tuple[Path, Path] | None:
+    """(context directory, Dockerfile path) of a service with a build section."""
+    build = service.get("build")
+    if build is None:
+        return None
+    if isinstance(build, str):
+        context, dockerfile = build, "Dockerfile"
+    else:
+        assert isinstance(build, dict), f"build must be a string or a mapping, got {build!r}"
+        context, dockerfile = build.get("context", "."), build.get("dockerfile", "Dockerfile")
+    context_dir = (COMPOSE_FILE.parent / context).resolve()
+    return context_dir, context_dir / dockerfile
+
+
+def _dockerfile() -> Path:
+    return ROOT / "Dockerfile"
+
+
+def _dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    current = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not current and (not line or line.startswith("#")):
+            continue
+        if current and line.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        current += line
+        if current.strip():
+            keyword, _, rest = current.strip().partition(" ")
+            instructions.append((keyword.upper(), rest.strip()))
+        current = ""
+    if current.strip():
+        keyword, _, rest = current.strip().partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+    return instructions
+
+
+def _base_image(path: Path) -> str:
+    """The image of the first FROM, with ``${ARG}`` defaults declared before it substituted."""
+    args: dict[str, str] = {}
+    for keyword, rest in _dockerfile_instructions(path):
+        if keyword == "ARG":
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip().strip('"')
+        elif keyword == "FROM":
+            words = [w for w in rest.split() if not w.startswith("--")]
+            assert words, f"{path}: FROM without an image"
+            return re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), words[0])
+    raise AssertionError(f"{path} has no FROM instruction")
+
+
+def _release(version: str) -> str:
+    match = re.match(r"^(\d+)\.(\d+)\.(\d+)", version)
+    assert match, f"{version!r} does not start with major.minor.patch"
+    return ".".join(match.groups())
+
+
+def _parse_port_number(text: str, where: str) -> list[int]:
+    """A port or a range ``a-b`` -> its port numbers (each 1..65535)."""
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
+    assert match, f"{where}: {text!r} is not a port or a port range"
+    low = int(match.group(1))
+    high = int(match.group(2) or low)
+    assert 1 <= low <= high <= 65535, f"{where}: {text!r} is out of range 1..65535"
+    return list(range(low, high + 1))
+
+
+def _parse_port(entry: Any, where: str) -> tuple[list[int], list[int]]:
+    """A compose port entry -> (published host ports, container ports)."""
+    if isinstance(entry, dict):
+        assert "target" in entry, f"{where}: long-syntax port without 'target': {entry!r}"
+        container = _parse_port_number(str(entry["target"]), where)
+        published = entry.get("published")
+        host = _parse_port_number(str(published), where) if published is not None else []
+        protocol = entry.get("protocol", "tcp")
+        assert protocol in ("tcp", "udp"), f"{where}: protocol {protocol!r} is not tcp or udp"
+    else:
+        assert isinstance(entry, str), (
+            f"{where}: write ports as quoted strings ('8080:8080'); YAML reads some unquoted "
+            f"values as base-60 numbers; got {entry!r}"
+        )
+        spec, _, protocol = entry.partition("/")
+        assert protocol in ("", "tcp", "udp"), f"{where}: protocol {protocol!r} is not tcp or udp"
+        ip = ""
+        if spec.startswith("["):  # [::1]:8080:8080
+            ip, _, spec = spec[1:].partition("]:")
+        parts = spec.split(":")
+        assert 1 <= len(parts) <= 3, f"{where}: {entry!r} is not [IP:][HOST:]CONTAINER"
+        if len(parts) == 3:
+            ip, parts = parts[0], parts[1:]
+        if ip:
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise AssertionError(f"{where}: {ip!r} in {entry!r} is not an IP address") from None
+        container = _parse_port_number(parts[-1], where)
+        host = _parse_port_number(parts[0], where) if len(parts) == 2 and parts[0] else []
+    assert not host or len(host) == len(container), (
+        f"{where}: host and container port ranges differ in size: {entry!r}"
+    )
+    return host, container
+
+
+def _volume_mounts(service: dict[str, Any], where: str) -> list[tuple[str | None, str]]:
+    """(named volume or None for bind/anonymous mounts, container path) of every mount."""
+    mounts: list[tuple[str | None, str]] = []
+    for entry in service.get("volumes", []) or []:
+        if isinstance(entry, dict):
+            kind = entry.get("type", "volume")
+            assert "target" in entry, f"{where}: long-syntax volume without 'target': {entry!r}"
+            source = entry.get("source") if kind == "volume" else None
+            mounts.append((source or None, entry["target"]))
+            continue
+        assert isinstance(entry, str), f"{where}: volume entry {entry!r} is not a string"
+        parts = entry.split(":")
+        assert 1 <= len(parts) <= 3, f"{where}: {entry!r} is not SOURCE:TARGET[:MODE]"
+        if len(parts) == 1:
+            mounts.append((None, parts[0]))
+            continue
+        source, target = parts[0], parts[1]
+        assert target.startswith("/"), f"{where}: mount target {target!r} must be absolute"
+        is_path = source.startswith((".", "/", "~")) or "/" in source
+        mounts.append((None if is_path else source, target))
+    return mounts
+
+
+# --- services, images, build -------------------------------------------------------------------
+
+
+def test_expected_services_exist(services: dict[str, dict[str, Any]]) -> None:
+    missing = sorted(EXPECTED_SERVICES - set(services))
+    assert not missing, f"docker-compose.yml lacks the services {missing}"
+
+
+def test_every_service_has_an_image_or_a_buildable_context(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, service in services.items():
+        build = _build_context(service)
+        if build is None:
+            image = service.get("image")
+            assert isinstance(image, str) and image.strip(), (
+                f"service {name!r} has neither an image nor a build section"
+            )
+            continue
+        context, dockerfile = build
+        assert context.is_dir(), f"service {name!r}: build context {context} does not exist"
+        assert dockerfile.is_file(), f"service {name!r}: {dockerfile} does not exist"
+
+
+def test_snapflow_services_build_the_project_image(services: dict[str, dict[str, Any]]) -> None:
+    for name in EXPECTED_SERVICES - {"redis"}:
+        build = _build_context(services[name])
+        assert build is not None, f"service {name!r} must build the project's Dockerfile"
+        assert build[1] == _dockerfile(), (
+            f"service {name!r} builds {build[1]}, not the project's {_dockerfile()}"
+        )
+
+
+def test_dockerfile_is_based_on_the_spark_image_matching_pyspark() -> None:
+    pyspark = _release(importlib.metadata.version("pyspark"))
+    image = _base_image(_dockerfile())
+    repository, _, tag = image.partition(":")
+    assert repository in ("apache/spark", "docker.io/apache/spark"), (
+        f"the Dockerfile must be FROM the official apache/spark image, not {image!r}"
+    )
+    assert tag, f"FROM {image!r} has no tag: pin apache/spark:{pyspark}-python3"
+    assert tag.endswith("python3") or "-python3-" in tag, (
+        f"FROM {image!r}: use a Python flavour of the image (apache/spark:{pyspark}-python3)"
+    )
+    assert _release(tag) == pyspark, (
+        f"FROM {image!r} is Spark {_release(tag)} but the installed pyspark is {pyspark}; use "
+        f"apache/spark:{pyspark}-python3"
+    )
+
+
+def test_dockerfile_pins_pyspark_to_the_image_version() -> None:
+    image_release = _release(_base_image(_dockerfile()).partition(":")[2])
+    text = " ".join(rest for _, rest in _dockerfile_instructions(_dockerfile()))
+    pins = re.findall(r"pyspark==([0-9][\w.+-]*)", text)
+    assert pins, "the Dockerfile must pin pyspark==<the image's Spark version> when installing"
+    wrong = [p for p in pins if _release(p) != image_release]
+    assert not wrong, f"pyspark pins {wrong} differ from the image's Spark {image_release}"
+
+
+def test_dockerfile_exposes_grpc_and_metrics_ports() -> None:
+    exposed = {
+        int(word.split("/")[0])
+        for keyword, rest in _dockerfile_instructions(_dockerfile())
+        if keyword == "EXPOSE"
+        for word in rest.split()
+    }
+    missing = {DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT} - exposed
+    assert not missing, f"the Dockerfile does not EXPOSE {sorted(missing)}"
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def test_services_run_snapflow_with_a_subcommand(services: dict[str, dict[str, Any]]) -> None:
+    invocations = _all_snapflow_invocations(services)
+    users = {name for name, _ in invocations}
+    assert {"coordinator", "submitter"} <= users, (
+        f"the coordinator and the submitter must run `snapflow ...`; found it in {sorted(users)}"
+    )
+    for name, args in invocations:
+        assert args and not args[0].startswith("-"), (
+            f"service {name!r} runs `snapflow` without a subcommand: {args}"
+        )
+    coordinator = [args for name, args in invocations if name == "coordinator"]
+    assert any(args[0] == "coordinator" for args in coordinator), (
+        f"the coordinator service must run `snapflow coordinator`, not {coordinator}"
+    )
+
+
+def _cli_parser() -> argparse.ArgumentParser:
+    try:
+        import snapflow.cli as cli
+    except ImportError as e:
+        pytest.skip(f"snapflow.cli is not importable yet ({e}); CLI checks start once it lands")
+    parser = cli.build_parser()
+    assert isinstance(parser, argparse.ArgumentParser), (
+        f"snapflow.cli.build_parser() returned {type(parser).__name__}, not an ArgumentParser"
+    )
+    return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    raise AssertionError("the snapflow CLI parser has no subcommands")
+
+
+def test_snapflow_subcommands_are_known_to_the_cli(services: dict[str, dict[str, Any]]) -> None:
+    known = _subcommands(_cli_parser())
+    for name, args in _all_snapflow_invocations(services):
+        assert args and args[0] in known, (
+            f"service {name!r} runs `snapflow {' '.join(args)}`, but the CLI's subcommands are "
+            f"{sorted(known)}"
+        )
+
+
+def test_snapflow_commands_parse(
+    services: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = _cli_parser()
+    for name, args in _all_snapflow_invocations(services):
+        try:
+            parser.parse_args(args)
+        except SystemExit as e:
+            error = capsys.readouterr().err.strip()
+            raise AssertionError(
+                f"service {name!r}: `snapflow {' '.join(args)}` does not parse "
+                f"(exit {e.code}): {error}"
+            ) from None
+
+
+def test_coordinator_uses_the_compose_redis(services: dict[str, dict[str, Any]]) -> None:
+    args = next(a for n, a in _all_snapflow_invocations(services) if n == "coordinator")
+    url = _flag_value(args, "--redis-url")
+    assert url, "the coordinator must get --redis-url (empty would start an embedded Redis)"
+    match = re.fullmatch(r"redis://([\w.-]+)(?::(\d+))?(?:/\d+)?", url)
+    assert match, f"--redis-url {url!r} is not redis://host[:port][/db]"
+    assert match.group(1) in services, (
+        f"--redis-url {url!r} names host {match.group(1)!r}, which is not a compose service"
+    )
+    assert match.group(1) == "redis", f"--redis-url {url!r} must point at the redis service"
+
+
+# --- ports -----------------------------------------------------------------------------------------
+
+
+def test_ports_are_well_formed_and_unique(services: dict[str, dict[str, Any]]) -> None:
+    used: dict[int, str] = {}
+    for name, service in services.items():
+        for entry in service.get("ports", []) or []:
+            host, _ = _parse_port(entry, f"service {name!r} port {entry!r}")
+            for port in host:
+                assert port not in used, (
+                    f"host port {port} is published by both {used[port]!r} and {name!r}"
+                )
+                used[port] = name
+
+
+def test_coordinator_publishes_grpc_and_metrics(services: dict[str, dict[str, Any]]) -> None:
+    coordinator = services["coordinator"]
+    args = next(a for n, a in _all_snapflow_invocations(services) if n == "coordinator")
+    grpc_port = int(_flag_value(args, "--port") or DEFAULT_GRPC_PORT)
+    metrics_port = int(_flag_value(args, "--metrics-port") or DEFAULT_METRICS_PORT)
+    assert (grpc_port, metrics_port) == (DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT), (
+        f"the coordinator should listen on {DEFAULT_GRPC_PORT} and {DEFAULT_METRICS_PORT} "
+        f"(the documented ports), not {grpc_port} and {metrics_port}"
+    )
+    published: dict[int, list[int]] = {}
+    for entry in coordinator.get("ports", []) or []:
+        host_ports, container_ports = _parse_port(entry, f"coordinator port {entry!r}")
+        if not host_ports:
+            continue  # exposed to other containers only, not published on the host
+        for h, c in zip(host_ports, container_ports, strict=True):
+            published.setdefault(c, []).append(h)
+    for port in (grpc_port, metrics_port):
+        assert published.get(port), (
+            f"the coordinator does not publish container port {port} on the host "
+            f"(published: {published})"
+        )
+    bind = _flag_value(args, "--host")
+    assert bind in ("0.0.0.0", "::"), (
+        f"the coordinator must bind all interfaces (--host 0.0.0.0) to be reachable through "
+        f"the published ports, not {bind!r}"
+    )
+
+
+def test_spark_master_publishes_its_ports(services: dict[str, dict[str, Any]]) -> None:
+    container_ports: set[int] = set()
+    for entry in services["spark-master"].get("ports", []) or []:
+        _, container = _parse_port(entry, f"spark-master port {entry!r}")
+        container_ports.update(container)
+    assert {7077, 8080} <= container_ports, (
+        f"spark-master must publish 7077 and 8080, publishes {sorted(container_ports)}"
+    )
+
+
+def test_spark_services_run_master_and_workers(services: dict[str, dict[str, Any]]) -> None:
+    master = _argv(services["spark-master"])
+    assert "org.apache.spark.deploy.master.Master" in master, f"spark-master runs {master}"
+    for name in SPARK_WORKERS:
+        argv = _argv(services[name])
+        assert "org.apache.spark.deploy.worker.Worker" in argv, f"{name} runs {argv}"
+        assert "spark://spark-master:7077" in argv, f"{name} does not join spark-master: {argv}"
+
+
+# --- health and dependencies --------------------------------------------------------------------------
+
+
+def test_redis_has_healthcheck_and_appendonly(services: dict[str, dict[str, Any]]) -> None:
+    redis = services["redis"]
+    test = _tokens((redis.get("healthcheck") or {}).get("test"))
+    assert "redis-cli" in test and "ping" in [t.lower() for t in test], (
+        f"redis needs a healthcheck running `redis-cli ping`, has {test}"
+    )
+    argv = _argv(redis)
+    assert any(argv[i] == "--appendonly" and argv[i + 1] == "yes" for i in range(len(argv) - 1)), (
+        f"redis must run with --appendonly yes (durable metadata), runs {argv}"
+    )
+    mounts = [target for _, target in _volume_mounts(redis, "redis")]
+    assert "/data" in mounts, f"redis must keep /data (its AOF) on a volume, mounts {mounts}"
+
+
+def _depends_on(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def test_dependencies_exist_and_wait_for_health(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        for dep, condition in _depends_on(service).items():
+            assert dep in services, f"service {name!r} depends on unknown service {dep!r}"
+            if condition == "service_healthy":
+                assert services[dep].get("healthcheck"), (
+                    f"service {name!r} waits for {dep!r} to be healthy, but {dep!r} has no "
+                    f"healthcheck"
+                )
+    assert _depends_on(services["coordinator"]).get("redis") == "service_healthy", (
+        "the coordinator must depend on redis with condition service_healthy"
+    )
+    submitter = _depends_on(services["submitter"])
+    assert submitter.get("coordinator") == "service_healthy", (
+        "the submitter must depend on the coordinator with condition service_healthy"
+    )
+    assert "spark-master" in submitter, "the submitter must depend on spark-master"
+
+
+def test_coordinator_healthcheck_uses_the_shipped_script(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    test = _tokens((services["coordinator"].get("healthcheck") or {}).get("test"))
+    assert test and test[0] in ("CMD", "CMD-SHELL"), f"coordinator healthcheck test is {test}"
+    scripts = [t for t in test if t.endswith(".py")]
+    assert scripts, f"the coordinator healthcheck must run the gRPC health script: {test}"
+    copies = [
+        rest.split()
+        for keyword, rest in _dockerfile_instructions(_dockerfile())
+        if keyword == "COPY"
+    ]
+    copied_to = {words[-1]: words[:-1] for words in copies if len(words) >= 2}
+    for script in scripts:
+        assert script in copied_to, (
+            f"the healthcheck runs {script}, which the Dockerfile does not COPY into the image"
+        )
+        for source in copied_to[script]:
+            assert (ROOT / source).is_file(), f"the Dockerfile copies {source}, which is missing"
+
+
+# --- volumes -------------------------------------------------------------------------------------------
+
+
+def test_volumes_are_declared_and_used(compose: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    used: set[str] = set()
+    for name, service in compose["services"].items():
+        for volume, _ in _volume_mounts(service, f"service {name!r}"):
+            if volume is not None:
+                assert volume in declared, (
+                    f"service {name!r} mounts volume {volume!r}, which is not declared under "
+                    f"the top-level 'volumes' ({sorted(declared)})"
+                )
+                used.add(volume)
+    unused = sorted(declared - used)
+    assert not unused, f"declared volumes {unused} are not used by any service"
+
+
+def test_checkpoint_storage_is_shared_by_coordinator_and_workers(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    args = next(a for n, a in _all_snapflow_invocations(services) if n == "coordinator")
+    root = _flag_value(args, "--storage-root")
+    assert root and root.startswith("/"), (
+        f"the coordinator needs an absolute --storage-root: {root}"
+    )
+    coordinator_mounts = _volume_mounts(services["coordinator"], "coordinator")
+    holding = [
+        (volume, target)
+        for volume, target in coordinator_mounts
+        if volume is not None and (root == target or root.startswith(target.rstrip("/") + "/"))
+    ]
+    assert holding, (
+        f"--storage-root {root} is not on a named volume of the coordinator ({coordinator_mounts})"
+    )
+    for name in SPARK_WORKERS:
+        mounts = _volume_mounts(services[name], name)
+        for mount in holding:
+            assert mount in mounts, (
+                f"{name} must mount the checkpoint volume {mount[0]!r} at {mount[1]} like the "
+                f"coordinator (state paths must mean the same file everywhere); it mounts {mounts}"
+            )
+
+
+# --- the health check script -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[str, health.HealthServicer]]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", servicer
+    finally:
+        server.stop(None).wait()
+
+
+def _run_healthcheck(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(HEALTHCHECK_SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_healthcheck_script_reports_serving_and_not_serving(
+    health_server: tuple[str, health.HealthServicer],
+) -> None:
+    address, servicer = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    ok = _run_healthcheck(address)
+    assert ok.returncode == 0, f"SERVING must exit 0: {ok.stdout}{ok.stderr}"
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    bad = _run_healthcheck(address)
+    assert bad.returncode == 1, f"NOT_SERVING must exit 1: {bad.stdout}{bad.stderr}"
+    assert "NOT_SERVING" in bad.stderr
+
+
+def test_healthcheck_script_fails_when_unreachable(
+    health_server: tuple[str, health.HealthServicer],
+) -> None:
+    address, servicer = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    unknown = _run_healthcheck(address, "no.such.Service")
+    assert unknown.returncode == 1, f"an unknown service must exit 1: {unknown.stderr}"
+    # Port 1 on loopback: nothing listens there, the connection is refused at once.
+    down = _run_healthcheck("127.0.0.1:1")
+    assert down.returncode == 1, f"an unreachable server must exit 1: {down.stderr}"
+    assert "UNAVAILABLE" in down.stderr
