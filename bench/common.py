@@ -30,7 +30,12 @@ def environment() -> dict[str, Any]:
 def write_results(name: str, metrics: dict[str, float], **extra: Any) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
-    payload = {"metrics": metrics, **extra, "environment": environment(), "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    payload = {
+        "metrics": metrics,
+        **extra,
+        "environment": environment(),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -60,7 +65,10 @@ def start_coordinator(redis_url: str, storage_root: str, port: int) -> subproces
             if process.poll() is not None:
                 raise RuntimeError(f"coordinator exited with {process.returncode}")
             try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
                     return process
             except grpc.RpcError:
                 pass

@@ -52,15 +52,30 @@ async def _run_one(address: str, tasks: int, batch: bool) -> dict[str, float]:
         name=f"bench-{tasks}",
         vertices=[
             pb.JobVertex(vertex_id="src", parallelism=sources, is_source=True),
-            pb.JobVertex(vertex_id="op", parallelism=tasks - sources, max_parallelism=max(128, tasks)),
+            pb.JobVertex(
+                vertex_id="op", parallelism=tasks - sources, max_parallelism=max(128, tasks)
+            ),
         ],
-        edges=[pb.JobEdge(source_vertex_id="src", target_vertex_id="op", partitioner=pb.PARTITIONER_KIND_HASH)],
+        edges=[
+            pb.JobEdge(
+                source_vertex_id="src", target_vertex_id="op", partitioner=pb.PARTITIONER_KIND_HASH
+            )
+        ],
     )
-    job = (await stub.SubmitJob(cpb.SubmitJobRequest(graph=graph, checkpoint_config=pb.CheckpointConfig(retained=1)), timeout=30)).job
+    job = (
+        await stub.SubmitJob(
+            cpb.SubmitJobRequest(graph=graph, checkpoint_config=pb.CheckpointConfig(retained=1)),
+            timeout=30,
+        )
+    ).job
     all_tasks = [("src", i) for i in range(sources)] + [("op", i) for i in range(tasks - sources)]
     agents = [
         SimulatedAgent(
-            address, job.job_id, [t for j, t in enumerate(all_tasks) if j % AGENTS == a], write_state=False, batch_acks=batch
+            address,
+            job.job_id,
+            [t for j, t in enumerate(all_tasks) if j % AGENTS == a],
+            write_state=False,
+            batch_acks=batch,
         )
         for a in range(AGENTS)
     ]
@@ -83,19 +98,25 @@ async def _run_one(address: str, tasks: int, batch: bool) -> dict[str, float]:
         collector = asyncio.create_task(collect())
         # warm-up: connections, code paths
         for _ in range(3):
-            await stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job.job_id), timeout=60)
+            await stub.TriggerCheckpoint(
+                cpb.TriggerCheckpointRequest(job_id=job.job_id), timeout=60
+            )
         rounds = _rounds(tasks)
         ids: list[int] = []
         started = time.perf_counter()
         for _ in range(rounds):
-            summary = await stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job.job_id), timeout=60)
+            summary = await stub.TriggerCheckpoint(
+                cpb.TriggerCheckpointRequest(job_id=job.job_id), timeout=60
+            )
             ids.append(summary.checkpoint_id)
         elapsed = time.perf_counter() - started
         deadline = time.monotonic() + 10
         while any(i not in completed_at for i in ids) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         observed = sorted(
-            (completed_at[i] - max(a.last_ack_sent[i] for a in agents)) * 1000.0 for i in ids if i in completed_at
+            (completed_at[i] - max(a.last_ack_sent[i] for a in agents)) * 1000.0
+            for i in ids
+            if i in completed_at
         )
         latencies = sorted(server_latency[i] for i in ids if i in server_latency)
         watch.cancel()
@@ -125,7 +146,10 @@ async def _run_all(address: str) -> list[dict[str, float]]:
 
 def main() -> int:
     console = Console(width=150)
-    with tempfile.TemporaryDirectory(prefix="snapflow-bench-") as tmp, RedisServer() as redis_server:
+    with (
+        tempfile.TemporaryDirectory(prefix="snapflow-bench-") as tmp,
+        RedisServer() as redis_server,
+    ):
         port = free_port()
         process = start_coordinator(redis_server.url, f"{tmp}/checkpoints", port)
         try:
@@ -133,14 +157,29 @@ def main() -> int:
         finally:
             stop_process(process)
     table = Table(title="Coordinator: simulated subtasks acknowledging over gRPC (real Redis)")
-    for column in ("acks", "tasks", "ckpts", "acks/s", "ckpts/s", "commit p50 ms", "commit p99 ms", "observed p50", "observed p99"):
+    for column in (
+        "acks",
+        "tasks",
+        "ckpts",
+        "acks/s",
+        "ckpts/s",
+        "commit p50 ms",
+        "commit p99 ms",
+        "observed p50",
+        "observed p99",
+    ):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(
             "per agent" if r["batched"] else "unary",
-            str(int(r["tasks"])), str(int(r["rounds"])), f"{r['acks_per_s']:,.0f}", f"{r['checkpoints_per_s']:.1f}",
-            f"{r['completion_p50_ms']:.2f}", f"{r['completion_p99_ms']:.2f}",
-            f"{r['observed_p50_ms']:.2f}", f"{r['observed_p99_ms']:.2f}",
+            str(int(r["tasks"])),
+            str(int(r["rounds"])),
+            f"{r['acks_per_s']:,.0f}",
+            f"{r['checkpoints_per_s']:.1f}",
+            f"{r['completion_p50_ms']:.2f}",
+            f"{r['completion_p99_ms']:.2f}",
+            f"{r['observed_p50_ms']:.2f}",
+            f"{r['observed_p99_ms']:.2f}",
         )
     console.print(table)
     by_tasks = {int(r["tasks"]): r for r in rows if r["batched"]}
@@ -162,7 +201,10 @@ def main() -> int:
     path = write_results(
         "coordinator",
         metrics,
-        targets={"acks_per_s": f">= {TARGET_ACKS_PER_S}", "completion_p99_ms": f"< {TARGET_COMPLETION_P99_MS} (64 tasks)"},
+        targets={
+            "acks_per_s": f">= {TARGET_ACKS_PER_S}",
+            "completion_p99_ms": f"< {TARGET_COMPLETION_P99_MS} (64 tasks)",
+        },
         rows=rows,
     )
     ok_acks = metrics["acks_per_s"] >= TARGET_ACKS_PER_S

@@ -78,6 +78,12 @@ class BarrierOptions:
     target_location: str
 
 
+def _queue_rank(request: TriggerRequest) -> int:
+    if request.kind.is_savepoint:
+        return 0
+    return 2 if request.periodic else 1
+
+
 # --- actions -----------------------------------------------------------------------------
 
 
@@ -341,13 +347,20 @@ class CheckpointCoordinator:
         if request.kind.is_synchronous:
             self.stopping_with_savepoint = True
             self.next_periodic_ms = None
-        # Savepoints and manual requests go before periodic ones (Flink's request queue).
-        if request.periodic:
-            self.queue.append(request)
-        else:
-            position = next((i for i, r in enumerate(self.queue) if r.periodic), len(self.queue))
-            self.queue.insert(position, request)
-        return self._start_next(now_ms)
+        # Savepoints go first, then manual checkpoints, then periodic ones (Flink's request
+        # queue); within a class, in arrival order.
+        rank = _queue_rank(request)
+        position = next(
+            (i for i, r in enumerate(self.queue) if _queue_rank(r) > rank), len(self.queue)
+        )
+        self.queue.insert(position, request)
+        actions: list[Action] = []
+        if request.kind.is_synchronous:
+            # Checkpoints queued before a stop-with-savepoint would only be refused later.
+            for queued in [r for r in self.queue if not r.kind.is_savepoint]:
+                self.queue.remove(queued)
+                actions.append(RequestRefused(queued, TriggerRefusal.STOP_WITH_SAVEPOINT_PENDING))
+        return actions + self._start_next(now_ms)
 
     def _refuse_outright(self, request: TriggerRequest) -> TriggerRefusal | None:
         if self.shutdown or self.job_failed:
@@ -438,7 +451,7 @@ class CheckpointCoordinator:
             self.stopping_with_savepoint = False
             self._schedule_periodic(now_ms)
         return [
-            RequestRefused(request, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN),
+            RequestRefused(request, TriggerRefusal.IO_EXCEPTION),
             *self._start_next(now_ms),
         ]
 

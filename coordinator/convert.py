@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 
 from coordinator.model import (
     DEFAULT_MAX_PARALLELISM,
@@ -325,10 +326,10 @@ def config_to_pb(c: CheckpointConfig) -> pb.CheckpointConfig:
 
 
 def operator_states_from_pb(
-    msgs: list[pb.OperatorSubtaskState] | object,
+    msgs: Iterable[pb.OperatorSubtaskState],
 ) -> tuple[OperatorSubtaskState, ...]:
     out = []
-    for s in msgs:  # type: ignore[attr-defined]
+    for s in msgs:
         handles = []
         for h in s.handles:
             if not h.path:
@@ -368,18 +369,20 @@ def operator_states_to_pb(
 
 
 def metrics_from_pb(m: pb.SubtaskCheckpointMetrics) -> SubtaskMetrics:
-    values = [
-        m.sync_duration_ms,
-        m.async_duration_ms,
-        m.alignment_duration_ms,
-        m.start_delay_ms,
-        m.state_size_bytes,
-        m.processed_during_alignment_bytes,
-        m.persisted_in_flight_bytes,
-    ]
-    if any(v < 0 for v in values):
-        raise InvalidArgumentError("metrics: durations and sizes must be >= 0")
-    return SubtaskMetrics(*values, unaligned=m.unaligned)  # type: ignore[arg-type]
+    metrics = SubtaskMetrics(
+        sync_duration_ms=m.sync_duration_ms,
+        async_duration_ms=m.async_duration_ms,
+        alignment_duration_ms=m.alignment_duration_ms,
+        start_delay_ms=m.start_delay_ms,
+        state_size_bytes=m.state_size_bytes,
+        processed_during_alignment_bytes=m.processed_during_alignment_bytes,
+        persisted_in_flight_bytes=m.persisted_in_flight_bytes,
+        unaligned=m.unaligned,
+    )
+    negative = [k for k, v in metrics.__dict__.items() if not isinstance(v, bool) and v < 0]
+    if negative:
+        raise InvalidArgumentError(f"metrics: {', '.join(negative)} must be >= 0")
+    return metrics
 
 
 def metrics_to_pb(m: SubtaskMetrics) -> pb.SubtaskCheckpointMetrics:

@@ -153,3 +153,8 @@ class JobExecution:
         assert state.is_terminal
         self.state = state
         self.failure = failure
+        if state is not JobState.FINISHED:
+            # The coordinator has told every task to cancel; their late reports are refused.
+            for task in self.tasks.values():
+                if not task.state.is_terminal:
+                    task.state = TaskState.CANCELED

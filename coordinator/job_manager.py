@@ -264,24 +264,35 @@ class JobRunner:
             self._log.debug("task.registered", task=str(registration.attempt), address=address)
             return registration.attempt, self.restore_point
 
-    async def _choose_restore_point(self) -> RestorePoint | None:
+    def _latest_restorable(self) -> CompletedCheckpoint | None:
+        """The newest snapshot failover may restore from: the latest retained checkpoint, or a
+        newer stop-with-savepoint (its completion committed side effects, so restoring from an
+        older checkpoint would replay them). Intermediate savepoints never qualify."""
+        candidates = [c for c in self.core.savepoints if c.kind.is_synchronous]
         latest = self.core.latest_completed()
         if latest is not None:
-            return RestorePoint(latest, False)
+            candidates.append(latest)
+        return max(candidates, key=lambda c: c.checkpoint_id, default=None)
+
+    async def _choose_restore_point(self) -> RestorePoint | None:
+        latest = self._latest_restorable()
+        if latest is not None and latest.checkpoint_id > self.record.run_start_checkpoint_id:
+            return RestorePoint(latest, latest.kind.is_savepoint)
         if self.record.restore_savepoint_path:
             cp = await asyncio.to_thread(
                 self.storage.read_metadata, self.record.restore_savepoint_path
             )
             return RestorePoint(cp, cp.kind.is_savepoint)
         if self.record.restore_checkpoint_id:
-            cp = await self.manager.store.get_completed(
-                self.job_id, self.record.restore_checkpoint_id
-            )
-            if cp is None:
+            chosen = self.core._find_completed(self.record.restore_checkpoint_id)
+            if chosen is None:
                 raise CheckpointNotFoundError(
-                    f"checkpoint {self.record.restore_checkpoint_id} of job {self.job_id} is not retained"
+                    f"checkpoint {self.record.restore_checkpoint_id} of job {self.job_id} is not "
+                    f"retained any more"
                 )
-            return RestorePoint(cp, cp.kind.is_savepoint)
+            return RestorePoint(chosen, chosen.kind.is_savepoint)
+        if self.record.restore_latest and latest is not None:
+            return RestorePoint(latest, latest.kind.is_savepoint)
         return None
 
     async def update_task_state(
@@ -332,7 +343,8 @@ class JobRunner:
         self._process(self.core.shut_down(reason, self.manager.clock()))
         attempts = self.execution.current_attempts()
         self.execution.end(state, failure)
-        self._cancel_tasks(attempts)
+        if state is not JobState.FINISHED:
+            self._cancel_tasks(attempts)
         self._log.info("job.state_changed", state=state.value, failure=failure)
         self._emit(
             state_changed=cpb.JobStateChanged(state=convert.JOB_STATE_TO_PB[state], reason=failure)
@@ -379,11 +391,13 @@ class JobRunner:
         self, attempt: ExecutionAttempt, checkpoint_id: int, reason: int, message: str
     ) -> None:
         self.manager.check_not_fenced()
-        abort_reason = (
-            AbortReason.TASK_NOT_READY
-            if reason == cpb.DECLINE_REASON_TASK_NOT_READY
-            else AbortReason.DECLINED
-        )
+        # As in Flink, declines that say nothing about the checkpoint's health do not count
+        # towards tolerable failures.
+        abort_reason = {
+            int(cpb.DECLINE_REASON_TASK_NOT_READY): AbortReason.TASK_NOT_READY,
+            int(cpb.DECLINE_REASON_SUBSUMED): AbortReason.SUBSUMED,
+            int(cpb.DECLINE_REASON_ALIGNMENT_CANCELED): AbortReason.ALIGNMENT_CANCELED,
+        }.get(reason, AbortReason.DECLINED)
         actions = self.core.on_decline(
             attempt, checkpoint_id, message, self.manager.clock(), abort_reason
         )
@@ -664,9 +678,7 @@ class JobRunner:
             )
         elif kind == "delete_completed":
             for checkpoint_id in payload:
-                await asyncio.to_thread(
-                    self.storage.delete_checkpoint, self.job_id, checkpoint_id
-                )
+                await asyncio.to_thread(self.storage.delete_checkpoint, self.job_id, checkpoint_id)
                 self._log.info(
                     "checkpoint.deleted", checkpoint_id=checkpoint_id, reason="retention"
                 )
@@ -1066,11 +1078,13 @@ class JobManager:
         existing = self.jobs.get(job_id)
         restore_kind = restore.WhichOneof("source")
         if existing is not None:
-            if not (existing.execution.state.is_terminal and restore_kind == "latest"):
+            if not (
+                existing.execution.state.is_terminal and restore_kind in ("latest", "checkpoint_id")
+            ):
                 raise AlreadyExistsError(
                     f"job {job_id} already exists ({existing.execution.state.value}); to run a "
-                    f"finished, canceled or failed job again from its latest checkpoint, submit it "
-                    f"with restore.latest"
+                    f"finished, canceled or failed job again, submit it with restore.latest or "
+                    f"restore.checkpoint_id"
                 )
         elif len(self.jobs) >= self.settings.max_jobs:
             raise ResourceExhaustedError(
@@ -1094,7 +1108,16 @@ class JobManager:
                     "restore.checkpoint_id names a checkpoint of this job id, which does not exist; "
                     "use restore.savepoint_path with the checkpoint's directory instead"
                 )
+            if existing.core._find_completed(restore_checkpoint_id) is None:
+                retained = [
+                    c.checkpoint_id for c in existing.core.completed + existing.core.savepoints
+                ]
+                raise CheckpointNotFoundError(
+                    f"checkpoint {restore_checkpoint_id} of job {job_id} is not retained "
+                    f"(retained: {retained or 'none'})"
+                )
         now = self.clock()
+        run_start = cp.checkpoint_id if restore_kind == "savepoint_path" else 0
         if existing is not None:
             await existing.close()
             record = replace(
@@ -1105,6 +1128,8 @@ class JobManager:
                 failure="",
                 restore_checkpoint_id=restore_checkpoint_id,
                 restore_savepoint_path=savepoint_path,
+                restore_latest=restore_kind == "latest",
+                run_start_checkpoint_id=max(run_start, existing.core.highest_id),
             )
             await self.guard(self.store.update_job(record))
             completed = await self.store.list_completed(job_id)
@@ -1118,6 +1143,7 @@ class JobManager:
                 created_at_ms=now,
                 restore_checkpoint_id=restore_checkpoint_id,
                 restore_savepoint_path=savepoint_path,
+                run_start_checkpoint_id=run_start,
             )
             await self.guard(self.store.create_job(record))
             completed, savepoints = [], []
@@ -1166,7 +1192,7 @@ class JobManager:
         return sum(len(r.core.pending) for r in self.jobs.values())
 
     def refresh_job_gauges(self) -> None:
-        counts = {state: 0 for state in JobState}
+        counts: dict[JobState | str, int] = {state: 0 for state in JobState}
         for runner in self.jobs.values():
             counts[runner.execution.state] += 1
         self.metrics.set_job_counts(counts)

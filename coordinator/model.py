@@ -87,7 +87,7 @@ class TriggerRefusal(enum.Enum):
     MINIMUM_TIME_BETWEEN_CHECKPOINTS = "minimum pause since the last checkpoint has not passed"
     NOT_ALL_REQUIRED_TASKS_RUNNING = "not all tasks are running"
     CHECKPOINT_COORDINATOR_SHUTDOWN = "the checkpoint coordinator is shut down"
-    PERIODIC_SCHEDULER_SHUTDOWN = "periodic checkpointing is stopped"
+    IO_EXCEPTION = "could not allocate a checkpoint id or create its directory"
     STOP_WITH_SAVEPOINT_PENDING = "a stop-with-savepoint is already in progress"
 
 
@@ -105,6 +105,7 @@ class AbortReason(enum.Enum):
     COORDINATOR_RESTARTED = "the coordinator restarted while the checkpoint was pending"
     FINALIZE_FAILED = "writing the checkpoint metadata or committing it failed"
     TASK_NOT_READY = "a task was not ready for the checkpoint"
+    ALIGNMENT_CANCELED = "a task canceled the barrier alignment (cancel marker)"
 
     @property
     def counts_as_failure(self) -> bool:
@@ -394,6 +395,11 @@ class JobRecord:
     restore_savepoint_path: str = ""
     deployment: int = 0
     """Deployments so far; task attempt numbers continue from here after a coordinator restart."""
+    restore_latest: bool = False
+    """Resubmitted with ``restore.latest``: start from the newest restorable snapshot."""
+    run_start_checkpoint_id: int = 0
+    """Highest checkpoint id when this run was submitted. The explicit restore source applies
+    until a newer checkpoint completes; failover then restores from the newest one."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -450,4 +456,6 @@ class JobRecord:
             restore_checkpoint_id=int(d.get("restore_checkpoint_id", 0)),
             restore_savepoint_path=d.get("restore_savepoint_path", ""),
             deployment=int(d.get("deployment", 0)),
+            restore_latest=bool(d.get("restore_latest", False)),
+            run_start_checkpoint_id=int(d.get("run_start_checkpoint_id", 0)),
         )

@@ -460,9 +460,7 @@ class CheckpointStore:
 
     # -- completed checkpoints and savepoints --------------------------------------------------
 
-    async def commit_completed(
-        self, checkpoint: CompletedCheckpoint, retained: int
-    ) -> list[int]:
+    async def commit_completed(self, checkpoint: CompletedCheckpoint, retained: int) -> list[int]:
         """Atomically (one fenced script): remove the id from pending, store the completed
         checkpoint, and for a regular checkpoint trim the completed set to the newest
         ``retained``. Returns the ids of the checkpoints dropped by retention, oldest first

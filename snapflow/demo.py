@@ -30,12 +30,22 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=12.0, help="how long the job runs (default 12)")
+    parser.add_argument(
+        "--seconds", type=float, default=12.0, help="how long the job runs (default 12)"
+    )
     parser.add_argument("--tasks", type=int, default=8, help="subtasks in the job (default 8)")
-    parser.add_argument("--interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)")
-    parser.add_argument("--fail-at-s", type=float, default=5.0, help="when a task fails (default 5; <0: never)")
-    parser.add_argument("--storage-root", default="./data/demo", help="checkpoint storage (default ./data/demo)")
-    parser.add_argument("--port", type=int, default=0, help="coordinator gRPC port (default: a free one)")
+    parser.add_argument(
+        "--interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)"
+    )
+    parser.add_argument(
+        "--fail-at-s", type=float, default=5.0, help="when a task fails (default 5; <0: never)"
+    )
+    parser.add_argument(
+        "--storage-root", default="./data/demo", help="checkpoint storage (default ./data/demo)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=0, help="coordinator gRPC port (default: a free one)"
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -49,7 +59,9 @@ async def _demo(args: argparse.Namespace) -> int:
         console.print("[red]--tasks must be at least 2[/red]")
         return 2
     storage_root = os.path.abspath(args.storage_root)
-    redis_server = await asyncio.to_thread(RedisServer(data_dir=os.path.join(storage_root, "redis")).start)
+    redis_server = await asyncio.to_thread(
+        RedisServer(data_dir=os.path.join(storage_root, "redis")).start
+    )
     settings = load_settings(
         overrides={
             "host": "127.0.0.1",
@@ -74,20 +86,34 @@ async def _demo(args: argparse.Namespace) -> int:
         graph = pb.JobGraph(
             name="demo-bids-per-key",
             vertices=[
-                pb.JobVertex(vertex_id="bids", name="bid source", parallelism=sources, is_source=True),
-                pb.JobVertex(vertex_id="count", name="count per key", parallelism=maps, max_parallelism=128),
+                pb.JobVertex(
+                    vertex_id="bids", name="bid source", parallelism=sources, is_source=True
+                ),
+                pb.JobVertex(
+                    vertex_id="count", name="count per key", parallelism=maps, max_parallelism=128
+                ),
             ],
-            edges=[pb.JobEdge(source_vertex_id="bids", target_vertex_id="count", partitioner=pb.PARTITIONER_KIND_HASH)],
+            edges=[
+                pb.JobEdge(
+                    source_vertex_id="bids",
+                    target_vertex_id="count",
+                    partitioner=pb.PARTITIONER_KIND_HASH,
+                )
+            ],
         )
         channel = grpc.aio.insecure_channel(address)
         stub = cgrpc.CoordinatorServiceStub(channel)
         job = (
             await stub.SubmitJob(
-                cpb.SubmitJobRequest(graph=graph, checkpoint_config=pb.CheckpointConfig(interval_ms=args.interval_ms)),
+                cpb.SubmitJobRequest(
+                    graph=graph, checkpoint_config=pb.CheckpointConfig(interval_ms=args.interval_ms)
+                ),
                 timeout=10,
             )
         ).job
-        console.print(f"job {job.job_id}: {sources} source + {maps} count subtasks, checkpoint every {args.interval_ms} ms")
+        console.print(
+            f"job {job.job_id}: {sources} source + {maps} count subtasks, checkpoint every {args.interval_ms} ms"
+        )
         all_tasks = [("bids", i) for i in range(sources)] + [("count", i) for i in range(maps)]
         n_agents = min(2, sources) if sources > 1 else 1
         for i in range(n_agents):
@@ -115,12 +141,20 @@ async def _demo(args: argparse.Namespace) -> int:
                 for agent in agents:  # the driver redeploys the whole graph
                     await agent.register_all()
                 restored_from = agents[0].restores[agents[0].tasks[0]].checkpoint_id
-                console.print(f"[green]t={time.monotonic() - started:4.1f}s: redeployed, restored from checkpoint {restored_from}[/green]")
-            if failed_at is not None and recovered_at is None and len(agents[0].completed) > completed_before:
+                console.print(
+                    f"[green]t={time.monotonic() - started:4.1f}s: redeployed, restored from checkpoint {restored_from}[/green]"
+                )
+            if (
+                failed_at is not None
+                and recovered_at is None
+                and len(agents[0].completed) > completed_before
+            ):
                 recovered_at = time.monotonic()
-        stats = await stub.GetCheckpointStats(cpb.GetCheckpointStatsRequest(job_id=job.job_id, history_size=10), timeout=10)
+        stats = await stub.GetCheckpointStats(
+            cpb.GetCheckpointStatsRequest(job_id=job.job_id, history_size=10), timeout=10
+        )
         await stub.CancelJob(cpb.CancelJobRequest(job_id=job.job_id), timeout=10)
-        await channel.close()
+        await channel.close(grace=None)
         _print_summary(console, stats, failed_at, recovered_at, restored_from)
         return 0
     finally:
@@ -131,16 +165,28 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def _print_summary(
-    console: Console, stats: cpb.CheckpointStats, failed_at: float | None, recovered_at: float | None, restored_from: int
+    console: Console,
+    stats: cpb.CheckpointStats,
+    failed_at: float | None,
+    recovered_at: float | None,
+    restored_from: int,
 ) -> None:
     table = Table(title="Recent checkpoints", show_lines=False)
     for column in ("id", "status", "duration ms", "size", "acked", "reason"):
         table.add_column(column)
-    status = {pb.CHECKPOINT_STATUS_COMPLETED: "completed", pb.CHECKPOINT_STATUS_FAILED: "failed", pb.CHECKPOINT_STATUS_IN_PROGRESS: "in progress"}
+    status = {
+        pb.CHECKPOINT_STATUS_COMPLETED: "completed",
+        pb.CHECKPOINT_STATUS_FAILED: "failed",
+        pb.CHECKPOINT_STATUS_IN_PROGRESS: "in progress",
+    }
     for h in stats.history:
         table.add_row(
-            str(h.checkpoint_id), status.get(h.status, "?"), str(h.end_to_end_duration_ms),
-            f"{h.state_size_bytes / 1024:.1f} KiB", f"{h.num_acknowledged}/{h.num_tasks}", h.failure_reason,
+            str(h.checkpoint_id),
+            status.get(h.status, "?"),
+            str(h.end_to_end_duration_ms),
+            f"{h.state_size_bytes / 1024:.1f} KiB",
+            f"{h.num_acknowledged}/{h.num_tasks}",
+            h.failure_reason,
         )
     console.print(table)
     c, d = stats.counts, stats.end_to_end_duration_ms
@@ -150,4 +196,6 @@ def _print_summary(
     )
     if failed_at is not None:
         recovery = f"{recovered_at - failed_at:.2f} s" if recovered_at else "not within the run"
-        console.print(f"task failure -> restored from checkpoint {restored_from}; first checkpoint after it in {recovery}")
+        console.print(
+            f"task failure -> restored from checkpoint {restored_from}; first checkpoint after it in {recovery}"
+        )

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from snapflow.v1 import common_pb2 as pb
-from worker.coordinator_client import AckBatcher
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
+from worker.coordinator_client import AckBatcher
 
 AckPolicy = Callable[[pb.TaskAttempt, int], str]
 """Decides per (task, checkpoint id): "ack", "decline" or "ignore"."""
@@ -99,8 +99,11 @@ class SimulatedAgent:
             if only is None or key == only:
                 await self.stub.UpdateTaskState(
                     cpb.UpdateTaskStateRequest(
-                        job_id=self.job_id, attempt=attempt, state=state, failure=failure
-                    ),  # type: ignore[arg-type]
+                        job_id=self.job_id,
+                        attempt=attempt,
+                        state=state,  # type: ignore[arg-type]
+                        failure=failure,
+                    ),
                     timeout=10,
                 )
 
@@ -110,7 +113,7 @@ class SimulatedAgent:
         if self._server is not None:
             await self._server.stop(0)
         if self._channel is not None:
-            await self._channel.close()
+            await self._channel.close(grace=None)
 
     async def wait_idle(self) -> None:
         while self._acks:
@@ -152,7 +155,9 @@ class SimulatedAgent:
             job_id=self.job_id,
             attempt=attempt,
             checkpoint_id=request.checkpoint_id,
-            operator_states=[pb.OperatorSubtaskState(operator_id=f"{attempt.vertex_id}-op", handles=handles)],
+            operator_states=[
+                pb.OperatorSubtaskState(operator_id=f"{attempt.vertex_id}-op", handles=handles)
+            ],
             metrics=pb.SubtaskCheckpointMetrics(
                 sync_duration_ms=1, async_duration_ms=2, state_size_bytes=self.state_bytes
             ),

@@ -323,7 +323,7 @@ def test_late_ack_after_expiry_is_discarded() -> None:
 
 def test_duplicate_ack_after_completion_never_discards_completed_state() -> None:
     h = Harness()
-    cp, _ = h.trigger(1, 0), None
+    _cp, _ = h.trigger(1, 0), None
     h.complete(1, 10)
     completed = h.cc.latest_completed()
     assert completed is not None
@@ -419,7 +419,7 @@ def test_completion_subsumes_older_pending_checkpoints_but_not_savepoints() -> N
     h.trigger(2, 1, CheckpointKind.SAVEPOINT)
     h.trigger(3, 2)
     h.ack(SRC0, 1, 3, ("/one",))
-    cp, actions = h.complete(3, 10)
+    _cp, actions = h.complete(3, 10)
     assert actions[:2] == [
         CheckpointAborted(
             1,
@@ -440,8 +440,8 @@ def test_completion_subsumes_older_pending_checkpoints_but_not_savepoints() -> N
 
 def test_retention_drops_are_deleted_after_commit() -> None:
     h = Harness(retained=1)
-    cp1, _ = h.trigger(1, 0), None
-    first, _ = h.complete(1, 1)
+    _cp1, _ = h.trigger(1, 0), None
+    _first, _ = h.complete(1, 1)
     h.trigger(2, 2)
     second, actions = h.complete(2, 3, dropped=(1,))
     assert actions[-1] == DeleteCompleted((1,))
@@ -532,9 +532,35 @@ def test_id_allocation_failure_refuses_and_continues_with_queue() -> None:
     r2, actions = h.manual(0)
     assert actions == []
     assert h.step(h.cc.on_checkpoint_id_failed(r1, 1)) == [
-        RequestRefused(r1, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN),
+        RequestRefused(r1, TriggerRefusal.IO_EXCEPTION),
         AllocateCheckpointId(r2),
     ]
+
+
+def test_queue_order_savepoints_then_manual_then_periodic() -> None:
+    h = Harness(max_concurrent=1)
+    h.trigger(1, 0)  # occupies the only slot; the allocation is done
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    manual, _ = h.manual(1)
+    h.cc.queue.append(periodic)  # a periodic request waiting behind (as after a min pause)
+    sp, actions = h.manual(2, CheckpointKind.SAVEPOINT)
+    # the savepoint is forced: it jumps the queue and starts at once
+    assert actions == [AllocateCheckpointId(sp)]
+    assert list(h.cc.queue) == [manual, periodic]
+    manual2, _ = h.manual(3)
+    assert list(h.cc.queue) == [manual, manual2, periodic]
+
+
+def test_stop_with_savepoint_refuses_queued_checkpoints_at_once() -> None:
+    h = Harness(max_concurrent=1)
+    h.trigger(1, 0)
+    queued, _ = h.manual(1)
+    stop, actions = h.manual(2, CheckpointKind.SAVEPOINT_SUSPEND)
+    assert actions == [
+        RequestRefused(queued, TriggerRefusal.STOP_WITH_SAVEPOINT_PENDING),
+        AllocateCheckpointId(stop),
+    ]
+    assert list(h.cc.queue) == []
 
 
 def test_queue_is_bounded() -> None:

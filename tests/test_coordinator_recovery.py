@@ -10,15 +10,17 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
-
 from coordinator_harness import running_coordinator, submit, two_vertex_graph
+
 from coordinator.model import CheckpointKind, PendingCheckpointRecord
 from snapflow.testing import SimulatedAgent
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
 
-async def _start_agents(address: str, job_id: str, n: int = 2, maps: int | None = None) -> list[SimulatedAgent]:
+async def _start_agents(
+    address: str, job_id: str, n: int = 2, maps: int | None = None
+) -> list[SimulatedAgent]:
     maps = n if maps is None else maps
     agents = []
     for i in range(n):
@@ -43,7 +45,9 @@ async def _wait_for(predicate, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_restart_recovers_jobs_aborts_pending_and_continues_ids(redis_url: str, tmp_path: Path) -> None:
+def test_restart_recovers_jobs_aborts_pending_and_continues_ids(
+    redis_url: str, tmp_path: Path
+) -> None:
     root = str(tmp_path / "cp")
 
     async def main() -> None:
@@ -54,13 +58,17 @@ def test_restart_recovers_jobs_aborts_pending_and_continues_ids(redis_url: str, 
                 for a in agents:
                     await a.register_all()
                 for _ in range(2):
-                    await first.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10)
+                    await first.stub.TriggerCheckpoint(
+                        cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                    )
                 # checkpoint 3 stays pending: one agent never acknowledges
                 agents[1].policy = lambda task, cid: "ignore"
 
                 async def hang() -> None:
                     with pytest.raises(grpc.aio.AioRpcError):
-                        await first.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=0.5)
+                        await first.stub.TriggerCheckpoint(
+                            cpb.TriggerCheckpointRequest(job_id=job_id), timeout=0.5
+                        )
 
                 await hang()
                 r = redis.Redis.from_url(redis_url)
@@ -71,7 +79,9 @@ def test_restart_recovers_jobs_aborts_pending_and_continues_ids(redis_url: str, 
                 await _stop_all(agents)
         # A graceful stop aborted checkpoint 3. A crash would leave its record and files behind:
         # put back what a killed coordinator leaves, and check the next incarnation cleans it.
-        record = PendingCheckpointRecord(job_id, 3, CheckpointKind.CHECKPOINT, 0, os.path.join(root, job_id, "chk-3"))
+        record = PendingCheckpointRecord(
+            job_id, 3, CheckpointKind.CHECKPOINT, 0, os.path.join(root, job_id, "chk-3")
+        )
         r = redis.Redis.from_url(redis_url)
         r.hset(f"snapflow:job:{job_id}:pending", "3", json.dumps(record.to_dict()))
         r.close()
@@ -85,7 +95,9 @@ def test_restart_recovers_jobs_aborts_pending_and_continues_ids(redis_url: str, 
             r = redis.Redis.from_url(redis_url)
             assert r.hlen(f"snapflow:job:{job_id}:pending") == 0
             r.close()
-            assert not os.path.exists(os.path.join(root, job_id, "chk-3")), "orphaned state of the pending checkpoint"
+            assert not os.path.exists(os.path.join(root, job_id, "chk-3")), (
+                "orphaned state of the pending checkpoint"
+            )
             assert os.path.exists(os.path.join(root, job_id, "chk-2", "_metadata"))
             agents = await _start_agents(second.address, job_id)
             try:
@@ -93,7 +105,9 @@ def test_restart_recovers_jobs_aborts_pending_and_continues_ids(redis_url: str, 
                     await a.register_all()
                 assert {att.attempt for a in agents for att in a.attempts.values()} == {2}
                 assert agents[0].restores[("src", 0)].checkpoint_id == 2
-                summary = await second.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10)
+                summary = await second.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                )
                 assert summary.checkpoint_id == 4, "ids continue above everything handed out before"
             finally:
                 await _stop_all(agents)
@@ -101,7 +115,9 @@ def test_restart_recovers_jobs_aborts_pending_and_continues_ids(redis_url: str, 
     asyncio.run(main())
 
 
-def test_old_incarnation_is_fenced_and_workers_see_newer_epoch(redis_url: str, tmp_path: Path) -> None:
+def test_old_incarnation_is_fenced_and_workers_see_newer_epoch(
+    redis_url: str, tmp_path: Path
+) -> None:
     root = str(tmp_path / "cp")
 
     async def main() -> None:
@@ -109,7 +125,9 @@ def test_old_incarnation_is_fenced_and_workers_see_newer_epoch(redis_url: str, t
             job_id = await submit(old.stub)
             async with running_coordinator(redis_url, root) as new:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await old.stub.SubmitJob(cpb.SubmitJobRequest(graph=two_vertex_graph()), timeout=5)
+                    await old.stub.SubmitJob(
+                        cpb.SubmitJobRequest(graph=two_vertex_graph()), timeout=5
+                    )
                 assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
                 assert "epoch" in (err.value.details() or "")
                 # the old one now refuses everything that mutates, without touching Redis
@@ -123,7 +141,9 @@ def test_old_incarnation_is_fenced_and_workers_see_newer_epoch(redis_url: str, t
                     for a in agents:
                         await a.register_all()
                     assert agents[0].epoch == 2
-                    done = await new.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10)
+                    done = await new.stub.TriggerCheckpoint(
+                        cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                    )
                     assert done.checkpoint_id == 1
                 finally:
                     await _stop_all(agents)
@@ -131,7 +151,9 @@ def test_old_incarnation_is_fenced_and_workers_see_newer_epoch(redis_url: str, t
     asyncio.run(main())
 
 
-def test_savepoint_stop_with_savepoint_and_restore_with_new_parallelism(redis_url: str, tmp_path: Path) -> None:
+def test_savepoint_stop_with_savepoint_and_restore_with_new_parallelism(
+    redis_url: str, tmp_path: Path
+) -> None:
     root = str(tmp_path / "cp")
     target = str(tmp_path / "savepoints")
 
@@ -142,7 +164,9 @@ def test_savepoint_stop_with_savepoint_and_restore_with_new_parallelism(redis_ur
             try:
                 for a in agents:
                     await a.register_all()
-                await c.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10)
+                await c.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                )
                 sp = await c.stub.TriggerSavepoint(
                     cpb.TriggerSavepointRequest(job_id=job_id, target_directory=target), timeout=10
                 )
@@ -151,7 +175,9 @@ def test_savepoint_stop_with_savepoint_and_restore_with_new_parallelism(redis_ur
                 await asyncio.sleep(0.1)
                 # an intermediate savepoint does not notify tasks (no side-effect commits)
                 assert all(a.completed == [1] for a in agents)
-                cp = await c.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10)
+                cp = await c.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                )
                 assert cp.checkpoint_id == 3
                 # a savepoint survives retention (retained=1) and subsumption
                 assert os.path.exists(os.path.join(sp.external_path, "_metadata"))
@@ -162,7 +188,9 @@ def test_savepoint_stop_with_savepoint_and_restore_with_new_parallelism(redis_ur
                 assert stop.kind == pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND
                 await _wait_for(lambda: all(4 in a.completed for a in agents))
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await c.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=5)
+                    await c.stub.TriggerCheckpoint(
+                        cpb.TriggerCheckpointRequest(job_id=job_id), timeout=5
+                    )
                 assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
                 for a in agents:
                     await a.set_state(pb.TASK_STATE_FINISHED)
@@ -190,15 +218,23 @@ def test_savepoint_stop_with_savepoint_and_restore_with_new_parallelism(redis_ur
                 assert restore.checkpoint_id == 4
                 assert restore.previous_parallelism == 2
                 assert sorted(v.subtask_index for v in restore.vertex_state) == [0, 1]
-                paths = [h.path for v in restore.vertex_state for o in v.operators for h in o.handles]
+                paths = [
+                    h.path for v in restore.vertex_state for o in v.operators for h in o.handles
+                ]
                 assert paths and all(p.startswith(moved + "/") and os.path.exists(p) for p in paths)
-                first = await c.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=new_job), timeout=10)
+                first = await c.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=new_job), timeout=10
+                )
                 assert first.checkpoint_id == 5, "ids continue after the savepoint's id"
-                stats = await c.stub.GetCheckpointStats(cpb.GetCheckpointStatsRequest(job_id=new_job), timeout=5)
+                stats = await c.stub.GetCheckpointStats(
+                    cpb.GetCheckpointStatsRequest(job_id=new_job), timeout=5
+                )
                 assert stats.latest_restore.is_savepoint and stats.latest_restore.checkpoint_id == 4
             finally:
                 await _stop_all(agents)
-            await c.stub.DisposeSavepoint(cpb.DisposeSavepointRequest(savepoint_path=sp.external_path), timeout=5)
+            await c.stub.DisposeSavepoint(
+                cpb.DisposeSavepointRequest(savepoint_path=sp.external_path), timeout=5
+            )
             assert not os.path.exists(sp.external_path)
 
     asyncio.run(main())
@@ -215,7 +251,9 @@ def test_declines_fail_the_job_past_tolerable_failures(redis_url: str, tmp_path:
                 agents[0].policy = lambda task, cid: "decline" if task.vertex_id == "map" else "ack"
                 for expected_state in (pb.JOB_STATE_RUNNING, pb.JOB_STATE_FAILED):
                     with pytest.raises(grpc.aio.AioRpcError) as err:
-                        await c.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10)
+                        await c.stub.TriggerCheckpoint(
+                            cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                        )
                     assert err.value.code() == grpc.StatusCode.ABORTED
                     assert "DECLINED" in (err.value.details() or "")
                     await asyncio.sleep(0.05)
@@ -223,8 +261,95 @@ def test_declines_fail_the_job_past_tolerable_failures(redis_url: str, tmp_path:
                     assert info.state == expected_state
                 assert "tolerable failure threshold" in info.failure
                 await _wait_for(lambda: sum(a.canceled for a in agents) == 4)
-                stats = await c.stub.GetCheckpointStats(cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5)
+                stats = await c.stub.GetCheckpointStats(
+                    cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
+                )
                 assert stats.counts.failed == 2 and stats.latest_failed.failure_reason == "DECLINED"
+            finally:
+                await _stop_all(agents)
+
+    asyncio.run(main())
+
+
+def test_resubmission_restores_latest_including_stop_savepoint_or_a_chosen_checkpoint(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
+            job_id = await submit(c.stub, retained=3)
+            agents = await _start_agents(c.address, job_id)
+            try:
+                for a in agents:
+                    await a.register_all()
+                for _ in range(2):
+                    await c.stub.TriggerCheckpoint(
+                        cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                    )
+                stop = await c.stub.StopWithSavepoint(
+                    cpb.StopWithSavepointRequest(
+                        job_id=job_id, target_directory=str(tmp_path / "sp")
+                    ),
+                    timeout=10,
+                )
+                assert stop.checkpoint_id == 3
+                for a in agents:
+                    await a.set_state(pb.TASK_STATE_FINISHED)
+                # restore.latest goes to the stop savepoint, whose completion committed side effects
+                await c.stub.SubmitJob(
+                    cpb.SubmitJobRequest(
+                        job_id=job_id,
+                        graph=two_vertex_graph(),
+                        checkpoint_config=pb.CheckpointConfig(retained=3),
+                        restore=cpb.RestoreSettings(latest=True),
+                    ),
+                    timeout=10,
+                )
+                for a in agents:
+                    await a.register_all()
+                assert agents[0].restores[("src", 0)].checkpoint_id == 3
+                after = await c.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                )
+                assert after.checkpoint_id == 4
+                info = await c.stub.CancelJob(cpb.CancelJobRequest(job_id=job_id), timeout=10)
+                assert info.running_tasks == 0
+                tasks = await c.stub.ListTasks(cpb.ListTasksRequest(job_id=job_id), timeout=10)
+                assert {t.state for t in tasks.tasks} == {pb.TASK_STATE_CANCELED}
+                # a chosen retained checkpoint, older than the latest one
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await c.stub.SubmitJob(
+                        cpb.SubmitJobRequest(
+                            job_id=job_id,
+                            graph=two_vertex_graph(),
+                            checkpoint_config=pb.CheckpointConfig(retained=3),
+                            restore=cpb.RestoreSettings(checkpoint_id=99),
+                        ),
+                        timeout=10,
+                    )
+                assert err.value.code() == grpc.StatusCode.NOT_FOUND and "retained" in (
+                    err.value.details() or ""
+                )
+                await c.stub.SubmitJob(
+                    cpb.SubmitJobRequest(
+                        job_id=job_id,
+                        graph=two_vertex_graph(),
+                        checkpoint_config=pb.CheckpointConfig(retained=3),
+                        restore=cpb.RestoreSettings(checkpoint_id=2),
+                    ),
+                    timeout=10,
+                )
+                for a in agents:
+                    await a.register_all()
+                assert agents[1].restores[("src", 1)].checkpoint_id == 2
+                newest = await c.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                )
+                assert newest.checkpoint_id == 5
+                # once this run completed a checkpoint, failover restores from it, not from 2
+                await agents[0].set_state(pb.TASK_STATE_FAILED, "boom", only=("src", 0))
+                for a in agents:
+                    await a.register_all()
+                assert agents[0].restores[("src", 0)].checkpoint_id == 5
             finally:
                 await _stop_all(agents)
 

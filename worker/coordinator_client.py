@@ -67,10 +67,13 @@ class AckBatcher:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    async def _send(self, batch: list[tuple[cpb.AcknowledgeCheckpointRequest, asyncio.Future[int]]]) -> None:
+    async def _send(
+        self, batch: list[tuple[cpb.AcknowledgeCheckpointRequest, asyncio.Future[int]]]
+    ) -> None:
         try:
             response = await self.stub.AcknowledgeCheckpoints(
-                cpb.AcknowledgeCheckpointsRequest(acks=[r for r, _ in batch]), timeout=self.timeout_s
+                cpb.AcknowledgeCheckpointsRequest(acks=[r for r, _ in batch]),
+                timeout=self.timeout_s,
             )
         except grpc.aio.AioRpcError as e:
             for _, future in batch:
@@ -81,7 +84,12 @@ class AckBatcher:
             if future.done():
                 continue
             if outcome.error_code:
-                future.set_exception(AckRejected(_CODES.get(outcome.error_code, grpc.StatusCode.UNKNOWN), outcome.error_message))
+                future.set_exception(
+                    AckRejected(
+                        _CODES.get(outcome.error_code, grpc.StatusCode.UNKNOWN),
+                        outcome.error_message,
+                    )
+                )
             else:
                 future.set_result(outcome.result)
 
