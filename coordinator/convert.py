@@ -6,6 +6,7 @@ what would be accepted, so a caller can fix the request.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterable
@@ -31,7 +32,8 @@ from coordinator.model import (
     SubtaskMetrics,
     TaskState,
 )
-from snapflow.errors import InvalidArgumentError
+from coordinator.storage import local_path_from_uri
+from snapflow.errors import ConfigError, InvalidArgumentError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -231,7 +233,7 @@ def _check_acyclic(vertices: list[JobVertex], edges: list[JobEdge]) -> None:
         raise InvalidArgumentError("graph has a cycle; a job graph must be a DAG")
 
 
-def graph_to_pb(g: JobGraph) -> pb.JobGraph:
+def graph_to_pb(g: JobGraph, include_payloads: bool = True) -> pb.JobGraph:
     return pb.JobGraph(
         name=g.name,
         vertices=[
@@ -243,7 +245,10 @@ def graph_to_pb(g: JobGraph) -> pb.JobGraph:
                 is_source=v.is_source,
                 operators=[
                     pb.OperatorSpec(
-                        operator_id=o.operator_id, name=o.name, kind=o.kind, payload=o.payload
+                        operator_id=o.operator_id,
+                        name=o.name,
+                        kind=o.kind,
+                        payload=o.payload if include_payloads else b"",
                     )
                     for o in v.operators
                 ],
@@ -290,10 +295,18 @@ def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
         raise InvalidArgumentError(
             "checkpoint_config.aligned_checkpoint_timeout_ms applies only to ALIGNED mode"
         )
-    if msg.storage_uri and "://" in msg.storage_uri and not msg.storage_uri.startswith("file://"):
-        raise InvalidArgumentError(
-            f"checkpoint_config.storage_uri {msg.storage_uri!r}: only file:// URIs and paths are supported"
-        )
+    if msg.storage_uri:
+        try:
+            local = local_path_from_uri(msg.storage_uri, what="checkpoint_config.storage_uri")
+        except ConfigError as e:
+            raise InvalidArgumentError(str(e)) from None
+        if "\x00" in local:
+            raise InvalidArgumentError("checkpoint_config.storage_uri contains a NUL byte")
+        if not os.path.isabs(local):
+            raise InvalidArgumentError(
+                f"checkpoint_config.storage_uri {msg.storage_uri!r} must be an absolute path or "
+                f"file:///absolute/path (every worker must see the same location)"
+            )
     return CheckpointConfig(
         interval_ms=msg.interval_ms,
         timeout_ms=msg.timeout_ms or defaults.timeout_ms,

@@ -15,6 +15,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from coordinator.registration import MalformedRequest
 from snapflow.errors import SnapflowError
 
 log = structlog.get_logger("snapflow.coordinator")
@@ -35,6 +36,8 @@ def grpc_errors(
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        if isinstance(request, MalformedRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.describe())
         try:
             return await method(self, request, context)
         except Exception as error:  # converted to a status below
@@ -56,6 +59,8 @@ def grpc_errors_stream(
     async def wrapper(
         self: Any, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[T]:
+        if isinstance(request, MalformedRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.describe())
         try:
             async for item in method(self, request, context):
                 yield item

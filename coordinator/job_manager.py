@@ -202,13 +202,15 @@ class JobRunner:
 
     # --- views -------------------------------------------------------------------------------
 
-    def job_info(self) -> cpb.JobInfo:
+    def job_info(self, include_payloads: bool = False) -> cpb.JobInfo:
+        """The job as the API shows it. Operator payloads (pickled user code, possibly large)
+        are left out unless asked for, so responses stay far below the message size limit."""
         latest = self.core.latest_completed()
         return cpb.JobInfo(
             job_id=self.job_id,
             name=self.record.graph.name,
             state=convert.JOB_STATE_TO_PB[self.execution.state],  # type: ignore[arg-type]
-            graph=convert.graph_to_pb(self.record.graph),
+            graph=convert.graph_to_pb(self.record.graph, include_payloads),
             checkpoint_config=convert.config_to_pb(self.record.checkpoint_config),
             created_at_ms=self.record.created_at_ms,
             restarts=self.execution.restarts,
@@ -343,13 +345,18 @@ class JobRunner:
         self._process(self.core.shut_down(reason, self.manager.clock()))
         attempts = self.execution.current_attempts()
         self.execution.end(state, failure)
-        if state is not JobState.FINISHED:
-            self._cancel_tasks(attempts)
         self._log.info("job.state_changed", state=state.value, failure=failure)
         self._emit(
-            state_changed=cpb.JobStateChanged(state=convert.JOB_STATE_TO_PB[state], reason=failure)
-        )  # type: ignore[arg-type]
+            state_changed=cpb.JobStateChanged(
+                state=convert.JOB_STATE_TO_PB[state],  # type: ignore[arg-type]
+                reason=failure,
+            )
+        )
+        # Persist first: a fenced (superseded) incarnation fails here and must not cancel tasks
+        # that the current coordinator owns.
         await self._persist_record()
+        if state is not JobState.FINISHED:
+            self._cancel_tasks(attempts)
         self.manager.refresh_job_gauges()
 
     async def _persist_record(self) -> None:
@@ -673,9 +680,7 @@ class JobRunner:
             await store.remove_pending(self.job_id, action.checkpoint_id)
             await asyncio.to_thread(self._cleanup_aborted_storage, action)
         elif kind == "discard":
-            await asyncio.to_thread(
-                self.storage.discard_state, self.job_id, payload, self._extra_dirs()
-            )
+            await asyncio.to_thread(self._discard_unprotected, list(payload))
         elif kind == "delete_completed":
             for checkpoint_id in payload:
                 await asyncio.to_thread(self.storage.delete_checkpoint, self.job_id, checkpoint_id)
@@ -694,9 +699,34 @@ class JobRunner:
             return self.storage.savepoint_dir(target, self.job_id, checkpoint_id)
         return self.storage.checkpoint_dir(self.job_id, checkpoint_id)
 
+    def _protected_dirs(self) -> list[str]:
+        """Directories of retained checkpoints and savepoints: nothing in them is discarded."""
+        return [
+            os.path.realpath(c.external_path) for c in self.core.completed + self.core.savepoints
+        ]
+
+    def _discard_unprotected(self, paths: list[str], extra_dirs: list[str] | None = None) -> None:
+        """Discard state files, except anything inside a retained snapshot's directory. The core
+        compares paths as strings; this compares resolved paths, so ``chk-1/./x`` or
+        ``chk-1/_metadata`` in a late ack cannot delete what a completed checkpoint needs."""
+        protected = self._protected_dirs()
+        keep = []
+        for path in paths:
+            real = os.path.realpath(path.removeprefix("file://"))
+            if any(real == d or real.startswith(d + os.sep) for d in protected):
+                self._log.warning(
+                    "checkpoint.discard_refused", path=path, why="inside a retained snapshot"
+                )
+                continue
+            keep.append(path)
+        if keep:
+            self.storage.discard_state(
+                self.job_id, keep, self._extra_dirs() if extra_dirs is None else extra_dirs
+            )
+
     def _cleanup_aborted_storage(self, action: CheckpointAborted) -> None:
         extra = [action.external_path] if action.request.kind.is_savepoint else []
-        self.storage.discard_state(self.job_id, list(action.discarded_paths), extra)
+        self._discard_unprotected(list(action.discarded_paths), extra)
         if action.request.kind.is_savepoint:
             if not os.path.exists(os.path.join(action.external_path, "_metadata")):
                 shutil.rmtree(action.external_path, ignore_errors=True)
@@ -1014,7 +1044,11 @@ class JobManager:
         self.epoch = await self.store.acquire_epoch()
         log.info("coordinator.epoch_acquired", epoch=self.epoch)
         for record in await self.store.list_jobs():
-            await self._recover(record)
+            try:
+                await self._recover(record)
+            except SnapflowError as e:
+                # One bad record must not keep the control plane down; the job stays in Redis.
+                log.error("job.recovery_failed", job_id=record.job_id, error=str(e))
         self.refresh_job_gauges()
 
     async def _recover(self, record: JobRecord) -> None:
@@ -1075,6 +1109,7 @@ class JobManager:
         restore: cpb.RestoreSettings,
     ) -> JobRunner:
         self.check_not_fenced()
+        self.storage_for(config)  # a bad storage location fails here, before anything is stored
         existing = self.jobs.get(job_id)
         restore_kind = restore.WhichOneof("source")
         if existing is not None:
@@ -1173,6 +1208,8 @@ class JobManager:
         if not os.path.isabs(path):
             raise InvalidArgumentError(f"savepoint_path {path!r} must be an absolute path")
         storage = CheckpointStorage(os.path.dirname(path.rstrip("/")) or "/")
+        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "_metadata")):
+            raise InvalidArgumentError(f"{path} has no _metadata: it is not a savepoint directory")
         cp = await asyncio.to_thread(storage.read_metadata, path)
         if not cp.kind.is_savepoint:
             raise InvalidArgumentError(

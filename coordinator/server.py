@@ -22,10 +22,11 @@ from grpc_reflection.v1alpha import reflection
 from coordinator.config import CoordinatorSettings
 from coordinator.job_manager import JobManager
 from coordinator.metrics import CoordinatorMetrics, MetricsServer, start_metrics_server
+from coordinator.registration import add_servicer
 from coordinator.service import CoordinatorServicer
 from coordinator.store import CheckpointStore
 from snapflow.redis_server import RedisServer
-from snapflow.v1 import coordinator_pb2, coordinator_pb2_grpc
+from snapflow.v1 import coordinator_pb2
 
 log = structlog.get_logger("snapflow.coordinator")
 
@@ -48,8 +49,10 @@ async def create_server(
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """A started-but-not-yet-serving gRPC server bound to ``address``; returns the bound port."""
     server = grpc.aio.server(options=server_options(max_message_bytes))
-    coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server(
-        CoordinatorServicer(manager), server
+    add_servicer(
+        server,
+        coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"],
+        CoordinatorServicer(manager),
     )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -84,6 +87,14 @@ class Coordinator:
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def start(self) -> None:
+        """Start everything; on failure, stop what was started and re-raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         s = self.settings
         self.redis_url = s.redis_url
         if not self.redis_url:

@@ -54,7 +54,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     async def GetJob(
         self, request: cpb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> cpb.JobInfo:
-        return self._runner(request.job_id).job_info()
+        return self._runner(request.job_id).job_info(request.include_operator_payloads)
 
     @grpc_errors
     async def ListJobs(
@@ -63,7 +63,12 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         runners = sorted(
             self.manager.jobs.values(), key=lambda r: (r.record.created_at_ms, r.job_id)
         )
-        return cpb.ListJobsResponse(jobs=[r.job_info() for r in runners])
+        jobs = []
+        for runner in runners:
+            info = runner.job_info()
+            info.ClearField("graph")  # a summary: GetJob has the graph
+            jobs.append(info)
+        return cpb.ListJobsResponse(jobs=jobs)
 
     @grpc_errors
     async def CancelJob(

@@ -781,6 +781,9 @@ def _report_rpc_error(error: grpc.RpcError, args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's C core logs connection-level INFO lines (GOAWAY on shutdown, ...) to stderr; our
+    # own logs say what matters. Read by the core when it initialises, after this point.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler

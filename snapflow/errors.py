@@ -104,3 +104,8 @@ class UnavailableError(SnapflowError):
     """A dependency (Redis, a worker) cannot be reached right now; retry later."""
 
     status = grpc.StatusCode.UNAVAILABLE
+
+
+class StateError(SnapflowError):
+    """Operator state cannot be used as asked: a corrupt, truncated or incompatible snapshot
+    file, an unknown state format version, or a key outside the backend's key-group range."""

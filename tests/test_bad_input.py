@@ -10,7 +10,7 @@ their own (fencing, coordinator restart, poisoned ListJobs) start it on the same
 fresh namespace. The session's ``redis_server`` is used directly: the ``redis_url`` fixture
 would FLUSHALL the shared coordinator's epoch key between tests.
 
-Known bugs are marked ``xfail(strict=True)`` with the bug in the reason.
+Bugs this matrix found were fixed; their tests now guard against regressions.
 """
 
 from __future__ import annotations
@@ -617,17 +617,6 @@ def test_submit_invalid_graph_is_invalid_argument(
     env.loop.run(main())
 
 
-BAD_STORAGE_URI_BUG = (
-    "SubmitJob persists the job record in Redis before the storage URI is parsed: a storage_uri "
-    "that config_from_pb lets through but CheckpointStorage rejects still returns "
-    "INVALID_ARGUMENT, yet leaves {ns}:job:<id> and a {ns}:jobs member behind (the id is burnt: "
-    "ALREADY_EXISTS; and the next coordinator start fails recovering it)"
-)
-RELATIVE_STORAGE_URI_BUG = (
-    "a relative storage_uri (or bare 'file://') is accepted and silently resolved against the "
-    "coordinator's working directory; savepoint targets and DisposeSavepoint reject relative paths"
-)
-
 INVALID_CONFIGS = [
     pytest.param({"interval_ms": -1}, "interval_ms must be >= 0", id="negative-interval"),
     pytest.param(
@@ -661,41 +650,40 @@ INVALID_CONFIGS = [
         "aligned_checkpoint_timeout_ms must be >= 0",
         id="negative-aligned-timeout",
     ),
-    pytest.param({"storage_uri": "s3://bucket/checkpoints"}, "only file://", id="storage-uri-s3"),
-    pytest.param({"storage_uri": "hdfs://nn:8020/cp"}, "only file://", id="storage-uri-hdfs"),
+    pytest.param(
+        {"storage_uri": "s3://bucket/checkpoints"},
+        "only local or shared file systems",
+        id="storage-uri-s3",
+    ),
+    pytest.param(
+        {"storage_uri": "hdfs://nn:8020/cp"},
+        "only local or shared file systems",
+        id="storage-uri-hdfs",
+    ),
     pytest.param(
         {"storage_uri": "file://otherhost/checkpoints"},
         "names the host",
         id="storage-uri-file-with-host",
-        marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=BAD_STORAGE_URI_BUG),
     ),
     pytest.param(
         {"storage_uri": "file:///tmp/checkpoints?x=1"},
         "query",
         id="storage-uri-file-with-query",
-        marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=BAD_STORAGE_URI_BUG),
     ),
     pytest.param(
         {"storage_uri": "/tmp/check\x00points"},
         "NUL byte",
         id="storage-uri-nul-byte",
-        marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=BAD_STORAGE_URI_BUG),
     ),
     pytest.param(
         {"storage_uri": "relative/checkpoints"},
         "absolute",
         id="storage-uri-relative",
-        marks=pytest.mark.xfail(
-            strict=True, raises=AssertionError, reason=RELATIVE_STORAGE_URI_BUG
-        ),
     ),
     pytest.param(
         {"storage_uri": "file://"},
         "absolute",
         id="storage-uri-bare-file-scheme",
-        marks=pytest.mark.xfail(
-            strict=True, raises=AssertionError, reason=RELATIVE_STORAGE_URI_BUG
-        ),
     ),
 ]
 
@@ -728,7 +716,6 @@ def test_submit_invalid_checkpoint_config_is_invalid_argument(
     env.loop.run(main())
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BAD_STORAGE_URI_BUG)
 def test_rejected_storage_uri_does_not_break_the_next_coordinator_start(
     env: Env, tmp_path: Path
 ) -> None:
@@ -1263,17 +1250,17 @@ ACK_FIELD_CASES = [
     ),
     pytest.param(
         {"metrics": pb.SubtaskCheckpointMetrics(sync_duration_ms=-1)},
-        "metrics: durations and sizes must be >= 0",
+        "metrics: sync_duration_ms must be >= 0",
         id="negative-sync-duration",
     ),
     pytest.param(
         {"metrics": pb.SubtaskCheckpointMetrics(state_size_bytes=-1)},
-        "must be >= 0",
+        "state_size_bytes must be >= 0",
         id="negative-state-size",
     ),
     pytest.param(
         {"metrics": pb.SubtaskCheckpointMetrics(persisted_in_flight_bytes=-(2**40))},
-        "must be >= 0",
+        "persisted_in_flight_bytes must be >= 0",
         id="negative-in-flight-bytes",
     ),
     pytest.param({"size_bytes": -1}, "size_bytes must be >= 0", id="negative-handle-size"),
@@ -1436,34 +1423,20 @@ def test_ack_with_state_path_outside_the_job_storage_is_refused_and_never_delete
     env.loop.run(main())
 
 
-RETAINED_FILE_BUG = (
-    "discarding the state of an UNKNOWN/DISCARDED/DUPLICATE ack protects only handle paths that "
-    "are string-equal to a retained checkpoint's handles, but deletes by resolved path: an ack "
-    "naming <job>/chk-N/_metadata, or an alias of a retained state file (<job>/chk-N/./x, "
-    "<job>//chk-N/x), deletes the only restorable checkpoint's files"
-)
-RETAINED_FILE_XFAIL = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason=RETAINED_FILE_BUG
-)
-
-
 @pytest.mark.parametrize(
     "alias",
     [
         pytest.param(
             lambda chk: os.path.join(chk, "_metadata"),
             id="metadata-of-retained-checkpoint",
-            marks=RETAINED_FILE_XFAIL,
         ),
         pytest.param(
             lambda chk: os.path.join(chk, ".", "src-0-1.state"),
             id="dot-alias-of-retained-state",
-            marks=RETAINED_FILE_XFAIL,
         ),
         pytest.param(
             lambda chk: chk.replace("/chk-", "//chk-") + "/src-0-1.state",
             id="double-slash-alias-of-retained-state",
-            marks=RETAINED_FILE_XFAIL,
         ),
         pytest.param(
             lambda chk: os.path.join(chk, "src-0-1.state"),
@@ -1495,6 +1468,104 @@ def test_unknown_ack_never_deletes_files_of_a_retained_checkpoint(
                 f"files of retained checkpoint {summary.checkpoint_id} deleted: {missing}"
             )
             assert await checkpoint_completes(env.stub, job)
+
+    env.loop.run(main())
+
+
+def _outcome(outcome: cpb.AckOutcome) -> tuple[str, str]:
+    """(result name, or status name of the error; error message) of one batched ack."""
+    if outcome.error_code:
+        code = next(c for c in Code if c.value[0] == outcome.error_code)
+        return code.name, outcome.error_message
+    return cpb.AckResult.Name(outcome.result), ""
+
+
+def test_batched_acks_are_judged_one_by_one(env: Env, tmp_path: Path) -> None:
+    """AcknowledgeCheckpoints: every ack of a batch gets its own outcome (the bad ones the status
+    the unary RPC would give), the good ones still count, and no bad path is ever deleted."""
+
+    async def main() -> None:
+        async with job_with_agent(env.coordinator, env.storage_root, policy=ignore_all) as job:
+            trigger, checkpoint_id = await start_pending_checkpoint(env.stub, job)
+            try:
+                details = await env.stub.GetCheckpointDetails(
+                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
+                    timeout=T,
+                )
+                location = Path(details.summary.external_path)
+                good = write_file(location / "src-batched.state")
+                victim = write_file(tmp_path / "outside" / "victim", b"keep me")
+                unknown_state = write_file(job.dir / "taskowned" / "batched-unknown.state")
+                src = job.task("src", 0)
+                bad_metrics = pb.SubtaskCheckpointMetrics(start_delay_ms=-1)
+                cases = [
+                    (ack_request(job.id, src, checkpoint_id, str(good)), "ACK_RESULT_SUCCESS", ""),
+                    (ack_request(uuid.uuid4().hex, src, checkpoint_id), "NOT_FOUND", "not exist"),
+                    (ack_request("XYZ", src, checkpoint_id), "INVALID_ARGUMENT", "malformed"),
+                    (
+                        ack_request(job.id, src, checkpoint_id, str(victim)),
+                        "INVALID_ARGUMENT",
+                        "lies outside",
+                    ),
+                    (ack_request(job.id, src, 0), "INVALID_ARGUMENT", "checkpoint_id must be >= 1"),
+                    (
+                        ack_request(job.id, src, checkpoint_id, metrics=bad_metrics),
+                        "INVALID_ARGUMENT",
+                        "start_delay_ms must be >= 0",
+                    ),
+                    (
+                        ack_request(job.id, attempt("src", 0, 0), checkpoint_id),
+                        "INVALID_ARGUMENT",
+                        "attempt.attempt must be >= 1",
+                    ),
+                    (ack_request(job.id, src, 999, str(unknown_state)), "ACK_RESULT_UNKNOWN", ""),
+                    (
+                        ack_request(job.id, src, checkpoint_id, str(good)),
+                        "ACK_RESULT_DUPLICATE",
+                        "",
+                    ),
+                ]
+                response = await env.stub.AcknowledgeCheckpoints(
+                    cpb.AcknowledgeCheckpointsRequest(acks=[c[0] for c in cases]), timeout=T
+                )
+                assert len(response.outcomes) == len(cases)
+                for i, ((_, want, fragment), outcome) in enumerate(
+                    zip(cases, response.outcomes, strict=True)
+                ):
+                    got, message = _outcome(outcome)
+                    assert got == want, (i, got, message)
+                    assert fragment.lower() in message.lower(), (i, message)
+                await wait_until(lambda: not unknown_state.exists(), "unknown ack's state deleted")
+                assert good.is_file() and victim.read_bytes() == b"keep me"
+
+                # too many acks in one call: refused as a whole, none of them applied
+                map_task = job.task("map", 0)
+                flood = [ack_request(job.id, map_task, checkpoint_id)] * 4097
+                await expect_error(
+                    env.stub.AcknowledgeCheckpoints(
+                        cpb.AcknowledgeCheckpointsRequest(acks=flood), timeout=T
+                    ),
+                    Code.INVALID_ARGUMENT,
+                    "4097 acks in one call; at most 4096",
+                )
+                details = await env.stub.GetCheckpointDetails(
+                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
+                    timeout=T,
+                )
+                assert details.summary.num_acknowledged == 1
+                map_state = write_file(location / "map-batched.state")
+                response = await env.stub.AcknowledgeCheckpoints(
+                    cpb.AcknowledgeCheckpointsRequest(
+                        acks=[ack_request(job.id, map_task, checkpoint_id, str(map_state))]
+                    ),
+                    timeout=T,
+                )
+                assert _outcome(response.outcomes[0]) == ("ACK_RESULT_SUCCESS", "")
+                summary = await asyncio.wait_for(trigger, 10)
+                assert summary.status == pb.CHECKPOINT_STATUS_COMPLETED
+                assert good.is_file() and map_state.is_file() and victim.is_file()
+            finally:
+                await finish(trigger)
 
     env.loop.run(main())
 
@@ -1747,14 +1818,6 @@ def test_checkpoint_details_and_stats_bad_input(env: Env) -> None:
     env.loop.run(main())
 
 
-DISPOSE_PLAIN_DIR_BUG = (
-    "DisposeSavepoint of an existing directory without _metadata is NOT_FOUND ('no checkpoint "
-    "metadata at ...') instead of INVALID_ARGUMENT: JobManager.dispose_savepoint reads the "
-    "metadata before CheckpointStorage.dispose_savepoint, whose contract is INVALID_ARGUMENT "
-    "for a directory that is not a savepoint and NOT_FOUND only for a missing one"
-)
-
-
 @pytest.mark.parametrize(
     ("make_path", "code", "fragment"),
     [
@@ -1778,9 +1841,6 @@ DISPOSE_PLAIN_DIR_BUG = (
             Code.INVALID_ARGUMENT,
             "not a savepoint",
             id="plain-dir-without-metadata",
-            marks=pytest.mark.xfail(
-                strict=True, raises=AssertionError, reason=DISPOSE_PLAIN_DIR_BUG
-            ),
         ),
     ],
 )
@@ -1876,16 +1936,6 @@ def test_oversized_submit_is_resource_exhausted_and_the_server_keeps_serving(env
     env.loop.run(main())
 
 
-RESPONSE_TOO_BIG_BUG = (
-    "responses are not bounded by max_message_bytes: a SubmitJob request just under the limit "
-    "creates the job but its response (which echoes the graph) exceeds the limit, so the client "
-    "gets RESOURCE_EXHAUSTED for a job that exists (a retry is ALREADY_EXISTS; a few bytes more "
-    "and GetJob of it fails forever too); ListJobs returns every job's graph and fails for "
-    "everyone once their sum exceeds the limit"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=RESPONSE_TOO_BIG_BUG)
 def test_submit_just_under_the_message_limit_is_answered_or_refused_cleanly(
     env: Env, tmp_path: Path
 ) -> None:
@@ -1922,7 +1972,6 @@ def test_submit_just_under_the_message_limit_is_answered_or_refused_cleanly(
     env.loop.run(main())
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=RESPONSE_TOO_BIG_BUG)
 def test_list_jobs_survives_jobs_whose_graphs_together_exceed_the_message_limit(
     env: Env, tmp_path: Path
 ) -> None:
@@ -2071,6 +2120,11 @@ def test_stale_coordinator_is_fenced(env: Env, tmp_path: Path, first: str) -> No
             for name, call in calls.items():
                 error = await expect_error(call(), Code.FAILED_PRECONDITION, "epoch")
                 assert "superseded" in (error.details() or ""), (name, error.details())
+            batch = await a.stub.AcknowledgeCheckpoints(
+                cpb.AcknowledgeCheckpointsRequest(acks=[ack_request(job_id, task, 1)]), timeout=T
+            )
+            got, message = _outcome(batch.outcomes[0])
+            assert (got, "superseded" in message) == ("FAILED_PRECONDITION", True), message
             snapshot_after = await asyncio.to_thread(
                 redis_snapshot, env.redis_url, f"{namespace}:*"
             )

@@ -67,10 +67,12 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[JobInfo, _Mapping]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "include_operator_payloads")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_OPERATOR_PAYLOADS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    include_operator_payloads: bool
+    def __init__(self, job_id: _Optional[str] = ..., include_operator_payloads: _Optional[bool] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()

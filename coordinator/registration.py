@@ -1,0 +1,61 @@
+"""Registers a servicer with a request parser that turns undecodable bytes into a clear error.
+
+The generated ``add_*Servicer_to_server`` parses requests with ``FromString``; when that
+raises, grpc answers UNKNOWN ("Unexpected DecodeError ...") before our code runs. Here every
+method gets a parser that returns a :class:`MalformedRequest` marker instead, and
+``coordinator.grpc_errors`` answers it with INVALID_ARGUMENT and a message saying what failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
+
+
+class MalformedRequest:
+    """Stands in for a request whose bytes did not parse as the method's message type."""
+
+    def __init__(self, type_name: str, error: str) -> None:
+        self.type_name = type_name
+        self.error = error
+
+    def describe(self) -> str:
+        return f"malformed request: the bytes are not a valid {self.type_name} ({self.error})"
+
+
+def _parser(message_class: type[Message]) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as e:
+            return MalformedRequest(message_class.DESCRIPTOR.full_name, str(e))
+
+    return parse
+
+
+def add_servicer(server: grpc.aio.Server, service: ServiceDescriptor, servicer: Any) -> None:
+    handlers = {}
+    for method in service.methods:
+        request_class = GetMessageClass(method.input_type)
+        response_class = GetMessageClass(method.output_type)
+        behaviour = getattr(servicer, method.name)
+        if method.client_streaming:
+            raise NotImplementedError("client-streaming methods are not used by this service")
+        factory = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = factory(
+            behaviour,
+            request_deserializer=_parser(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )

@@ -1,0 +1,767 @@
+"""Data channels with credit-based flow control (Flink's network stack, slimmed, on asyncio).
+
+One agent is one process with one asyncio loop; nothing here is thread-safe. A channel
+connects one producer subtask's output to one consumer subtask's input and carries an ordered
+stream of frames (``worker.frames``). The same contract holds in-process
+(:class:`LocalChannel`, batches handed over as Python objects) and over gRPC
+(``worker.exchange``, Arrow IPC on the wire).
+
+Flow-control contract
+---------------------
+
+- The consumer's :class:`InputChannel` owns ``buffers_per_channel`` buffers; one buffer holds
+  one :class:`~worker.frames.DataFrame`. It announces every free buffer to the producer as one
+  credit. Invariant (checked, a violation fails the channel)::
+
+      data frames handed over and not yet taken by the gate + credits held by the producer
+          <= buffers_per_channel
+
+  so at most ``buffers_per_channel`` batches are ever in flight per channel.
+- A buffer is freed, and its credit granted back, when the :class:`InputGate` hands the data
+  frame to the task (``InputGate.next``). Events occupy no buffer and need no credit.
+- The producer's :class:`OutputChannel` keeps an *output queue* of frames not yet handed to the
+  consumer. Frames leave it strictly in order: a data frame only while the producer holds a
+  credit, an event as soon as it reaches the head. So an event never passes data, and a
+  credit-starved data frame holds back the events behind it.
+- ``OutputChannel.send`` enqueues, hands over what the credits allow, and then waits while
+  more than ``output_queue`` data frames are queued. Backpressure therefore reaches the
+  caller (the operator, and through its own ``send`` calls, ultimately the source) as soon as
+  the consumer stops granting credits. The frame is enqueued even if that wait is cancelled.
+- A failure of either side (a broken stream, ``OutputChannel.abort``, a consumer that
+  released its channel) surfaces as :class:`ChannelFailedError` from the producer's next
+  ``send`` and from the consumer's next ``InputGate.next``: the task fails, as in Flink.
+
+What unaligned checkpoints may rely on
+--------------------------------------
+
+- Priority frames (barriers of unaligned checkpoints, cancel markers; see
+  ``frames.is_priority``) overtake data on both sides of a channel:
+  ``OutputChannel.send_priority`` puts the frame ahead of every frame still in the output
+  queue (behind earlier priority frames only) and returns the data frames it overtook, which
+  are exactly the output channel state of that checkpoint. They stay queued and are still
+  delivered, after the barrier. Frames already handed over are never overtaken on the
+  producer side; they are in the consumer's input channel or on the wire.
+- In an :class:`InputChannel` a priority frame is put ahead of the data queued there, and
+  ``InputGate.next`` returns it before anything else, also from a blocked channel. From the
+  moment ``next`` returns a priority frame from channel ``i`` until the following call to
+  ``next``, ``persist_queued(i)`` returns exactly the data frames that frame overtook in the
+  input channel (frames that arrive later are held back until then): the input channel state
+  of that channel. Channels whose barrier has not arrived yet hold pre-barrier data only up to
+  their barrier; ``persist_queued(i, until_checkpoint=n)`` stops at the first queued barrier
+  ``>= n`` (used when an aligned checkpoint times out and switches to unaligned).
+- Aligned checkpoints with a timeout (DESIGN.md 4.6): ``OutputChannel.convert_to_unaligned(n)``
+  turns the still-queued aligned barrier n into an unaligned one that overtakes the queue, and
+  returns the data it overtook (the frames that were ahead of it); None when the barrier was
+  already handed over. On the input side the queued barrier stays in place and
+  ``persist_queued(i, until_checkpoint=n)`` yields the data ahead of it.
+- ``persist_queued`` never consumes and never grants credit: persisted frames are still
+  delivered to the task afterwards.
+- With at most ``output_queue`` (+1 per concurrently waiting sender) queued data frames and
+  ``buffers_per_channel`` buffered ones, the in-flight data an unaligned checkpoint persists
+  per channel is bounded by ``output_queue + buffers_per_channel`` batches (+ the split chunks
+  of one oversized batch on the remote path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from itertools import islice
+from typing import Any
+
+import grpc
+
+from snapflow.errors import SnapflowError
+from snapflow.v1 import common_pb2 as pb
+from worker.frames import (
+    BarrierFrame,
+    DataFrame,
+    EndOfPartitionFrame,
+    Frame,
+    is_priority,
+)
+
+__all__ = [
+    "DEFAULT_BUFFERS_PER_CHANNEL",
+    "DEFAULT_OUTPUT_QUEUE",
+    "ChannelClosedError",
+    "ChannelError",
+    "ChannelFailedError",
+    "CreditViolationError",
+    "InputChannel",
+    "InputGate",
+    "LocalChannel",
+    "LocalOutputChannel",
+    "OutputChannel",
+]
+
+DEFAULT_BUFFERS_PER_CHANNEL = 4
+"""Data batches a consumer buffers per input channel (= credits it grants)."""
+
+DEFAULT_OUTPUT_QUEUE = 2
+"""Data batches a producer may queue per output channel beyond its credit before ``send``
+waits."""
+
+
+class ChannelError(SnapflowError):
+    """Base of data-channel errors."""
+
+    status = grpc.StatusCode.UNAVAILABLE
+
+
+class ChannelFailedError(ChannelError):
+    """The other side of the channel failed or the stream broke; the task must fail."""
+
+
+class ChannelClosedError(ChannelError):
+    """The channel was closed (end of partition sent) and accepts no more frames."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class CreditViolationError(ChannelError):
+    """The producer handed over a data frame without holding a credit (a protocol bug)."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for fut in waiters:
+        if not fut.done():
+            fut.set_result(None)
+    waiters.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Producer side
+# ---------------------------------------------------------------------------------------------
+
+
+class OutputChannel:
+    """Producer side of one channel: an output queue drained by credits.
+
+    Subclasses hand frames over (``_kick``: take frames with ``_take_nowait`` and deliver
+    them) and may pre-process frames (``_prepare``: split and encode). Entries in the queue are
+    ``(frame, payload)`` pairs; the payload is transport data (e.g. encoded bytes) or None.
+    """
+
+    def __init__(self, *, output_queue: int = DEFAULT_OUTPUT_QUEUE, name: str = "") -> None:
+        if output_queue < 0:
+            raise ValueError(f"output_queue must be >= 0, got {output_queue}")
+        self.name = name
+        self.output_queue = output_queue
+        self._queue: deque[tuple[Frame, Any]] = deque()
+        self._queued_data = 0
+        self._credits = 0
+        self._closing = False
+        self._failure: ChannelError | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        self.sent_batches = 0
+        """Data frames handed to the consumer (after splitting)."""
+        self.sent_records = 0
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def credits(self) -> int:
+        """Credits held: data frames that may be handed over now."""
+        return self._credits
+
+    @property
+    def queued_data(self) -> int:
+        """Data frames in the output queue (not yet handed to the consumer)."""
+        return self._queued_data
+
+    @property
+    def queued(self) -> list[Frame]:
+        """Every frame in the output queue, head first (a copy)."""
+        return [f for f, _ in self._queue]
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    @property
+    def failure(self) -> ChannelError | None:
+        return self._failure
+
+    # -- producer API ----------------------------------------------------------------------------
+
+    async def send(self, frame: Frame) -> None:
+        """Append ``frame`` to the stream; waits (backpressure) while the output queue holds
+        more than ``output_queue`` data frames. Raises ChannelFailedError / ChannelClosedError."""
+        self._check_usable()
+        if type(frame) is EndOfPartitionFrame:
+            raise ValueError("end of partition is sent by close()")
+        queue = self._queue
+        for entry in self._prepare(frame):
+            queue.append(entry)
+            if type(entry[0]) is DataFrame:
+                self._queued_data += 1
+        self._kick()
+        if self._queued_data > self.output_queue:
+            await self._wait_until(lambda: self._queued_data <= self.output_queue)
+
+    def send_priority(self, frame: Frame) -> list[DataFrame]:
+        """Put a priority frame ahead of all queued frames (behind earlier priority frames).
+
+        Returns the data frames it overtook, in order: they stay queued and are delivered
+        after it; the task persists them as output channel state. Never waits.
+        """
+        self._check_usable()
+        if not is_priority(frame):
+            raise ValueError(
+                f"only unaligned barriers and cancel markers may overtake data, not {frame!r}"
+            )
+        queue = self._queue
+        index = 0
+        for f, _ in queue:
+            if not is_priority(f):
+                break
+            index += 1
+        overtaken = [f for f, _ in islice(queue, index, None) if type(f) is DataFrame]
+        (entry,) = self._prepare(frame)
+        queue.insert(index, entry)
+        self._kick()
+        return overtaken
+
+    def convert_to_unaligned(self, checkpoint_id: int) -> list[DataFrame] | None:
+        """Aligned checkpoint timed out on the output side: turn the queued aligned barrier of
+        ``checkpoint_id`` into an unaligned one and move it ahead like ``send_priority``.
+
+        Returns the data frames that were ahead of the barrier and are now behind it (the
+        output channel state), or None when that barrier is no longer queued (already handed
+        over: the consumer side handles the switch).
+        """
+        self._check_failed()
+        queue = self._queue
+        position = next(
+            (
+                k
+                for k, (f, _) in enumerate(queue)
+                if type(f) is BarrierFrame and f.checkpoint_id == checkpoint_id
+            ),
+            None,
+        )
+        if position is None:
+            return None
+        barrier = queue[position][0]
+        assert isinstance(barrier, BarrierFrame)
+        del queue[position]
+        index = 0
+        for f, _ in queue:
+            if not is_priority(f):
+                break
+            index += 1
+        overtaken = [f for f, _ in islice(queue, index, position) if type(f) is DataFrame]
+        options = replace(barrier.options, mode=pb.CHECKPOINT_MODE_UNALIGNED)
+        (entry,) = self._prepare(replace(barrier, options=options))
+        queue.insert(index, entry)
+        self._kick()
+        return overtaken
+
+    async def close(self) -> None:
+        """Send end of partition and wait until every queued frame was handed over.
+
+        Waits for credits like ``send`` (a backpressured consumer delays the close). Idempotent.
+        """
+        if not self._closing:
+            self._check_usable()
+            self._closing = True
+            self._queue.extend(self._prepare(EndOfPartitionFrame()))
+            self._kick()
+        await self._wait_until(lambda: not self._queue)
+        await self._finish()
+
+    def abort(self, cause: BaseException | str = "producer aborted") -> None:
+        """Fail the channel without end of partition (the producing task failed or was
+        cancelled); the consumer sees a channel failure. Idempotent."""
+        if self._failure is None:
+            msg = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+            self._fail(ChannelFailedError(f"channel {self.name} aborted by the producer: {msg}"))
+
+    # -- for subclasses and transports -------------------------------------------------------------
+
+    def add_credits(self, n: int) -> None:
+        """The consumer granted ``n`` more buffers."""
+        if n < 0:
+            raise ValueError(f"negative credit {n}")
+        self._credits += n
+        if self._queue:
+            self._kick()
+
+    def _prepare(self, frame: Frame) -> list[tuple[Frame, Any]]:
+        return [(frame, None)]
+
+    def _kick(self) -> None:
+        """Frames may be deliverable: hand them over now or wake the transport's writer."""
+        raise NotImplementedError
+
+    async def _finish(self) -> None:
+        """After close() drained the queue: wait for the transport to finish."""
+
+    def _take_nowait(self) -> tuple[Frame, Any] | None:
+        """Pop the head of the queue if it may be handed over now (spends one credit for data)."""
+        queue = self._queue
+        if not queue or self._failure is not None:
+            return None
+        entry = queue[0]
+        frame = entry[0]
+        if type(frame) is DataFrame:
+            if self._credits <= 0:
+                return None
+            self._credits -= 1
+            self._queued_data -= 1
+            self.sent_batches += 1
+            self.sent_records += frame.batch.num_rows
+        queue.popleft()
+        if self._waiters:
+            _wake(self._waiters)
+        return entry
+
+    def _fail(self, error: ChannelError) -> None:
+        if self._failure is None:
+            self._failure = error
+        _wake(self._waiters)
+
+    def _check_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _check_usable(self) -> None:
+        self._check_failed()
+        if self._closing:
+            raise ChannelClosedError(f"channel {self.name} is closed (end of partition sent)")
+
+    async def _wait_until(self, predicate: Callable[[], bool]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if predicate():
+                return
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if not fut.done():
+                    fut.cancel()
+
+
+class LocalOutputChannel(OutputChannel):
+    """Producer side of an in-process channel: frames go straight into the InputChannel."""
+
+    def __init__(
+        self, target: InputChannel, *, output_queue: int = DEFAULT_OUTPUT_QUEUE, name: str = ""
+    ) -> None:
+        super().__init__(output_queue=output_queue, name=name or target.name)
+        self.target = target
+        target.on_release(self._on_consumer_released)
+        self._credits = target.connect(self.add_credits)
+
+    def _kick(self) -> None:
+        target = self.target
+        while (entry := self._take_nowait()) is not None:
+            target.receive(entry[0])
+
+    def abort(self, cause: BaseException | str = "producer aborted") -> None:
+        super().abort(cause)
+        if self._failure is not None:
+            self.target.fail(self._failure)
+
+    def _on_consumer_released(self, reason: str) -> None:
+        self._fail(ChannelFailedError(f"channel {self.name}: consumer released it ({reason})"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Consumer side
+# ---------------------------------------------------------------------------------------------
+
+
+class InputChannel:
+    """Consumer side of one channel: ``buffers_per_channel`` buffers, frames for a gate.
+
+    Transports call ``connect`` (once, with the function that passes credits to the producer;
+    returns the initial credit), ``receive`` for every frame in stream order, and ``fail`` when
+    the stream breaks. The gate takes frames and grants credit back.
+    """
+
+    def __init__(
+        self, buffers_per_channel: int = DEFAULT_BUFFERS_PER_CHANNEL, *, name: str = ""
+    ) -> None:
+        if buffers_per_channel < 1:
+            raise ValueError(f"buffers_per_channel must be >= 1, got {buffers_per_channel}")
+        self.buffers_per_channel = buffers_per_channel
+        self.name = name
+        self._queue: deque[Frame] = deque()
+        self._priority: Frame | None = None
+        self._fenced = False
+        self._held: deque[Frame] = deque()
+        self._announced = buffers_per_channel
+        self._buffered = 0
+        self.max_buffered = 0
+        """High-water mark of buffered data frames (never above buffers_per_channel)."""
+        self.received_batches = 0
+        self.received_records = 0
+        self._credit_sink: Callable[[int], None] | None = None
+        self._eop_received = False
+        self._failure: ChannelError | None = None
+        self._released: str | None = None
+        self._release_callbacks: list[Callable[[str], None]] = []
+        self._gate: InputGate | None = None
+        self._index = -1
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        """Data frames received and not yet taken by the gate."""
+        return self._buffered
+
+    @property
+    def announced_credits(self) -> int:
+        """Credits the producer holds (granted and not yet used)."""
+        return self._announced
+
+    @property
+    def priority_pending(self) -> bool:
+        """A priority frame arrived and the gate has not returned it yet."""
+        return self._priority is not None
+
+    @property
+    def end_of_partition_received(self) -> bool:
+        return self._eop_received
+
+    @property
+    def failure(self) -> ChannelError | None:
+        return self._failure
+
+    @property
+    def released(self) -> bool:
+        return self._released is not None
+
+    # -- transport API ---------------------------------------------------------------------------
+
+    def connect(self, credit_sink: Callable[[int], None]) -> int:
+        """Attach the producer's credit sink; returns the credit to announce initially."""
+        if self._credit_sink is not None:
+            raise ChannelError(f"input channel {self.name} is already connected")
+        if self._released is not None:
+            raise ChannelFailedError(f"input channel {self.name} was released: {self._released}")
+        self._credit_sink = credit_sink
+        return self._announced
+
+    def receive(self, frame: Frame) -> None:
+        """The next frame of the stream arrived. Raises on a protocol violation."""
+        if self._eop_received:
+            raise ChannelError(f"input channel {self.name}: frame after end of partition")
+        if self._released is not None:
+            return  # consumer is gone; the producer is being told
+        if type(frame) is DataFrame:
+            if self._announced <= 0:
+                raise CreditViolationError(
+                    f"input channel {self.name}: data frame without credit "
+                    f"({self._buffered} of {self.buffers_per_channel} buffers in use)"
+                )
+            self._announced -= 1
+            self._buffered += 1
+            if self._buffered > self.max_buffered:
+                self.max_buffered = self._buffered
+            self.received_batches += 1
+            self.received_records += frame.batch.num_rows
+        elif type(frame) is EndOfPartitionFrame:
+            self._eop_received = True
+        if self._fenced:
+            self._held.append(frame)
+        else:
+            self._enqueue(frame)
+
+    def fail(self, error: BaseException | str) -> None:
+        """The stream broke or the producer failed: the gate raises on its next call.
+
+        Ignored once end of partition arrived (the stream is complete)."""
+        if self._eop_received or self._failure is not None:
+            return
+        if isinstance(error, ChannelError):
+            self._failure = error
+        else:
+            self._failure = ChannelFailedError(f"input channel {self.name} failed: {error}")
+        if self._gate is not None:
+            self._gate._on_failure(self._index)
+
+    def grant(self, n: int = 1) -> None:
+        """Announce ``n`` freed buffers to the producer (the gate does this on every take)."""
+        if n <= 0:
+            return
+        if self._announced + self._buffered + n > self.buffers_per_channel:
+            raise ValueError(
+                f"input channel {self.name}: granting {n} would exceed "
+                f"{self.buffers_per_channel} buffers ({self._buffered} buffered, "
+                f"{self._announced} announced)"
+            )
+        self._announced += n
+        if self._credit_sink is not None and self._released is None:
+            self._credit_sink(n)
+
+    def on_release(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` when the consumer releases the channel."""
+        self._release_callbacks.append(callback)
+
+    def release(self, reason: str = "consumer released the channel") -> None:
+        """The consumer is gone (task finished, failed or cancelled): drop queued frames and
+        tell the producer. Idempotent."""
+        if self._released is not None:
+            return
+        self._released = reason
+        self._queue.clear()
+        self._held.clear()
+        self._priority = None
+        if self._failure is None:
+            self._failure = ChannelClosedError(f"input channel {self.name} released: {reason}")
+            if self._gate is not None:
+                self._gate._on_failure(self._index)
+        for callback in self._release_callbacks:
+            callback(reason)
+        self._release_callbacks.clear()
+
+    # -- gate internals ----------------------------------------------------------------------------
+
+    def _enqueue(self, frame: Frame) -> None:
+        gate = self._gate
+        if is_priority(frame):
+            self._priority = frame
+            self._fenced = True
+            if gate is not None:
+                gate._on_priority(self._index)
+        else:
+            self._queue.append(frame)
+            if gate is not None and len(self._queue) == 1:
+                gate._on_available(self._index)
+
+    def _release_fence(self) -> None:
+        """The priority frame was taken and the task moved on: let held frames in."""
+        if self._priority is not None:
+            return
+        self._fenced = False
+        held = self._held
+        while held and not self._fenced:
+            self._enqueue(held.popleft())
+
+
+class InputGate:
+    """Reads the input channels of one subtask: fair, with blocking and priority frames.
+
+    ``next`` returns ``(channel_index, frame)``: a pending priority frame first (in arrival
+    order, blocked channels included), else the next frame of the next unblocked channel with
+    frames, round-robin one frame per channel. An end-of-partition frame is returned once and
+    closes its channel; ``next`` returns None when every channel has ended. A failed channel
+    makes ``next`` raise ChannelFailedError.
+    """
+
+    def __init__(self, channels: Sequence[InputChannel]) -> None:
+        self.channels = list(channels)
+        n = len(self.channels)
+        self._available: deque[int] = deque()
+        self._is_available = [False] * n
+        self._priority: deque[int] = deque()
+        self._unfence: list[int] = []
+        self._blocked: set[int] = set()
+        self._ended = [False] * n
+        self._num_ended = 0
+        self._failed: list[int] = []
+        self._waiter: asyncio.Future[None] | None = None
+        for i, ch in enumerate(self.channels):
+            if ch._gate is not None:
+                raise ValueError(f"input channel {ch.name} already belongs to a gate")
+            ch._gate = self
+            ch._index = i
+            if ch._priority is not None:
+                self._priority.append(i)
+            if ch._queue:
+                self._on_available(i)
+            if ch._failure is not None:
+                self._failed.append(i)
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    async def next(self) -> tuple[int, Frame] | None:
+        """The next frame, waiting for one; None once every channel has ended."""
+        while True:
+            item = self.poll()
+            if item is not None:
+                return item
+            if self._num_ended == len(self.channels):
+                return None
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiter = fut
+            try:
+                await fut
+            finally:
+                self._waiter = None
+
+    def poll(self) -> tuple[int, Frame] | None:
+        """The next frame if one can be returned now, else None (never waits)."""
+        channels = self.channels
+        if self._unfence:
+            for i in self._unfence:
+                channels[i]._release_fence()
+            self._unfence.clear()
+        if self._failed:
+            ch = channels[self._failed[0]]
+            assert ch._failure is not None
+            raise ch._failure
+        while self._priority:
+            i = self._priority.popleft()
+            ch = channels[i]
+            frame = ch._priority
+            if frame is None:
+                continue
+            ch._priority = None
+            self._unfence.append(i)
+            return i, frame
+        available = self._available
+        blocked = self._blocked
+        for _ in range(len(available)):
+            i = available.popleft()
+            if i in blocked:
+                available.append(i)
+                continue
+            ch = channels[i]
+            if not ch._queue:
+                self._is_available[i] = False
+                continue
+            frame = ch._queue.popleft()
+            if ch._queue:
+                available.append(i)
+            else:
+                self._is_available[i] = False
+            tp = type(frame)
+            if tp is DataFrame:
+                ch._buffered -= 1
+                ch.grant(1)
+            elif tp is EndOfPartitionFrame:
+                self._ended[i] = True
+                self._num_ended += 1
+            return i, frame
+        return None
+
+    # -- blocking (aligned checkpoints) ------------------------------------------------------------
+
+    def block(self, index: int) -> None:
+        """Stop returning non-priority frames of channel ``index`` (they stay queued)."""
+        self._check_index(index)
+        self._blocked.add(index)
+
+    def unblock(self, index: int) -> None:
+        self._check_index(index)
+        self._blocked.discard(index)
+        if self._is_available[index]:
+            self._wake()
+
+    def unblock_all(self) -> None:
+        self._blocked.clear()
+        if self._available:
+            self._wake()
+
+    def is_blocked(self, index: int) -> bool:
+        return index in self._blocked
+
+    @property
+    def blocked(self) -> frozenset[int]:
+        return frozenset(self._blocked)
+
+    # -- channel state -----------------------------------------------------------------------------
+
+    def persist_queued(self, index: int, until_checkpoint: int | None = None) -> list[DataFrame]:
+        """Data frames queued on channel ``index``, in order, without consuming them.
+
+        Right after ``next`` returned a priority frame from this channel these are exactly the
+        frames it overtook. With ``until_checkpoint`` the scan stops at the first queued barrier
+        whose id is ``>= until_checkpoint`` (data behind it is after the checkpoint).
+        """
+        self._check_index(index)
+        out: list[DataFrame] = []
+        for frame in self.channels[index]._queue:
+            tp = type(frame)
+            if tp is DataFrame:
+                out.append(frame)  # type: ignore[arg-type]
+            elif (
+                until_checkpoint is not None
+                and tp is BarrierFrame
+                and frame.checkpoint_id >= until_checkpoint  # type: ignore[union-attr]
+            ):
+                break
+        return out
+
+    def is_ended(self, index: int) -> bool:
+        """End of partition of channel ``index`` was returned by ``next``."""
+        return self._ended[index]
+
+    @property
+    def num_channels(self) -> int:
+        return len(self.channels)
+
+    @property
+    def open_channels(self) -> list[int]:
+        """Indexes of the channels that have not ended."""
+        return [i for i, ended in enumerate(self._ended) if not ended]
+
+    @property
+    def all_ended(self) -> bool:
+        return self._num_ended == len(self.channels)
+
+    def close(self, reason: str = "consumer closed the input gate") -> None:
+        """Release every channel (the task is done or failing); producers that have not ended
+        see a failure, and ``next`` raises ChannelClosedError from now on."""
+        for ch in self.channels:
+            ch.release(reason)
+        self._available.clear()
+        self._is_available = [False] * len(self.channels)
+        self._priority.clear()
+
+    # -- notifications from channels ---------------------------------------------------------------
+
+    def _on_available(self, index: int) -> None:
+        if not self._is_available[index]:
+            self._is_available[index] = True
+            self._available.append(index)
+            if index not in self._blocked:
+                self._wake()
+
+    def _on_priority(self, index: int) -> None:
+        self._priority.append(index)
+        self._wake()
+
+    def _on_failure(self, index: int) -> None:
+        self._failed.append(index)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < len(self.channels):
+            raise IndexError(f"no input channel {index} (gate has {len(self.channels)})")
+
+
+class LocalChannel:
+    """An in-process channel: ``output`` (producer side) feeds ``input`` (consumer side).
+
+    No serialization: the consumer receives the very ``pyarrow.RecordBatch`` objects the
+    producer sent. Credits are enforced exactly as over gRPC.
+    """
+
+    def __init__(
+        self,
+        buffers_per_channel: int = DEFAULT_BUFFERS_PER_CHANNEL,
+        *,
+        output_queue: int = DEFAULT_OUTPUT_QUEUE,
+        name: str = "local",
+    ) -> None:
+        self.input = InputChannel(buffers_per_channel, name=name)
+        self.output = LocalOutputChannel(self.input, output_queue=output_queue, name=name)

@@ -1,0 +1,1548 @@
+"""The worker's state backends: keyed state, timers and operator state, with snapshots.
+
+This is Flink's ``HashMapStateBackend`` (keyed state on the heap) plus its
+``OperatorStateBackend`` (list and union list state), in Python.
+
+Keyed state
+    :class:`KeyedStateBackend` owns one contiguous :class:`~worker.keygroups.KeyGroupRange` of
+    a vertex's ``max_parallelism`` key groups. Each registered state (:class:`ValueState`,
+    :class:`ListState`, :class:`MapState`, :class:`ReducingState`, :class:`AggregatingState`)
+    stores, per key group, a dict ``key -> value``. Record-at-a-time operators call
+    :meth:`KeyedStateBackend.set_current_key` (the key group is computed once) and then use the
+    states; vectorised operators use the bulk methods (``get_many`` / ``update_many`` /
+    ``add_many`` / :meth:`ReducingState.add_batch`), which pre-aggregate an Arrow batch with
+    Arrow kernels and touch the state once per distinct key. Event-time timers
+    (:class:`TimerService`) are keyed state too: kept per key group, snapshotted and
+    redistributed with it.
+
+Operator state
+    :class:`OperatorStateBackend` holds named lists for non-keyed operators (source positions,
+    buffered elements). A *list* state is redistributed on restore (Flink's SPLIT_DISTRIBUTE);
+    a *union* list state gives every subtask the union of all subtasks' lists (Flink's UNION).
+
+Recovery contract
+    * A snapshot (:meth:`KeyedStateBackend.snapshot`, :meth:`OperatorStateBackend.snapshot`)
+      contains exactly the state as of the moment the snapshot was taken: every entry of every
+      registered (or restored) state, every event-time timer, every operator list. Its
+      synchronous part only freezes a copy-on-write view (O(states x key groups), no copying of
+      entries); the asynchronous part, :meth:`SnapshotInProgress.write`, serialises that view
+      while processing continues. Mutations after the synchronous part never reach the written
+      files: a key group's dict is copied on its first write after a snapshot, and a list, map or
+      aggregating accumulator is copied before its first in-place change.
+    * Values are stored by reference. Values of value/reducing state and elements of lists and
+      maps must be treated as immutable once stored (replace them with ``update`` / ``put``);
+      ``reduce_fn`` must return a new value instead of mutating its arguments. Aggregating
+      accumulators may be mutated in place by ``add_fn``: they are deep-copied before the first
+      change after a snapshot.
+    * Keyed state is written as one file per backend (its key-group range) plus one for timers.
+      Each file has an index of key-group sections, so a restore reads only the sections of the
+      key groups it owns: :meth:`KeyedStateBackend.restore` given *all* keyed handles of a vertex
+      (any old parallelism, same ``max_parallelism``) restores exactly the entries and timers of
+      its own key groups, each key group from exactly one file. Scaling up and down therefore
+      neither loses nor duplicates state, and every key lands in the subtask that owns its key
+      group. The watermark is not part of a snapshot (as in Flink): restored timers fire once
+      the restored job's watermark passes them. Only event-time timers exist so far.
+    * :meth:`OperatorStateBackend.restore` at an unchanged parallelism gives every subtask its own
+      lists back; at a changed parallelism it concatenates every list state's lists in old
+      subtask order and hands out contiguous, near-equal chunks (the first ``total % p`` subtasks
+      get one more element). Union states are the concatenation of all old subtasks' lists, for
+      every subtask, always.
+    * Files are written atomically (temporary name, fsync, rename to a unique name); a crash
+      leaves no partial file under a final name. Restore refuses, with a :class:`StateError`,
+      files that are corrupt or truncated (magic, sizes, CRC-32 of every section), of an unknown
+      format version, written with another ``max_parallelism`` or key hash, or whose state kind
+      differs from the one registered. A missing or unreadable file raises
+      :class:`~snapflow.errors.StorageError`.
+
+State file format, version 1 (little endian; ``.state`` files)::
+
+    header   "SFST" | u16 format version (1) | u16 kind (1 keyed, 2 timers, 3 operator, 4 union)
+    sections pickle (protocol 5) blobs, one per key group (keyed: {state name: {key: value}},
+             timers: [(timestamp, key, namespace), ...]) or one section 0 (operator/union:
+             {state name: [elements]})
+    meta     UTF-8 JSON: format, version, kind, checkpoint_id, max_parallelism, key group range,
+             key_hash (keyed/timers), states {name: kind}
+    index    per section: i32 section id (key group), u64 offset, u64 length, u32 CRC-32
+    trailer  u64 meta offset | u64 meta length | u64 index offset | u32 index entries |
+             u32 CRC-32 of meta + index | "SFND"
+
+Pickle runs arbitrary code on load: state files are trusted (checkpoint storage is the job's own).
+
+Threading: a backend belongs to its task thread. Only :meth:`SnapshotInProgress.write` may run
+on another thread, concurrently with processing.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+import json
+import os
+import pickle
+import re
+import struct
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import suppress
+from typing import Any, BinaryIO, Generic, NamedTuple, TypedDict, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapflow.errors import StateError, StorageError
+from worker import keygroups as kgs
+from worker.keygroups import KEY_HASH_VERSION, KeyGroupRange
+
+__all__ = [
+    "FORMAT_VERSION",
+    "AggregatingState",
+    "CorruptStateError",
+    "IncompatibleStateError",
+    "KeyGroupRangeError",
+    "KeyedStateBackend",
+    "ListState",
+    "MapState",
+    "OperatorListState",
+    "OperatorStateBackend",
+    "ReducingState",
+    "SnapshotInProgress",
+    "StateError",
+    "StateFormatVersionError",
+    "StateHandleDict",
+    "Timer",
+    "TimerService",
+    "ValueState",
+    "aggregate_batch",
+]
+
+T = TypeVar("T")
+
+FORMAT_VERSION = 1
+FORMAT_NAME = "snapflow-state"
+MIN_WATERMARK = -(1 << 63)  # Flink's Long.MIN_VALUE: no watermark yet
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class CorruptStateError(StateError):
+    """A state file is corrupt or truncated (bad magic, sizes or checksum; unreadable pickle)."""
+
+    status = grpc.StatusCode.DATA_LOSS
+
+
+class StateFormatVersionError(StateError):
+    """A state file was written in a format version this code does not know."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class IncompatibleStateError(StateError):
+    """State that cannot be used as asked: another max parallelism or key hash, a state name
+    registered with another kind, a restore into a backend that already holds state."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class KeyGroupRangeError(StateError):
+    """A key (or key group) outside the backend's key-group range."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _no_current_key() -> StateError:
+    return StateError("no current key: call set_current_key(key) before using keyed state")
+
+
+# ---------------------------------------------------------------------------------------------
+# Handles
+# ---------------------------------------------------------------------------------------------
+
+KEYED, TIMERS, OPERATOR, UNION = "keyed", "timers", "operator", "union"
+_KIND_CODES = {KEYED: 1, TIMERS: 2, OPERATOR: 3, UNION: 4}
+
+
+class StateHandleDict(TypedDict):
+    """One state file (the fields of ``snapflow.v1.StateHandle`` / ``coordinator.model``'s
+    ``StateHandle``). Operator and union handles have the empty key-group range ``0..-1``."""
+
+    path: str
+    size_bytes: int
+    kind: str
+    key_group_start: int
+    key_group_end: int
+
+
+def _handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> StateHandleDict:
+    """Normalise a handle given as a mapping, a dataclass or a protobuf message."""
+
+    def field(name: str, default: Any) -> Any:
+        if isinstance(handle, Mapping):
+            return handle.get(name, default)
+        return getattr(handle, name, default)
+
+    path = field("path", "")
+    if not isinstance(path, str) or not path:
+        raise StateError(f"state handle without a path: {handle!r:.200}")
+    if path.startswith("file://"):
+        path = unquote(urlsplit(path).path)
+    if base_dir is not None and not os.path.isabs(path):
+        path = os.path.join(os.fspath(base_dir), path)
+    return StateHandleDict(
+        path=path,
+        size_bytes=int(field("size_bytes", 0) or 0),
+        kind=str(field("kind", "") or KEYED),
+        key_group_start=int(field("key_group_start", 0) or 0),
+        key_group_end=int(field("key_group_end", 0) or 0),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# State files
+# ---------------------------------------------------------------------------------------------
+
+_MAGIC = b"SFST"
+_TAIL_MAGIC = b"SFND"
+_HEADER = struct.Struct("<4sHH")
+_INDEX_ENTRY = struct.Struct("<iQQI")
+_TRAILER = struct.Struct("<QQQII4s")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class _Section(NamedTuple):
+    section: int
+    offset: int
+    length: int
+    crc: int
+
+
+def _fsync_dir(directory: str) -> None:
+    with suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _dumps(obj: Any, what: str) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as e:
+        raise StateError(f"cannot serialise {what}: {e}") from e
+
+
+def _write_state_file(
+    directory: str,
+    filename: str,
+    kind: str,
+    meta: dict[str, Any],
+    sections: Iterable[tuple[int, bytes]],
+    key_group_range: KeyGroupRange,
+) -> StateHandleDict:
+    """Write one state file atomically; returns its handle."""
+    final = os.path.join(directory, filename)
+    tmp = os.path.join(directory, f".{filename}.{uuid.uuid4().hex[:8]}.inprogress")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(tmp, "xb") as f:
+            f.write(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
+            pos = _HEADER.size
+            index = bytearray()
+            count = 0
+            for section, blob in sections:
+                f.write(blob)
+                index += _INDEX_ENTRY.pack(section, pos, len(blob), zlib.crc32(blob))
+                pos += len(blob)
+                count += 1
+            meta_bytes = json.dumps(meta, sort_keys=True).encode()
+            f.write(meta_bytes)
+            f.write(index)
+            crc = zlib.crc32(index, zlib.crc32(meta_bytes))
+            f.write(
+                _TRAILER.pack(pos, len(meta_bytes), pos + len(meta_bytes), count, crc, _TAIL_MAGIC)
+            )
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        os.replace(tmp, final)  # the final name is unique: nothing is ever overwritten
+    except BaseException as e:
+        with suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise StorageError(f"cannot write state file {final}: {e}") from e
+        raise
+    _fsync_dir(directory)
+    return StateHandleDict(
+        path=os.path.abspath(final),
+        size_bytes=size,
+        kind=kind,
+        key_group_start=key_group_range.start,
+        key_group_end=key_group_range.end,
+    )
+
+
+class _StateFileReader:
+    """Validating reader of one state file: header, trailer, meta and index up front; sections
+    on demand (each checked against its CRC)."""
+
+    def __init__(self, handle: StateHandleDict) -> None:
+        self.path = handle["path"]
+        try:
+            self._f: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        except OSError as e:
+            raise StorageError(f"cannot open state file {self.path}: {e}") from e
+        try:
+            self._parse(handle)
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _corrupt(self, detail: str) -> CorruptStateError:
+        return CorruptStateError(f"state file {self.path} is corrupt or truncated: {detail}")
+
+    def _read_at(self, offset: int, length: int) -> bytes:
+        try:
+            self._f.seek(offset)
+            data = self._f.read(length)
+        except OSError as e:
+            raise StorageError(f"cannot read state file {self.path}: {e}") from e
+        if len(data) != length:
+            raise self._corrupt(f"expected {length} bytes at offset {offset}, got {len(data)}")
+        return data
+
+    def _parse(self, handle: StateHandleDict) -> None:
+        size = os.fstat(self._f.fileno()).st_size
+        if size < _HEADER.size + _TRAILER.size:
+            raise self._corrupt(f"only {size} bytes")
+        if handle["size_bytes"] and handle["size_bytes"] != size:
+            raise self._corrupt(
+                f"the handle says {handle['size_bytes']} bytes, the file has {size}"
+            )
+        magic, version, kind_code = _HEADER.unpack(self._read_at(0, _HEADER.size))
+        if magic != _MAGIC:
+            raise self._corrupt(f"not a Snapflow state file (magic {magic!r})")
+        if version != FORMAT_VERSION:
+            raise StateFormatVersionError(
+                f"state file {self.path} has format version {version}; this worker reads "
+                f"version {FORMAT_VERSION}"
+            )
+        meta_off, meta_len, index_off, count, crc, tail = _TRAILER.unpack(
+            self._read_at(size - _TRAILER.size, _TRAILER.size)
+        )
+        if tail != _TAIL_MAGIC:
+            raise self._corrupt("no trailer (the file was cut short or overwritten)")
+        if (
+            meta_off < _HEADER.size
+            or meta_off + meta_len != index_off
+            or index_off + count * _INDEX_ENTRY.size != size - _TRAILER.size
+        ):
+            raise self._corrupt("the trailer's offsets do not match the file size")
+        raw = self._read_at(meta_off, meta_len + count * _INDEX_ENTRY.size)
+        if zlib.crc32(raw) != crc:
+            raise self._corrupt("checksum mismatch in the metadata or index")
+        try:
+            meta = json.loads(raw[:meta_len])
+        except ValueError as e:
+            raise self._corrupt(f"unreadable metadata: {e}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            raise self._corrupt("metadata without the snapflow-state format marker")
+        if meta.get("version") != FORMAT_VERSION:
+            raise StateFormatVersionError(
+                f"state file {self.path} has metadata version {meta.get('version')!r}; this "
+                f"worker reads version {FORMAT_VERSION}"
+            )
+        kind = str(meta.get("kind"))
+        if _KIND_CODES.get(kind) != kind_code or kind != handle["kind"]:
+            raise self._corrupt(
+                f"the handle says kind {handle['kind']!r}, the file holds {kind!r} state"
+            )
+        self.meta: dict[str, Any] = meta
+        self.sections: list[_Section] = []
+        for i in range(count):
+            entry = _Section(*_INDEX_ENTRY.unpack_from(raw, meta_len + i * _INDEX_ENTRY.size))
+            if entry.offset < _HEADER.size or entry.offset + entry.length > meta_off:
+                raise self._corrupt(f"section {entry.section} lies outside the data area")
+            self.sections.append(entry)
+
+    def read(self, entry: _Section) -> Any:
+        blob = self._read_at(entry.offset, entry.length)
+        if zlib.crc32(blob) != entry.crc:
+            raise self._corrupt(f"checksum mismatch in section {entry.section}")
+        try:
+            return pickle.loads(blob)
+        except Exception as e:
+            raise self._corrupt(f"section {entry.section} cannot be unpickled: {e!r}") from None
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> _StateFileReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _file_name(prefix: str, kind: str, checkpoint_id: int, kg_range: KeyGroupRange | None) -> str:
+    parts = [p for p in (_SAFE_NAME.sub("_", prefix), f"chk{checkpoint_id}", kind) if p]
+    if kg_range is not None:
+        parts.append(f"kg{kg_range.start}-{kg_range.end}")
+    parts.append(uuid.uuid4().hex[:12])
+    return "-".join(parts) + ".state"
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots
+# ---------------------------------------------------------------------------------------------
+
+
+class SnapshotInProgress:
+    """A snapshot whose synchronous part is done; :meth:`write` is the asynchronous part.
+
+    ``write`` may run on another thread while the task keeps processing. Once written (or once
+    the checkpoint is abandoned), call :meth:`release` from the task thread: the backend then
+    stops copying on write until the next snapshot. Snapshots whose write returned or failed are
+    released automatically when the backend takes its next snapshot.
+    """
+
+    def __init__(
+        self,
+        checkpoint_id: int,
+        writer: Callable[[str], list[StateHandleDict]],
+        on_release: Callable[[SnapshotInProgress], None],
+    ) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.sync_duration_s = 0.0
+        self.async_duration_s: float | None = None
+        self.state_size_bytes = 0
+        self.handles: list[StateHandleDict] | None = None
+        self._writer: Callable[[str], list[StateHandleDict]] | None = writer
+        self._on_release: Callable[[SnapshotInProgress], None] | None = on_release
+        self._status = "pending"  # pending | writing | written | failed | released
+
+    @property
+    def done(self) -> bool:
+        """True once :meth:`write` returned or raised."""
+        return self._status in ("written", "failed")
+
+    def write(self, directory: str | os.PathLike[str]) -> list[StateHandleDict]:
+        """Serialise the snapshot into ``directory`` (created if missing); returns the handles
+        of the files written (none for empty state). Idempotent once it succeeded."""
+        if self._status == "written" and self.handles is not None:
+            return list(self.handles)
+        writer = self._writer
+        if self._status in ("writing", "released") or writer is None:
+            raise StateError(
+                f"snapshot of checkpoint {self.checkpoint_id} cannot be written: {self._status}"
+            )
+        self._status = "writing"
+        start = time.perf_counter()
+        try:
+            handles = writer(os.fspath(directory))
+        except BaseException:
+            self._status = "failed"
+            raise
+        self.async_duration_s = time.perf_counter() - start
+        self.state_size_bytes = sum(h["size_bytes"] for h in handles)
+        self.handles = handles
+        self._writer = None  # drop the frozen view
+        self._status = "written"
+        return list(handles)
+
+    def release(self) -> None:
+        """The backend need not keep this snapshot's view isolated any longer (task thread)."""
+        if self._status == "writing":
+            raise StateError(
+                f"snapshot of checkpoint {self.checkpoint_id} is being written; release it "
+                "after write() returned"
+            )
+        if self._status == "released":
+            return
+        self._status = "released"
+        self._writer = None
+        on_release, self._on_release = self._on_release, None
+        if on_release is not None:
+            on_release(self)
+
+
+class _SnapshotTracker:
+    """The snapshots a backend keeps copy-on-write views for."""
+
+    def __init__(self, thaw: Callable[[], None]) -> None:
+        self._active: list[SnapshotInProgress] = []
+        self._thaw = thaw
+
+    def reap(self) -> None:
+        for snap in [s for s in self._active if s.done]:
+            snap.release()
+
+    def add(self, snap: SnapshotInProgress) -> None:
+        self._active.append(snap)
+
+    def release(self, snap: SnapshotInProgress) -> None:
+        with suppress(ValueError):
+            self._active.remove(snap)
+        if not self._active:
+            self._thaw()
+
+
+# ---------------------------------------------------------------------------------------------
+# Keyed state
+# ---------------------------------------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+class _Table:
+    """One state's storage: per key group (by index in the backend's range) a dict."""
+
+    __slots__ = ("cow", "kind", "maps", "name", "owned", "shared")
+
+    def __init__(self, name: str, kind: str, n: int) -> None:
+        self.name = name
+        self.kind = kind
+        self.maps: list[dict[Any, Any]] = [{} for _ in range(n)]
+        # shared[i]: maps[i] belongs to a snapshot view; copy it before the next write.
+        self.shared = [False] * n
+        # cow: a snapshot view is alive; owned[i]: keys whose container was copied (or created)
+        # since the last snapshot, so it may be changed in place.
+        self.cow = False
+        self.owned: list[set[Any] | None] = [None] * n
+
+    def writable(self, idx: int) -> dict[Any, Any]:
+        m = self.maps[idx]
+        if self.shared[idx]:
+            m = self.maps[idx] = m.copy()
+            self.shared[idx] = False
+        return m
+
+    def container(
+        self, idx: int, key: Any, copier: Callable[[Any], Any]
+    ) -> tuple[dict[Any, Any], Any]:
+        """The writable dict of key group ``idx`` and ``key``'s container, copied first if a
+        snapshot view may still reference it (``_MISSING`` if absent)."""
+        m = self.writable(idx)
+        c = m.get(key, _MISSING)
+        if c is not _MISSING and self.cow:
+            owned = self.owned[idx]
+            if owned is None:
+                owned = self.owned[idx] = set()
+            if key not in owned:
+                c = m[key] = copier(c)
+                owned.add(key)
+        return m, c
+
+    def own(self, idx: int, key: Any) -> None:
+        if self.cow:
+            owned = self.owned[idx]
+            if owned is None:
+                owned = self.owned[idx] = set()
+            owned.add(key)
+
+    def freeze(self) -> list[dict[Any, Any]]:
+        n = len(self.maps)
+        self.shared = [True] * n
+        self.owned = [None] * n
+        self.cow = True
+        return list(self.maps)
+
+    def thaw(self) -> None:
+        n = len(self.maps)
+        self.shared = [False] * n
+        self.owned = [None] * n
+        self.cow = False
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self.maps)
+
+
+def _pylist(values: Any) -> list[Any]:
+    """``values`` as a list of Python objects (Arrow and numpy arrays converted)."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.to_pylist()
+    if hasattr(values, "__array__") and not isinstance(values, list | tuple):
+        with suppress(pa.ArrowException, TypeError, ValueError):
+            return pa.array(values).to_pylist()
+    return list(values)
+
+
+class _KeyedState:
+    kind = ""
+
+    def __init__(self, backend: KeyedStateBackend, table: _Table) -> None:
+        self._backend = backend
+        self._table = table
+
+    @property
+    def name(self) -> str:
+        return self._table.name
+
+    def clear(self) -> None:
+        """Remove the current key's entry."""
+        b = self._backend
+        idx = b._current_idx
+        if idx < 0:
+            raise _no_current_key()
+        t = self._table
+        if b._current_key in t.maps[idx]:
+            t.writable(idx).pop(b._current_key, None)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+class ValueState(_KeyedState, Generic[T]):
+    """One value per key (Flink's ``ValueState``)."""
+
+    kind = "value"
+
+    def __init__(self, backend: KeyedStateBackend, table: _Table, default: T | None) -> None:
+        super().__init__(backend, table)
+        self._default = default
+
+    def value(self) -> T | None:
+        b = self._backend
+        idx = b._current_idx
+        if idx < 0:
+            raise _no_current_key()
+        return self._table.maps[idx].get(b._current_key, self._default)
+
+    def update(self, value: T | None) -> None:
+        """Set the current key's value; ``None`` clears it (as in Flink)."""
+        b = self._backend
+        idx = b._current_idx
+        if idx < 0:
+            raise _no_current_key()
+        if value is None:
+            self.clear()
+            return
+        t = self._table
+        m = t.writable(idx) if t.shared[idx] else t.maps[idx]
+        m[b._current_key] = value
+
+    def get_many(self, keys: Any, key_groups: Any = None) -> list[T | None]:
+        """The values of ``keys`` (the default for keys without one)."""
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        maps, default = self._table.maps, self._default
+        return [maps[i].get(k, default) for k, i in zip(pykeys, idxs, strict=True)]
+
+    def update_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
+        """Set ``keys[i]`` to ``values[i]`` (the last value wins for repeated keys; ``None``
+        clears)."""
+        t = self._table
+        for idx, ks, vs in self._backend.runs_by_key_group(keys, values, key_groups):
+            m = t.writable(idx)
+            if None in vs:
+                for k, v in zip(ks, vs, strict=True):
+                    if v is None:
+                        m.pop(k, None)
+                    else:
+                        m[k] = v
+            else:
+                m.update(zip(ks, vs, strict=True))
+
+
+def _take(values: Any, order: pa.Array) -> list[Any]:
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.take(order).to_pylist()
+    return [values[i] for i in order.to_pylist()]
+
+
+def _check_lengths(keys: Sequence[Any], values: Sequence[Any]) -> None:
+    if len(keys) != len(values):
+        raise StateError(f"{len(keys)} keys but {len(values)} values")
+
+
+class ListState(_KeyedState, Generic[T]):
+    """A list per key (Flink's ``ListState``)."""
+
+    kind = "list"
+
+    def _current(self) -> tuple[Any, int]:
+        b = self._backend
+        if b._current_idx < 0:
+            raise _no_current_key()
+        return b._current_key, b._current_idx
+
+    def get(self) -> list[T]:
+        """A copy of the current key's list (empty if none)."""
+        key, idx = self._current()
+        return list(self._table.maps[idx].get(key, ()))
+
+    def add(self, value: T) -> None:
+        key, idx = self._current()
+        m, lst = self._table.container(idx, key, list)
+        if lst is _MISSING:
+            m[key] = [value]
+            self._table.own(idx, key)
+        else:
+            lst.append(value)
+
+    def add_all(self, values: Iterable[T]) -> None:
+        key, idx = self._current()
+        new = list(values)
+        if not new:
+            return
+        m, lst = self._table.container(idx, key, list)
+        if lst is _MISSING:
+            m[key] = new
+            self._table.own(idx, key)
+        else:
+            lst.extend(new)
+
+    def update(self, values: Iterable[T]) -> None:
+        """Replace the current key's list (an empty ``values`` clears it)."""
+        key, idx = self._current()
+        new = list(values)
+        m = self._table.writable(idx)
+        if new:
+            m[key] = new
+            self._table.own(idx, key)
+        else:
+            m.pop(key, None)
+
+
+class MapState(_KeyedState):
+    """A map per key (Flink's ``MapState``)."""
+
+    kind = "map"
+
+    def _current(self) -> tuple[Any, int]:
+        b = self._backend
+        if b._current_idx < 0:
+            raise _no_current_key()
+        return b._current_key, b._current_idx
+
+    def _map(self) -> dict[Any, Any]:
+        key, idx = self._current()
+        m: dict[Any, Any] = self._table.maps[idx].get(key, {})
+        return m
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        return self._map().get(user_key, default)
+
+    def contains(self, user_key: Any) -> bool:
+        return user_key in self._map()
+
+    def put(self, user_key: Any, value: Any) -> None:
+        key, idx = self._current()
+        m, c = self._table.container(idx, key, dict.copy)
+        if c is _MISSING:
+            m[key] = {user_key: value}
+            self._table.own(idx, key)
+        else:
+            c[user_key] = value
+
+    def put_all(self, entries: Mapping[Any, Any]) -> None:
+        if not entries:
+            return
+        key, idx = self._current()
+        m, c = self._table.container(idx, key, dict.copy)
+        if c is _MISSING:
+            m[key] = dict(entries)
+            self._table.own(idx, key)
+        else:
+            c.update(entries)
+
+    def remove(self, user_key: Any) -> None:
+        key, idx = self._current()
+        if user_key not in self._table.maps[idx].get(key, ()):
+            return
+        m, c = self._table.container(idx, key, dict.copy)
+        del c[user_key]
+        if not c:
+            del m[key]
+
+    def keys(self) -> list[Any]:
+        return list(self._map())
+
+    def values(self) -> list[Any]:
+        return list(self._map().values())
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return list(self._map().items())
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+
+class ReducingState(_KeyedState, Generic[T]):
+    """One value per key, combined with ``reduce_fn(old, new)`` on add (Flink's
+    ``ReducingState``). ``reduce_fn`` must return a new value, not mutate its arguments."""
+
+    kind = "reducing"
+
+    def __init__(
+        self, backend: KeyedStateBackend, table: _Table, reduce_fn: Callable[[T, T], T]
+    ) -> None:
+        super().__init__(backend, table)
+        self._reduce = reduce_fn
+
+    def get(self) -> T | None:
+        b = self._backend
+        idx = b._current_idx
+        if idx < 0:
+            raise _no_current_key()
+        return self._table.maps[idx].get(b._current_key)
+
+    def add(self, value: T) -> None:
+        b = self._backend
+        idx = b._current_idx
+        if idx < 0:
+            raise _no_current_key()
+        t = self._table
+        m = t.writable(idx) if t.shared[idx] else t.maps[idx]
+        key = b._current_key
+        old = m.get(key, _MISSING)
+        m[key] = value if old is _MISSING else self._reduce(old, value)
+
+    def get_many(self, keys: Any, key_groups: Any = None) -> list[T | None]:
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        maps = self._table.maps
+        return [maps[i].get(k) for k, i in zip(pykeys, idxs, strict=True)]
+
+    def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
+        """Fold ``values[i]`` into the state of ``keys[i]``, in order. With distinct keys (e.g.
+        the output of :func:`aggregate_batch`) every key is touched once."""
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        vals = _pylist(values)
+        _check_lengths(pykeys, vals)
+        t, fn = self._table, self._reduce
+        maps, shared = t.maps, t.shared
+        for k, i, v in zip(pykeys, idxs, vals, strict=True):
+            m = t.writable(i) if shared[i] else maps[i]
+            old = m.get(k, _MISSING)
+            m[k] = v if old is _MISSING else fn(old, v)
+
+    def add_batch(self, keys: Any, values: Any = None, agg: str = "sum") -> int:
+        """Vectorised add of a whole batch: aggregate ``values`` per distinct key with the Arrow
+        hash aggregation ``agg`` (``values=None`` counts rows), then fold each key's partial into
+        the state once. ``agg`` must be the Arrow equivalent of ``reduce_fn`` ("sum" for
+        addition, "min", "max", ...). Returns the number of distinct keys."""
+        distinct, partials = aggregate_batch(keys, values, agg)
+        self.add_many(distinct, partials)
+        return len(distinct)
+
+
+class AggregatingState(_KeyedState, Generic[T]):
+    """An accumulator per key (Flink's ``AggregatingState``): ``add`` folds a value in with
+    ``add_fn(value, accumulator) -> accumulator`` (which may mutate the accumulator), ``get``
+    returns ``get_result_fn(accumulator)``."""
+
+    kind = "aggregating"
+
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        table: _Table,
+        add_fn: Callable[[Any, Any], Any],
+        get_result_fn: Callable[[Any], T],
+        create_accumulator: Callable[[], Any],
+    ) -> None:
+        super().__init__(backend, table)
+        self._add = add_fn
+        self._result = get_result_fn
+        self._create = create_accumulator
+
+    def get(self) -> T | None:
+        b = self._backend
+        idx = b._current_idx
+        if idx < 0:
+            raise _no_current_key()
+        acc = self._table.maps[idx].get(b._current_key, _MISSING)
+        return None if acc is _MISSING else self._result(acc)
+
+    def _fold(self, idx: int, key: Any, value: Any) -> None:
+        t = self._table
+        m, acc = t.container(idx, key, copy.deepcopy)
+        if acc is _MISSING:
+            acc = self._create()
+        m[key] = self._add(value, acc)
+        t.own(idx, key)
+
+    def add(self, value: Any) -> None:
+        b = self._backend
+        if b._current_idx < 0:
+            raise _no_current_key()
+        self._fold(b._current_idx, b._current_key, value)
+
+    def get_many(self, keys: Any, key_groups: Any = None) -> list[T | None]:
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        maps, result = self._table.maps, self._result
+        out: list[T | None] = []
+        for k, i in zip(pykeys, idxs, strict=True):
+            acc = maps[i].get(k, _MISSING)
+            out.append(None if acc is _MISSING else result(acc))
+        return out
+
+    def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        vals = _pylist(values)
+        _check_lengths(pykeys, vals)
+        for k, i, v in zip(pykeys, idxs, vals, strict=True):
+            self._fold(i, k, v)
+
+
+def aggregate_batch(keys: Any, values: Any = None, agg: str = "sum") -> tuple[pa.Array, pa.Array]:
+    """Pre-aggregate a batch per distinct key with Arrow's hash aggregation: returns
+    ``(distinct_keys, partials)`` in first-occurrence order. ``values=None`` counts rows per key;
+    otherwise ``agg`` names an Arrow hash aggregation ("sum", "min", "max", "count", ...)."""
+    key_arr = keys if isinstance(keys, pa.Array | pa.ChunkedArray) else pa.array(keys)
+    if values is None:
+        table = pa.table({"k": key_arr})
+        out = table.group_by("k", use_threads=False).aggregate([([], "count_all")])
+        column = "count_all"
+    else:
+        val_arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+        table = pa.table({"k": key_arr, "v": val_arr})
+        out = table.group_by("k", use_threads=False).aggregate([("v", agg)])
+        column = f"v_{agg}"
+    return out.column("k").combine_chunks(), out.column(column).combine_chunks()
+
+
+class Timer(NamedTuple):
+    """An event-time timer: fires once the watermark reaches ``timestamp``."""
+
+    timestamp: int
+    key: Any
+    namespace: Any
+    key_group: int
+
+
+class TimerService:
+    """Event-time timers of a keyed backend (Flink's ``InternalTimerService``), per key group.
+
+    A timer is ``(key, namespace, timestamp)``; registering it twice keeps one. Timers are
+    snapshotted with the keyed state and restored by key group like any keyed state.
+    """
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self._backend = backend
+        n = len(backend.key_group_range)
+        self._sets: list[set[tuple[int, Any, Any]]] = [set() for _ in range(n)]
+        self._shared = [False] * n
+        # (timestamp, sequence, key-group index, key, namespace); entries whose timer was
+        # deleted (or fired through another entry) are skipped lazily.
+        self._heap: list[tuple[int, int, int, Any, Any]] = []
+        self._seq = itertools.count()
+        self._watermark = MIN_WATERMARK
+        self._count = 0
+
+    @property
+    def current_watermark(self) -> int:
+        return self._watermark
+
+    def _writable(self, idx: int) -> set[tuple[int, Any, Any]]:
+        s = self._sets[idx]
+        if self._shared[idx]:
+            s = self._sets[idx] = set(s)
+            self._shared[idx] = False
+        return s
+
+    def _add(self, idx: int, timestamp: int, key: Any, namespace: Any) -> None:
+        entry = (timestamp, key, namespace)
+        if entry in self._sets[idx]:
+            return
+        self._writable(idx).add(entry)
+        self._count += 1
+        heapq.heappush(self._heap, (timestamp, next(self._seq), idx, key, namespace))
+
+    def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        """Register a timer for the current key at ``timestamp`` (in ``namespace``, e.g. a
+        window). A timer at or below the current watermark fires on the next advance."""
+        b = self._backend
+        if b._current_idx < 0:
+            raise _no_current_key()
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool):
+            raise StateError(f"timer timestamps are ints (ms), got {timestamp!r}")
+        self._add(b._current_idx, timestamp, b._current_key, namespace)
+
+    def delete_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        b = self._backend
+        idx = b._current_idx
+        if idx < 0:
+            raise _no_current_key()
+        entry = (timestamp, b._current_key, namespace)
+        if entry in self._sets[idx]:
+            self._writable(idx).discard(entry)
+            self._count -= 1
+            self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        if len(self._heap) > 2 * self._count + 1024:
+            self._heap = [e for e in self._heap if (e[0], e[3], e[4]) in self._sets[e[2]]]
+            heapq.heapify(self._heap)
+
+    def advance_watermark(self, watermark: int) -> list[Timer]:
+        """Advance the watermark and return the timers with ``timestamp <= watermark``, in
+        timestamp order (registration order among equal timestamps), removing them."""
+        if watermark > self._watermark:
+            self._watermark = watermark
+        fired: list[Timer] = []
+        heap, sets, start = self._heap, self._sets, self._backend.key_group_range.start
+        while heap and heap[0][0] <= watermark:
+            ts, _, idx, key, namespace = heapq.heappop(heap)
+            entry = (ts, key, namespace)
+            if entry in sets[idx]:
+                self._writable(idx).discard(entry)
+                self._count -= 1
+                fired.append(Timer(ts, key, namespace, start + idx))
+        return fired
+
+    def next_timer_timestamp(self) -> int | None:
+        heap, sets = self._heap, self._sets
+        while heap:
+            ts, _, idx, key, namespace = heap[0]
+            if (ts, key, namespace) in sets[idx]:
+                return ts
+            heapq.heappop(heap)
+        return None
+
+    def num_timers(self) -> int:
+        return self._count
+
+    def timers(self) -> list[Timer]:
+        """All registered timers, in timestamp order."""
+        start = self._backend.key_group_range.start
+        out = [
+            Timer(ts, key, ns, start + idx) for idx, s in enumerate(self._sets) for ts, key, ns in s
+        ]
+        out.sort(key=lambda t: t.timestamp)
+        return out
+
+    def _freeze(self) -> list[set[tuple[int, Any, Any]]]:
+        self._shared = [True] * len(self._sets)
+        return list(self._sets)
+
+    def _thaw(self) -> None:
+        self._shared = [False] * len(self._sets)
+
+    def _restore_group(self, idx: int, entries: Any, path: str) -> None:
+        if not isinstance(entries, list):
+            raise CorruptStateError(f"state file {path}: a timers section is not a list")
+        for entry in entries:
+            if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], int)):
+                raise CorruptStateError(f"state file {path}: malformed timer {entry!r:.100}")
+            self._add(idx, entry[0], entry[1], entry[2])
+
+
+_STATE_KINDS = {"value", "list", "map", "reducing", "aggregating"}
+
+
+class KeyedStateBackend:
+    """Keyed state and event-time timers of one subtask: the key groups ``key_group_range`` of
+    ``max_parallelism``. See the module docstring for the recovery contract."""
+
+    def __init__(
+        self,
+        max_parallelism: int,
+        key_group_range: KeyGroupRange | tuple[int, int],
+        *,
+        name: str = "",
+    ) -> None:
+        kgs.check_max_parallelism(max_parallelism)
+        kg_range = (
+            key_group_range
+            if isinstance(key_group_range, KeyGroupRange)
+            else KeyGroupRange(*key_group_range)
+        )
+        if not 0 <= kg_range.start <= kg_range.end < max_parallelism:
+            raise StateError(
+                f"key-group range {kg_range} is empty or outside [0, {max_parallelism - 1}]"
+            )
+        self.max_parallelism = max_parallelism
+        self.key_group_range = kg_range
+        self.name = name
+        self._start = kg_range.start
+        self._n = len(kg_range)
+        self._tables: dict[str, _Table] = {}
+        self._current_key: Any = None
+        self._current_idx = -1
+        self.timer_service = TimerService(self)
+        self._snapshots = _SnapshotTracker(self._thaw)
+
+    @classmethod
+    def for_subtask(
+        cls, max_parallelism: int, parallelism: int, index: int, *, name: str = ""
+    ) -> KeyedStateBackend:
+        kg_range = kgs.key_group_range_for_subtask(max_parallelism, parallelism, index)
+        return cls(max_parallelism, kg_range, name=name)
+
+    # --- current key ------------------------------------------------------------------------
+
+    def key_group_of(self, key: Any) -> int:
+        return kgs.key_group_for_key(key, self.max_parallelism)
+
+    def _index_of(self, key: Any, key_group: int | None = None) -> int:
+        kg = kgs.key_group_for_key(key, self.max_parallelism) if key_group is None else key_group
+        idx = kg - self._start
+        if not 0 <= idx < self._n:
+            raise KeyGroupRangeError(
+                f"key {key!r:.100} is in key group {kg}, outside this backend's key groups "
+                f"{self.key_group_range} (max parallelism {self.max_parallelism})"
+            )
+        return idx
+
+    def set_current_key(self, key: Any, key_group: int | None = None) -> None:
+        """Make ``key`` the key that state accesses refer to. ``key_group`` skips hashing when
+        the caller already knows it (e.g. from the partitioner); it is not re-checked."""
+        self._current_idx = self._index_of(key, key_group)
+        self._current_key = key
+
+    @property
+    def current_key(self) -> Any:
+        return self._current_key if self._current_idx >= 0 else None
+
+    @property
+    def current_key_group(self) -> int | None:
+        return self._start + self._current_idx if self._current_idx >= 0 else None
+
+    def _groups(self, keys: Any, key_groups: Any) -> tuple[Any, pa.Array]:
+        """``keys`` (an Arrow array, or a list) and their validated key groups (int32 array)."""
+        if not isinstance(keys, pa.Array | pa.ChunkedArray):
+            keys = _pylist(keys)  # numpy keys become Python ints/strs, as Arrow keys do
+        if key_groups is None:
+            groups = kgs.key_groups(keys, self.max_parallelism)
+        elif isinstance(key_groups, pa.ChunkedArray):
+            groups = key_groups.combine_chunks()
+        elif isinstance(key_groups, pa.Array):
+            groups = key_groups
+        else:
+            groups = pa.array(_pylist(key_groups), pa.int32())
+        if len(groups) != len(keys):
+            raise StateError(f"{len(keys)} keys but {len(groups)} key groups")
+        if len(groups) and groups.null_count:
+            raise StateError("key groups must not be null")
+        if len(groups):
+            bounds = pc.min_max(groups)
+            lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+            if lo < self._start or hi >= self._start + self._n:
+                for k, g in zip(_pylist(keys), groups.to_pylist(), strict=True):
+                    if not 0 <= g - self._start < self._n:
+                        raise KeyGroupRangeError(
+                            f"key {k!r:.100} is in key group {g}, outside this backend's key "
+                            f"groups {self.key_group_range}"
+                        )
+        return keys, groups
+
+    def resolve_keys(self, keys: Any, key_groups: Any = None) -> tuple[list[Any], list[int]]:
+        """Python keys and their key-group *indices* in this backend's range, for bulk access.
+        ``keys``: an Arrow array, list or numpy array; ``key_groups`` (optional): their key
+        groups, trusted (not re-hashed) but range-checked."""
+        keys, groups = self._groups(keys, key_groups)
+        idxs = pc.subtract(pc.cast(groups, pa.int64()), pa.scalar(self._start, pa.int64()))
+        return _pylist(keys), _pylist(idxs)
+
+    def runs_by_key_group(
+        self, keys: Any, values: Any, key_groups: Any = None
+    ) -> Iterator[tuple[int, list[Any], list[Any]]]:
+        """``(key-group index, keys, values)`` per key group present, rows in their original
+        order within a group (a stable sort by key group with Arrow kernels)."""
+        keys, groups = self._groups(keys, key_groups)
+        if not isinstance(values, pa.Array | pa.ChunkedArray):
+            values = _pylist(values)
+        if len(values) != len(groups):
+            raise StateError(f"{len(groups)} keys but {len(values)} values")
+        if not len(groups):
+            return
+        order = pc.sort_indices(groups)  # stable
+        runs = pc.run_end_encode(groups.take(order))
+        ends, group_ids = runs.run_ends.to_pylist(), runs.values.to_pylist()
+        sorted_keys, sorted_values = _take(keys, order), _take(values, order)
+        begin = 0
+        for end, g in zip(ends, group_ids, strict=True):
+            yield g - self._start, sorted_keys[begin:end], sorted_values[begin:end]
+            begin = end
+
+    # --- registration -----------------------------------------------------------------------
+
+    def _table(self, name: str, kind: str) -> _Table:
+        if not isinstance(name, str) or not name:
+            raise StateError(f"state names are non-empty strings, got {name!r}")
+        table = self._tables.get(name)
+        if table is None:
+            # Not in any live snapshot view: it needs no copy-on-write until the next snapshot.
+            table = self._tables[name] = _Table(name, kind, self._n)
+        elif table.kind != kind:
+            raise IncompatibleStateError(
+                f"state {name!r} is {table.kind} state, it cannot be used as {kind} state"
+            )
+        return table
+
+    def get_value_state(self, name: str, default: T | None = None) -> ValueState[T]:
+        return ValueState(self, self._table(name, "value"), default)
+
+    def get_list_state(self, name: str) -> ListState[Any]:
+        return ListState(self, self._table(name, "list"))
+
+    def get_map_state(self, name: str) -> MapState:
+        return MapState(self, self._table(name, "map"))
+
+    def get_reducing_state(self, name: str, reduce_fn: Callable[[T, T], T]) -> ReducingState[T]:
+        return ReducingState(self, self._table(name, "reducing"), reduce_fn)
+
+    def get_aggregating_state(
+        self,
+        name: str,
+        add_fn: Callable[[Any, Any], Any],
+        get_result_fn: Callable[[Any], T],
+        create_accumulator: Callable[[], Any],
+    ) -> AggregatingState[T]:
+        return AggregatingState(
+            self, self._table(name, "aggregating"), add_fn, get_result_fn, create_accumulator
+        )
+
+    def state_names(self) -> list[str]:
+        return sorted(self._tables)
+
+    def entries(self, name: str) -> Iterator[tuple[Any, Any]]:
+        """All ``(key, value)`` entries of state ``name`` (lists and maps as stored)."""
+        table = self._tables.get(name)
+        if table is None:
+            return
+        for m in table.maps:
+            yield from m.items()
+
+    def is_empty(self) -> bool:
+        return (
+            not any(len(t) for t in self._tables.values()) and not self.timer_service.num_timers()
+        )
+
+    # --- snapshots --------------------------------------------------------------------------
+
+    def _thaw(self) -> None:
+        for table in self._tables.values():
+            table.thaw()
+        self.timer_service._thaw()
+
+    def snapshot(self, checkpoint_id: int) -> SnapshotInProgress:
+        """Synchronous part: freeze a copy-on-write view of every state and timer (no entry is
+        copied). Returns the snapshot; its :meth:`~SnapshotInProgress.write` is the async part."""
+        start = time.perf_counter()
+        self._snapshots.reap()
+        views = {name: (t.kind, t.freeze()) for name, t in self._tables.items()}
+        timer_view = self.timer_service._freeze()
+        writer = _KeyedSnapshotWriter(
+            checkpoint_id, self.max_parallelism, self.key_group_range, self.name, views, timer_view
+        )
+        snap = SnapshotInProgress(checkpoint_id, writer, self._snapshots.release)
+        self._snapshots.add(snap)
+        snap.sync_duration_s = time.perf_counter() - start
+        return snap
+
+    # --- restore ----------------------------------------------------------------------------
+
+    def restore(
+        self, handles: Iterable[Any], *, base_dir: str | os.PathLike[str] | None = None
+    ) -> int:
+        """Restore this backend's key groups from the keyed and timer handles among ``handles``
+        (typically all handles of the vertex; others are ignored). Only files whose key-group
+        range overlaps this backend's are opened, and only their sections of its key groups are
+        read. Returns the number of key-group sections restored."""
+        if not self.is_empty():
+            raise IncompatibleStateError("restore() needs a backend that holds no state yet")
+        seen: dict[str, dict[int, str]] = {KEYED: {}, TIMERS: {}}
+        restored = 0
+        for raw in handles:
+            handle = _handle_fields(raw, base_dir)
+            kind = handle["kind"]
+            if kind not in (KEYED, TIMERS):
+                continue
+            file_range = KeyGroupRange(handle["key_group_start"], handle["key_group_end"])
+            if not file_range.overlaps(self.key_group_range):
+                continue
+            with _StateFileReader(handle) as reader:
+                self._check_meta(reader, file_range)
+                states = reader.meta.get("states", {})
+                for entry in reader.sections:
+                    kg = entry.section
+                    if kg not in file_range:
+                        raise reader._corrupt(f"key group {kg} lies outside the file's range")
+                    if kg not in self.key_group_range:
+                        continue
+                    if kg in seen[kind]:
+                        raise CorruptStateError(
+                            f"key group {kg} appears in both {seen[kind][kg]} and "
+                            f"{reader.path}: the handles are not one snapshot"
+                        )
+                    seen[kind][kg] = reader.path
+                    data = reader.read(entry)
+                    idx = kg - self._start
+                    if kind == TIMERS:
+                        self.timer_service._restore_group(idx, data, reader.path)
+                    else:
+                        self._restore_group(idx, data, states, reader.path)
+                    restored += 1
+        return restored
+
+    def _check_meta(self, reader: _StateFileReader, file_range: KeyGroupRange) -> None:
+        meta = reader.meta
+        if meta.get("max_parallelism") != self.max_parallelism:
+            raise IncompatibleStateError(
+                f"state file {reader.path} was written with max parallelism "
+                f"{meta.get('max_parallelism')}, this backend has {self.max_parallelism}; "
+                "the max parallelism of a job with keyed state cannot change"
+            )
+        if meta.get("key_hash") != KEY_HASH_VERSION:
+            raise IncompatibleStateError(
+                f"state file {reader.path} uses key hash {meta.get('key_hash')!r}, this worker "
+                f"uses {KEY_HASH_VERSION!r}"
+            )
+        if (meta.get("key_group_start"), meta.get("key_group_end")) != (
+            file_range.start,
+            file_range.end,
+        ):
+            raise CorruptStateError(
+                f"state file {reader.path} holds key groups {meta.get('key_group_start')}.."
+                f"{meta.get('key_group_end')}, its handle says {file_range}"
+            )
+
+    def _restore_group(self, idx: int, data: Any, kinds: Mapping[str, str], path: str) -> None:
+        if not isinstance(data, dict):
+            raise CorruptStateError(f"state file {path}: a key-group section is not a dict")
+        for name, entries in data.items():
+            kind = kinds.get(name)
+            if kind not in _STATE_KINDS or not isinstance(entries, dict):
+                raise CorruptStateError(f"state file {path}: malformed state {name!r:.100}")
+            self._table(name, kind).writable(idx).update(entries)
+
+
+class _KeyedSnapshotWriter:
+    """The asynchronous part of a keyed snapshot: reads only the frozen view."""
+
+    def __init__(
+        self,
+        checkpoint_id: int,
+        max_parallelism: int,
+        kg_range: KeyGroupRange,
+        prefix: str,
+        views: dict[str, tuple[str, list[dict[Any, Any]]]],
+        timer_view: list[set[tuple[int, Any, Any]]],
+    ) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.max_parallelism = max_parallelism
+        self.kg_range = kg_range
+        self.prefix = prefix
+        self.views = views
+        self.timer_view = timer_view
+
+    def _meta(self, kind: str) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "kind": kind,
+            "checkpoint_id": self.checkpoint_id,
+            "max_parallelism": self.max_parallelism,
+            "key_group_start": self.kg_range.start,
+            "key_group_end": self.kg_range.end,
+            "key_hash": KEY_HASH_VERSION,
+        }
+
+    def _keyed_sections(self) -> Iterator[tuple[int, bytes]]:
+        for idx in range(len(self.kg_range)):
+            group = {name: maps[idx] for name, (_, maps) in self.views.items() if maps[idx]}
+            if group:
+                kg = self.kg_range.start + idx
+                yield kg, _dumps(group, f"the keyed state of key group {kg}")
+
+    def _timer_sections(self) -> Iterator[tuple[int, bytes]]:
+        for idx, timers in enumerate(self.timer_view):
+            if timers:
+                yield self.kg_range.start + idx, _dumps(list(timers), "timers")
+
+    def __call__(self, directory: str) -> list[StateHandleDict]:
+        handles: list[StateHandleDict] = []
+        try:
+            self._write(directory, handles)
+        except BaseException:
+            for handle in handles:  # no orphans from a failed write
+                with suppress(OSError):
+                    os.unlink(handle["path"])
+            raise
+        return handles
+
+    def _write(self, directory: str, handles: list[StateHandleDict]) -> None:
+        if any(maps[i] for _, maps in self.views.values() for i in range(len(maps))):
+            meta = self._meta(KEYED)
+            meta["states"] = {name: kind for name, (kind, _) in self.views.items()}
+            name = _file_name(self.prefix, KEYED, self.checkpoint_id, self.kg_range)
+            handles.append(
+                _write_state_file(
+                    directory, name, KEYED, meta, self._keyed_sections(), self.kg_range
+                )
+            )
+        if any(self.timer_view):
+            name = _file_name(self.prefix, TIMERS, self.checkpoint_id, self.kg_range)
+            handles.append(
+                _write_state_file(
+                    directory,
+                    name,
+                    TIMERS,
+                    self._meta(TIMERS),
+                    self._timer_sections(),
+                    self.kg_range,
+                )
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator state
+# ---------------------------------------------------------------------------------------------
+
+SPLIT_DISTRIBUTE = "split"
+UNION_DISTRIBUTE = "union"
+
+
+class OperatorListState(Generic[T]):
+    """A list of a non-keyed operator. ``mode`` is ``"split"`` (redistributed on restore) or
+    ``"union"`` (every subtask gets all subtasks' elements on restore)."""
+
+    def __init__(self, name: str, mode: str, items: list[T] | None = None) -> None:
+        self.name = name
+        self.mode = mode
+        self._items: list[T] = items if items is not None else []
+
+    def get(self) -> list[T]:
+        return list(self._items)
+
+    def add(self, value: T) -> None:
+        self._items.append(value)
+
+    def add_all(self, values: Iterable[T]) -> None:
+        self._items.extend(values)
+
+    def update(self, values: Iterable[T]) -> None:
+        self._items = list(values)
+
+    def clear(self) -> None:
+        self._items = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(list(self._items))
+
+
+class OperatorStateBackend:
+    """Operator (non-keyed) list and union list state of one subtask."""
+
+    def __init__(self, *, name: str = "") -> None:
+        self.name = name
+        self._states: dict[str, OperatorListState[Any]] = {}
+
+    def _get(self, name: str, mode: str) -> OperatorListState[Any]:
+        if not isinstance(name, str) or not name:
+            raise StateError(f"state names are non-empty strings, got {name!r}")
+        state = self._states.get(name)
+        if state is None:
+            state = self._states[name] = OperatorListState(name, mode)
+        elif state.mode != mode:
+            raise IncompatibleStateError(
+                f"operator state {name!r} is {state.mode} list state, it cannot be used as "
+                f"{mode} list state"
+            )
+        return state
+
+    def get_list_state(self, name: str) -> OperatorListState[Any]:
+        """List state redistributed on restore (Flink's SPLIT_DISTRIBUTE)."""
+        return self._get(name, SPLIT_DISTRIBUTE)
+
+    def get_union_list_state(self, name: str) -> OperatorListState[Any]:
+        """List state broadcast as the union of all subtasks' lists on restore (Flink's UNION)."""
+        return self._get(name, UNION_DISTRIBUTE)
+
+    def state_names(self) -> list[str]:
+        return sorted(self._states)
+
+    def snapshot(self, checkpoint_id: int) -> SnapshotInProgress:
+        """Synchronous part: a shallow copy of every list (operator state is small)."""
+        start = time.perf_counter()
+        split = {n: list(s._items) for n, s in self._states.items() if s.mode == SPLIT_DISTRIBUTE}
+        union = {n: list(s._items) for n, s in self._states.items() if s.mode == UNION_DISTRIBUTE}
+        prefix = self.name
+
+        def write(directory: str) -> list[StateHandleDict]:
+            handles = []
+            for kind, lists in ((OPERATOR, split), (UNION, union)):
+                if not any(lists.values()):
+                    continue
+                meta = {
+                    "format": FORMAT_NAME,
+                    "version": FORMAT_VERSION,
+                    "kind": kind,
+                    "checkpoint_id": checkpoint_id,
+                    "states": {n: kind for n in lists},
+                }
+                sections = [(0, _dumps(lists, f"{kind} state"))]
+                name = _file_name(prefix, kind, checkpoint_id, None)
+                handles.append(
+                    _write_state_file(directory, name, kind, meta, sections, KeyGroupRange.empty())
+                )
+            return handles
+
+        snap = SnapshotInProgress(checkpoint_id, write, lambda _snap: None)
+        snap.sync_duration_s = time.perf_counter() - start
+        return snap
+
+    def restore(
+        self,
+        handles_by_old_subtask: Mapping[int, Iterable[Any]] | Sequence[Iterable[Any]],
+        new_index: int,
+        new_parallelism: int,
+        *,
+        old_parallelism: int | None = None,
+        base_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Restore from the operator and union handles of every old subtask (other kinds are
+        ignored). ``handles_by_old_subtask`` maps old subtask index -> handles (a sequence is
+        indexed by position); ``old_parallelism`` defaults to the highest index + 1."""
+        if not 0 <= new_index < new_parallelism:
+            raise StateError(f"subtask index {new_index} outside [0, {new_parallelism})")
+        if any(len(s) for s in self._states.values()):
+            raise IncompatibleStateError("restore() needs a backend that holds no state yet")
+        by_index: dict[int, Iterable[Any]] = (
+            dict(handles_by_old_subtask)
+            if isinstance(handles_by_old_subtask, Mapping)
+            else dict(enumerate(handles_by_old_subtask))
+        )
+        old_p = old_parallelism if old_parallelism is not None else max(by_index, default=-1) + 1
+        split_parts: dict[str, list[tuple[int, list[Any]]]] = {}
+        union: dict[str, list[Any]] = {}
+        for old_index in sorted(by_index):
+            for raw in by_index[old_index]:
+                handle = _handle_fields(raw, base_dir)
+                kind = handle["kind"]
+                if kind not in (OPERATOR, UNION):
+                    continue
+                with _StateFileReader(handle) as reader:
+                    for entry in reader.sections:
+                        data = reader.read(entry)
+                        if not isinstance(data, dict) or not all(
+                            isinstance(v, list) for v in data.values()
+                        ):
+                            raise reader._corrupt("an operator state section is not {name: list}")
+                        for name, items in data.items():
+                            if kind == UNION:
+                                union.setdefault(name, []).extend(items)
+                            else:
+                                split_parts.setdefault(name, []).append((old_index, items))
+        for name, items in union.items():
+            self._get(name, UNION_DISTRIBUTE)._items = items
+        for name, parts in split_parts.items():
+            if old_p == new_parallelism:
+                mine = [x for i, items in parts if i == new_index for x in items]
+            else:
+                everything = [x for _, items in parts for x in items]
+                base, remainder = divmod(len(everything), new_parallelism)
+                begin = new_index * base + min(new_index, remainder)
+                mine = everything[begin : begin + base + (1 if new_index < remainder else 0)]
+            self._get(name, SPLIT_DISTRIBUTE)._items = mine
