@@ -208,7 +208,9 @@ def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
             raise InvalidArgumentError(
                 f"graph.edges[{i}] points into source vertex {dst.vertex_id!r}"
             )
-        edges.append(JobEdge(e.source_vertex_id, e.target_vertex_id, kind))
+        if e.key_field and kind is not PartitionerKind.HASH:
+            raise InvalidArgumentError(f"graph.edges[{i}]: key_field is only for HASH edges")
+        edges.append(JobEdge(e.source_vertex_id, e.target_vertex_id, kind, e.key_field))
     if not any(v.is_source for v in vertices):
         raise InvalidArgumentError("graph has no source vertex (set is_source on at least one)")
     _check_acyclic(vertices, edges)
@@ -260,6 +262,7 @@ def graph_to_pb(g: JobGraph, include_payloads: bool = True) -> pb.JobGraph:
                 source_vertex_id=e.source_vertex_id,
                 target_vertex_id=e.target_vertex_id,
                 partitioner=_PARTITIONER_TO_PB[e.partitioner],  # type: ignore[arg-type]
+                key_field=e.key_field,
             )
             for e in g.edges
         ],

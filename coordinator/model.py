@@ -171,6 +171,8 @@ class JobEdge:
     source_vertex_id: str
     target_vertex_id: str
     partitioner: PartitionerKind
+    key_field: str = ""
+    """HASH edges: the key column; the target vertex is keyed by it."""
 
 
 @dataclass(frozen=True)
@@ -438,7 +440,10 @@ class JobRecord:
             ),
             edges=tuple(
                 JobEdge(
-                    e["source_vertex_id"], e["target_vertex_id"], PartitionerKind(e["partitioner"])
+                    e["source_vertex_id"],
+                    e["target_vertex_id"],
+                    PartitionerKind(e["partitioner"]),
+                    e.get("key_field", ""),
                 )
                 for e in g["edges"]
             ),

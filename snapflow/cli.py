@@ -12,6 +12,7 @@ stderr), or the coordinator failed to start; 2 bad usage or configuration.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import datetime
 import importlib.metadata
@@ -666,6 +667,53 @@ def _add_coordinator(sub: Any) -> None:
     p.set_defaults(handler=cmd_coordinator)
 
 
+def _add_worker(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run a worker agent hosting one slot of a job",
+        description="Deploy and run the subtasks of one slot of a submitted job: with --slots N, "
+        "slot I hosts subtask i of every vertex where i %% N == I. Exits 0 when they finish, "
+        "1 when one fails.",
+    )
+    p.add_argument(
+        "--coordinator", default=None, help="coordinator host:port (default $SNAPFLOW_ADDRESS)"
+    )
+    p.add_argument("--job", required=True, help="the job id")
+    p.add_argument("--slot", type=int, default=0, help="this agent's slot (default 0)")
+    p.add_argument("--slots", type=int, default=1, help="number of agents of the job (default 1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
+    p.add_argument("--log-level", default="info", help="log level (default info)")
+    p.set_defaults(handler=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from snapflow.logging import configure_logging
+    from worker.agent import Agent
+
+    configure_logging(args.log_level, "auto")
+    address = args.coordinator or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+    if not 0 <= args.slot < args.slots:
+        print(f"snapflow worker: --slot must be in 0..{args.slots - 1}", file=sys.stderr)
+        return 2
+
+    async def run() -> int:
+        agent = Agent(
+            address, args.job, slot=args.slot, num_slots=args.slots, host=args.host, port=args.port
+        )
+        await agent.start()
+        try:
+            await agent.run()
+            return 0
+        except Exception as e:
+            print(f"snapflow worker: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        finally:
+            await agent.stop()
+
+    return asyncio.run(run())
+
+
 def _add_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo", help="run a local demo job with a failure and a restore from a checkpoint"
@@ -706,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     client = [_client_options()]
 
     _add_coordinator(sub)
+    _add_worker(sub)
 
     p = sub.add_parser("jobs", parents=client, help="list jobs")
     p.set_defaults(handler=cmd_jobs)
