@@ -301,18 +301,27 @@ class JobRunner:
         self, attempt: ExecutionAttempt, state: TaskState, failure: str
     ) -> None:
         self.manager.check_not_fenced()
+        before = self.execution.state
         transition = self.execution.update(attempt, state, failure)
+        if before.is_terminal:
+            return  # tasks confirming a cancel of a job that already ended
         now = self.manager.clock()
+        to_cancel: list[ExecutionAttempt] = []
         if state in (TaskState.FAILED, TaskState.CANCELED):
-            self.manager.metrics.record_task_failure()
-            self._log.warning("task.failed", task=str(attempt), state=state.value, failure=failure)
-            self._emit(
-                task_failed=cpb.TaskFailed(attempt=convert.attempt_to_pb(attempt), message=failure)
-            )
+            # The first failure of a deployment fails it over; later reports (tasks confirming
+            # the cancel) only update their task.
+            first = before is not JobState.RESTARTING
+            if first or state is TaskState.FAILED:
+                self.manager.metrics.record_task_failure()
+                self._log.warning("task.failed", task=str(attempt), state=state.value, failure=failure)
+                self._emit(
+                    task_failed=cpb.TaskFailed(attempt=convert.attempt_to_pb(attempt), message=failure)
+                )
             self._process(
                 self.core.on_tasks_not_running(now, f"task {attempt} {state.value}: {failure}")
             )
-            self._cancel_tasks([a for a in self.execution.current_attempts() if a != attempt])
+            if first:
+                to_cancel = [a for a in self.execution.current_attempts() if a != attempt]
         elif state is TaskState.FINISHED and transition.job_state_after is not JobState.FINISHED:
             self._process(self.core.on_tasks_not_running(now, f"task {attempt} finished"))
         if transition.job_state_after is not transition.job_state_before:
@@ -326,12 +335,14 @@ class JobRunner:
             )
             self._emit(
                 state_changed=cpb.JobStateChanged(
-                    state=convert.JOB_STATE_TO_PB[after],
-                    reason=f"task {attempt} {state.value}",  # type: ignore[arg-type]
+                    state=convert.JOB_STATE_TO_PB[after],  # type: ignore[arg-type]
+                    reason=f"task {attempt} {state.value}",
                 )
             )
+            # Persisted before any task is cancelled: a superseded incarnation fails here.
             await self._persist_record()
             self.manager.refresh_job_gauges()
+        self._cancel_tasks(to_cancel)
 
     async def cancel(self) -> None:
         self.manager.check_not_fenced()
