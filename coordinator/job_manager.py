@@ -313,9 +313,13 @@ class JobRunner:
             first = before is not JobState.RESTARTING
             if first or state is TaskState.FAILED:
                 self.manager.metrics.record_task_failure()
-                self._log.warning("task.failed", task=str(attempt), state=state.value, failure=failure)
+                self._log.warning(
+                    "task.failed", task=str(attempt), state=state.value, failure=failure
+                )
                 self._emit(
-                    task_failed=cpb.TaskFailed(attempt=convert.attempt_to_pb(attempt), message=failure)
+                    task_failed=cpb.TaskFailed(
+                        attempt=convert.attempt_to_pb(attempt), message=failure
+                    )
                 )
             self._process(
                 self.core.on_tasks_not_running(now, f"task {attempt} {state.value}: {failure}")

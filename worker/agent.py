@@ -1,0 +1,546 @@
+"""The worker agent: hosts subtasks of one job deployment (Flink's TaskManager, slimmed).
+
+An agent is a process (``snapflow worker``) or an object embedded in another process (the Spark
+bridge embeds one per Spark task). It serves ``WorkerControlService`` (triggers for its
+sources, completion and abort notices, cancel) and ``DataExchangeService`` (its subtasks' input
+channels), and talks to the coordinator: it registers its subtasks, reports their states and
+acknowledges checkpoints (acks coalesced by ``AckBatcher``).
+
+Slot sharing as in Flink: with ``num_slots`` agents, agent ``slot`` hosts subtask ``i`` of
+every vertex where ``i % num_slots == slot``. Deployment:
+
+1. read the job graph (with the operators' pickled payloads) from the coordinator;
+2. register every hosted subtask: the coordinator answers with the deployment's attempt
+   number and what to restore from;
+3. create the input channels (in-process ones for producers hosted here, registered gRPC
+   channels for the others) and open the operators with their restored state;
+4. wait until every subtask of the job registered in this deployment (the coordinator knows
+   their agents' addresses), then connect the remote output channels;
+5. report RUNNING and run all subtasks; a failure of any subtask is reported as FAILED and
+   ends the agent (the driver redeploys the whole graph: Flink's full restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import structlog
+from pyspark import cloudpickle
+
+from snapflow.errors import FailedPreconditionError, SnapflowError
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+from snapflow.v1 import worker_pb2 as wpb
+from snapflow.v1 import worker_pb2_grpc as wgrpc
+from worker import barriers as b
+from worker.channels import InputChannel, InputGate, LocalChannel, OutputChannel
+from worker.coordinator_client import AckBatcher
+from worker.exchange import (
+    ChannelRefusedError,
+    ChannelRegistry,
+    DataExchangeServicer,
+    RemoteOutputChannel,
+    exchange_grpc_options,
+)
+from worker.operators import Operator
+from worker.partitioners import (
+    BroadcastPartitioner,
+    ForwardPartitioner,
+    KeyGroupPartitioner,
+    Partitioner,
+    RebalancePartitioner,
+)
+from worker.task import (
+    _KIND_FROM_PB,
+    _MODE_FROM_PB,
+    OutputEdge,
+    RestoreData,
+    SnapshotReport,
+    Subtask,
+)
+
+log = structlog.get_logger("snapflow.worker")
+
+DEPLOY_TIMEOUT_S = 60.0
+RPC_TIMEOUT_S = 10.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+_DECLINE_REASONS = {
+    "SNAPSHOT_FAILED": cpb.DECLINE_REASON_SNAPSHOT_FAILED,
+    "SUBSUMED": cpb.DECLINE_REASON_SUBSUMED,
+    "ALIGNMENT_CANCELED": cpb.DECLINE_REASON_ALIGNMENT_CANCELED,
+    "TASK_NOT_READY": cpb.DECLINE_REASON_TASK_NOT_READY,
+    "IO_ERROR": cpb.DECLINE_REASON_IO_ERROR,
+}
+
+
+@dataclass
+class _Hosted:
+    vertex: pb.JobVertex
+    index: int
+    attempt: pb.TaskAttempt
+    restore: cpb.TaskRestore
+    inputs: list[InputChannel] = field(default_factory=list)
+    task: Subtask | None = None
+    runner: asyncio.Task[None] | None = None
+
+
+def _partitioner(edge: pb.JobEdge, target: pb.JobVertex, producer_index: int) -> Partitioner:
+    n = target.parallelism
+    if edge.partitioner == pb.PARTITIONER_KIND_FORWARD:
+        return ForwardPartitioner()
+    if edge.partitioner == pb.PARTITIONER_KIND_HASH:
+        return KeyGroupPartitioner(edge.key_field, target.max_parallelism or 128, n)
+    if edge.partitioner == pb.PARTITIONER_KIND_BROADCAST:
+        return BroadcastPartitioner(n)
+    return RebalancePartitioner(n, start_channel=producer_index)
+
+
+def _producers(edge: pb.JobEdge, source: pb.JobVertex, consumer_index: int) -> list[int]:
+    if edge.partitioner == pb.PARTITIONER_KIND_FORWARD:
+        return [consumer_index]
+    return list(range(source.parallelism))
+
+
+def _consumers(edge: pb.JobEdge, target: pb.JobVertex, producer_index: int) -> list[int]:
+    if edge.partitioner == pb.PARTITIONER_KIND_FORWARD:
+        return [producer_index]
+    return list(range(target.parallelism))
+
+
+class Agent:
+    """Hosts the subtasks of one slot of a job; ``await run()`` deploys and runs them."""
+
+    def __init__(
+        self,
+        coordinator_address: str,
+        job_id: str,
+        *,
+        slot: int = 0,
+        num_slots: int = 1,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        buffers_per_channel: int = 4,
+        source_batch_records: int = 65_536,
+    ) -> None:
+        if not 0 <= slot < num_slots:
+            raise ValueError(f"slot must be in 0..{num_slots - 1}, got {slot}")
+        self.coordinator_address = coordinator_address
+        self.job_id = job_id
+        self.slot = slot
+        self.num_slots = num_slots
+        self.host = host
+        self.port = port
+        self.buffers_per_channel = buffers_per_channel
+        self.source_batch_records = source_batch_records
+        self.address = ""
+        self.epoch = 0
+        self.registry = ChannelRegistry()
+        self.hosted: dict[tuple[str, int], _Hosted] = {}
+        self._server: grpc.aio.Server | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: cgrpc.CoordinatorServiceStub | None = None
+        self._batcher: AckBatcher | None = None
+        self._peer_channels: dict[str, grpc.aio.Channel] = {}
+        self._log = log.bind(job_id=job_id, slot=slot)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        options = exchange_grpc_options(MAX_MESSAGE_BYTES)
+        self._server = grpc.aio.server(options=options)
+        wgrpc.add_WorkerControlServiceServicer_to_server(_ControlServicer(self), self._server)
+        wgrpc.add_DataExchangeServiceServicer_to_server(
+            DataExchangeServicer(self.registry), self._server
+        )
+        port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        await self._server.start()
+        self.address = f"{self.host}:{port}"
+        self._channel = grpc.aio.insecure_channel(self.coordinator_address, options=options)
+        self._stub = cgrpc.CoordinatorServiceStub(self._channel)
+        self._batcher = AckBatcher(self._stub)
+
+    async def stop(self) -> None:
+        for hosted in self.hosted.values():
+            if hosted.runner is not None and not hosted.runner.done():
+                hosted.runner.cancel()
+        if self._batcher is not None:
+            await self._batcher.close()
+        for channel in self._peer_channels.values():
+            await channel.close(grace=None)
+        if self._server is not None:
+            await self._server.stop(0.5)
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+
+    @property
+    def stub(self) -> cgrpc.CoordinatorServiceStub:
+        assert self._stub is not None, "start() first"
+        return self._stub
+
+    async def run(self) -> None:
+        """Deploy, run until every hosted subtask finished; raise if one failed."""
+        await self._deploy()
+        runners = [h.runner for h in self.hosted.values() if h.runner is not None]
+        try:
+            await asyncio.gather(*runners)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            for runner in runners:
+                runner.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+            raise
+
+    # --- deployment --------------------------------------------------------------------------
+
+    async def _deploy(self) -> None:
+        info = await self.stub.GetJob(
+            cpb.GetJobRequest(job_id=self.job_id, include_operator_payloads=True),
+            timeout=RPC_TIMEOUT_S,
+        )
+        graph = info.graph
+        mode = _MODE_FROM_PB.get(info.checkpoint_config.mode, b.AlignmentMode.ALIGNED)
+        vertices = {v.vertex_id: v for v in graph.vertices}
+        for v in graph.vertices:
+            for i in range(v.parallelism):
+                if i % self.num_slots != self.slot:
+                    continue
+                response = await self.stub.RegisterTask(
+                    cpb.RegisterTaskRequest(
+                        job_id=self.job_id,
+                        vertex_id=v.vertex_id,
+                        subtask_index=i,
+                        address=self.address,
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
+                self.epoch = max(self.epoch, response.coordinator_epoch)
+                self.hosted[(v.vertex_id, i)] = _Hosted(v, i, response.attempt, response.restore)
+        if not self.hosted:
+            return
+        attempt = next(iter(self.hosted.values())).attempt.attempt
+        # Input channels first, so that producers can connect as soon as they know our address.
+        local: dict[tuple[str, int, str, int], LocalChannel] = {}
+        for (vertex_id, index), hosted in self.hosted.items():
+            for edge in graph.edges:
+                if edge.target_vertex_id != vertex_id:
+                    continue
+                source = vertices[edge.source_vertex_id]
+                for producer in _producers(edge, source, index):
+                    name = f"{edge.source_vertex_id}[{producer}]->{vertex_id}[{index}]"
+                    if (edge.source_vertex_id, producer) in self.hosted:
+                        pair = LocalChannel(self.buffers_per_channel, name=name)
+                        local[(edge.source_vertex_id, producer, vertex_id, index)] = pair
+                        hosted.inputs.append(pair.input)
+                    else:
+                        channel = InputChannel(self.buffers_per_channel, name=name)
+                        self.registry.register(
+                            self._channel_id(
+                                edge.source_vertex_id, producer, vertex_id, index, attempt
+                            ),
+                            channel,
+                        )
+                        hosted.inputs.append(channel)
+        addresses = await self._wait_for_deployment(graph, attempt)
+        for (vertex_id, index), hosted in self.hosted.items():
+            outputs = []
+            for edge in graph.edges:
+                if edge.source_vertex_id != vertex_id:
+                    continue
+                target = vertices[edge.target_vertex_id]
+                channels: list[OutputChannel] = []
+                consumers = _consumers(edge, target, index)
+                for consumer in consumers:
+                    key = (vertex_id, index, edge.target_vertex_id, consumer)
+                    if key in local:
+                        channels.append(local[key].output)
+                    else:
+                        cid = self._channel_id(
+                            vertex_id, index, edge.target_vertex_id, consumer, attempt
+                        )
+                        channels.append(
+                            await self._connect(addresses[(edge.target_vertex_id, consumer)], cid)
+                        )
+                partitioner: Partitioner = (
+                    ForwardPartitioner()
+                    if len(channels) == 1
+                    else _partitioner(edge, target, index)
+                )
+                outputs.append(OutputEdge(partitioner, channels))
+            key_field = next(
+                (
+                    e.key_field
+                    for e in graph.edges
+                    if e.target_vertex_id == vertex_id and e.key_field
+                ),
+                None,
+            )
+            operators: list[Operator] = [
+                cloudpickle.loads(o.payload) for o in hosted.vertex.operators
+            ]
+            for spec, op in zip(hosted.vertex.operators, operators, strict=True):
+                if not getattr(op, "operator_id", ""):
+                    op.operator_id = spec.operator_id  # type: ignore[attr-defined]
+            task = Subtask(
+                job_id=self.job_id,
+                vertex_id=vertex_id,
+                subtask_index=index,
+                parallelism=hosted.vertex.parallelism,
+                max_parallelism=hosted.vertex.max_parallelism or 128,
+                attempt=attempt,
+                operators=operators,
+                key_field=key_field,
+                gate=InputGate(hosted.inputs) if hosted.inputs else None,
+                outputs=outputs,
+                mode=mode,
+                restore=_restore_data(hosted.restore),
+                ack=self._ack_fn(hosted.attempt),
+                decline=self._decline_fn(hosted.attempt),
+                source_batch_records=self.source_batch_records,
+            )
+            task.open()
+            hosted.task = task
+        for hosted in self.hosted.values():
+            await self._report(hosted.attempt, pb.TASK_STATE_RUNNING)
+        for hosted in self.hosted.values():
+            hosted.runner = asyncio.create_task(
+                self._run_task(hosted), name=f"task-{hosted.task.name if hosted.task else ''}"
+            )
+        self._log.info(
+            "agent.deployed", attempt=attempt, tasks=len(self.hosted), address=self.address
+        )
+
+    def _channel_id(self, pv: str, ps: int, cv: str, cs: int, attempt: int) -> wpb.ChannelId:
+        return wpb.ChannelId(
+            job_id=self.job_id,
+            producer_vertex_id=pv,
+            producer_subtask=ps,
+            consumer_vertex_id=cv,
+            consumer_subtask=cs,
+            attempt=attempt,
+        )
+
+    async def _wait_for_deployment(
+        self, graph: pb.JobGraph, attempt: int
+    ) -> dict[tuple[str, int], str]:
+        expected = sum(v.parallelism for v in graph.vertices)
+        deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+        while True:
+            tasks = (
+                await self.stub.ListTasks(
+                    cpb.ListTasksRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S
+                )
+            ).tasks
+            current = [t for t in tasks if t.attempt.attempt == attempt]
+            if len(current) == expected:
+                return {(t.attempt.vertex_id, t.attempt.subtask_index): t.address for t in current}
+            if any(t.attempt.attempt > attempt for t in tasks):
+                raise FailedPreconditionError(f"a newer deployment than attempt {attempt} started")
+            if time.monotonic() > deadline:
+                raise FailedPreconditionError(
+                    f"only {len(current)} of {expected} subtasks registered within {DEPLOY_TIMEOUT_S:.0f} s"
+                )
+            await asyncio.sleep(0.05)
+
+    async def _connect(self, address: str, cid: wpb.ChannelId) -> RemoteOutputChannel:
+        channel = self._peer_channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(
+                address, options=exchange_grpc_options(MAX_MESSAGE_BYTES)
+            )
+            self._peer_channels[address] = channel
+        stub = wgrpc.DataExchangeServiceStub(channel)
+        deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+        while True:
+            try:
+                return await RemoteOutputChannel.connect(
+                    stub, cid, max_message_bytes=4 * 1024 * 1024
+                )
+            except ChannelRefusedError:
+                # The consumer's agent has not registered this channel yet.
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def _run_task(self, hosted: _Hosted) -> None:
+        assert hosted.task is not None
+        try:
+            await hosted.task.run()
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self._report(hosted.attempt, pb.TASK_STATE_CANCELED, "canceled")
+            raise
+        except Exception as e:
+            message = f"{type(e).__name__}: {e}"
+            self._log.error("task.failed", task=hosted.task.name, failure=message)
+            with contextlib.suppress(Exception):
+                await self._report(hosted.attempt, pb.TASK_STATE_FAILED, message)
+            raise
+        await self._report(hosted.attempt, pb.TASK_STATE_FINISHED)
+
+    async def _report(self, attempt: pb.TaskAttempt, state: int, failure: str = "") -> None:
+        await self.stub.UpdateTaskState(
+            cpb.UpdateTaskStateRequest(
+                job_id=self.job_id, attempt=attempt, state=state, failure=failure
+            ),  # type: ignore[arg-type]
+            timeout=RPC_TIMEOUT_S,
+        )
+
+    # --- checkpoint messages to the coordinator ------------------------------------------------
+
+    def _ack_fn(self, attempt: pb.TaskAttempt) -> Any:
+        async def ack(report: SnapshotReport) -> None:
+            request = cpb.AcknowledgeCheckpointRequest(
+                job_id=self.job_id,
+                attempt=attempt,
+                checkpoint_id=report.checkpoint_id,
+                operator_states=[
+                    pb.OperatorSubtaskState(
+                        operator_id=op_id,
+                        handles=[
+                            pb.StateHandle(
+                                path=str(h["path"]),
+                                size_bytes=int(h["size_bytes"]),
+                                kind=str(h["kind"]),
+                                key_group_start=int(h["key_group_start"]),
+                                key_group_end=int(h["key_group_end"]),
+                            )
+                            for h in handles
+                        ],
+                    )
+                    for op_id, handles in report.operator_states
+                ],
+                metrics=pb.SubtaskCheckpointMetrics(
+                    sync_duration_ms=report.sync_duration_ms,
+                    async_duration_ms=report.async_duration_ms,
+                    alignment_duration_ms=report.alignment_duration_ms,
+                    start_delay_ms=report.start_delay_ms,
+                    state_size_bytes=report.state_size_bytes,
+                    processed_during_alignment_bytes=report.processed_during_alignment_bytes,
+                    persisted_in_flight_bytes=report.persisted_in_flight_bytes,
+                    unaligned=report.unaligned,
+                ),
+            )
+            assert self._batcher is not None
+            try:
+                await self._batcher.acknowledge(request)
+            except (grpc.aio.AioRpcError, SnapflowError, Exception) as e:
+                # A lost ack only lets the checkpoint expire; the task goes on.
+                self._log.warning(
+                    "checkpoint.ack_failed", checkpoint_id=report.checkpoint_id, error=str(e)
+                )
+
+        return ack
+
+    def _decline_fn(self, attempt: pb.TaskAttempt) -> Any:
+        async def decline(checkpoint_id: int, reason: str, message: str) -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.stub.DeclineCheckpoint(
+                    cpb.DeclineCheckpointRequest(
+                        job_id=self.job_id,
+                        attempt=attempt,
+                        checkpoint_id=checkpoint_id,
+                        reason=_DECLINE_REASONS.get(reason, cpb.DECLINE_REASON_SNAPSHOT_FAILED),  # type: ignore[arg-type]
+                        message=message,
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
+
+        return decline
+
+    # --- control from the coordinator ----------------------------------------------------------
+
+    def _tasks_for(self, attempts: Sequence[pb.TaskAttempt]) -> list[Subtask]:
+        out = []
+        for a in attempts:
+            hosted = self.hosted.get((a.vertex_id, a.subtask_index))
+            if (
+                hosted is not None
+                and hosted.attempt.attempt == a.attempt
+                and hosted.task is not None
+            ):
+                out.append(hosted.task)
+        return out
+
+
+class _ControlServicer(wgrpc.WorkerControlServiceServicer):
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def _check_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
+        if epoch < self.agent.epoch:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"coordinator epoch {epoch} is older than {self.agent.epoch}: ignored",
+            )
+        self.agent.epoch = epoch
+
+    async def TriggerCheckpoint(
+        self, request: wpb.TriggerTaskCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        await self._check_epoch(request.coordinator_epoch, context)
+        o = request.options
+        options = b.BarrierOptions(
+            kind=_KIND_FROM_PB.get(o.kind, b.SnapshotKind.CHECKPOINT),
+            mode=_MODE_FROM_PB.get(o.mode, b.AlignmentMode.ALIGNED),
+            aligned_timeout_ms=o.aligned_checkpoint_timeout_ms,
+            target_location=o.target_location,
+        )
+        for task in self.agent._tasks_for(request.tasks):
+            task.trigger(request.checkpoint_id, request.timestamp_ms, options)
+        return wpb.WorkerAck()
+
+    async def NotifyCheckpointComplete(
+        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        await self._check_epoch(request.coordinator_epoch, context)
+        for task in self.agent._tasks_for(request.tasks):
+            task.notify_complete(request.checkpoint_id)
+        return wpb.WorkerAck()
+
+    async def NotifyCheckpointAborted(
+        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        await self._check_epoch(request.coordinator_epoch, context)
+        for task in self.agent._tasks_for(request.tasks):
+            task.notify_aborted(request.checkpoint_id)
+        return wpb.WorkerAck()
+
+    async def CancelTask(
+        self, request: wpb.CancelTaskRequest, context: grpc.aio.ServicerContext
+    ) -> wpb.WorkerAck:
+        await self._check_epoch(request.coordinator_epoch, context)
+        for a in request.tasks:
+            hosted = self.agent.hosted.get((a.vertex_id, a.subtask_index))
+            if (
+                hosted is not None
+                and hosted.runner is not None
+                and hosted.attempt.attempt == a.attempt
+            ):
+                hosted.runner.cancel()
+        return wpb.WorkerAck()
+
+
+def _restore_data(restore: cpb.TaskRestore) -> RestoreData:
+    data = RestoreData(restore.checkpoint_id, restore.previous_parallelism)
+    for vs in restore.vertex_state:
+        for op in vs.operators:
+            data.handles.setdefault(op.operator_id, {})[vs.subtask_index] = [
+                {
+                    "path": h.path,
+                    "size_bytes": h.size_bytes,
+                    "kind": h.kind,
+                    "key_group_start": h.key_group_start,
+                    "key_group_end": h.key_group_end,
+                }
+                for h in op.handles
+            ]
+    return data

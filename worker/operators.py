@@ -1,0 +1,1019 @@
+"""Operators: the user-visible processing steps of a vertex, and the chain that runs them.
+
+A vertex runs a chain of operators in one task (Flink's operator chaining). Records travel as
+``pyarrow.RecordBatch``; the batch API (:class:`MapBatches`, :class:`FilterBatches`,
+:class:`FlatMapBatches`, :class:`KeyedCount`, :class:`KeyedReduce` with a named aggregation) is
+the primary, vectorised path. The record API (:class:`Map`, :class:`FlatMap`, :class:`Filter`,
+:class:`KeyedProcess`, :class:`Aggregate`) wraps Python functions over ``dict`` rows.
+
+Life cycle (driven by the task, ``worker.task``)::
+
+    op = pickle.loads(payload)          # operators are shipped pickled (cloudpickle)
+    op.open(ctx)                        # ctx: OperatorContext; state already restored into
+                                        # ctx.keyed_state / ctx.operator_state
+    op.process_batch(batch) -> [batch, ...]
+    op.process_watermark(wm_ms) -> [batch, ...]     # e.g. windows fire
+    op.snapshot_state(checkpoint_id)    # synchronously, right before the backends snapshot
+    op.notify_checkpoint_complete(id) / op.notify_checkpoint_aborted(id)
+    op.end_input() -> [batch, ...]      # bounded input ended: flush
+    op.close()
+
+Conventions
+    * Outputs never contain empty batches: a batch with no rows is dropped, and an operator that
+      has nothing to emit returns ``[]``.
+    * State names are prefixed with the operator's ``operator_id`` (``"<operator_id>/<name>"``),
+      so operators chained in one task may share the task's backends. ``operator_id`` must
+      therefore be stable across restarts of a job (it is the JobGraph's id of the operator).
+    * Keyed operators (``ctx.keyed_state`` set) only ever see keys of their subtask's key-group
+      range: the upstream edge is hash-partitioned by :class:`worker.partitioners.KeyGroupPartitioner`
+      on the same key field and max parallelism.
+    * Operators are picklable before :meth:`Operator.open`; the functions they wrap must be
+      picklable by cloudpickle (lambdas and closures are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator as _op
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapflow.errors import InvalidArgumentError, StateError
+from worker import keygroups as kgs
+from worker.state import (
+    MIN_WATERMARK,
+    AggregatingState,
+    KeyedStateBackend,
+    ListState,
+    MapState,
+    OperatorStateBackend,
+    ReducingState,
+    Timer,
+    ValueState,
+    aggregate_batch,
+)
+
+__all__ = [
+    "MAX_WATERMARK",
+    "MIN_WATERMARK",
+    "Aggregate",
+    "AggregateFunction",
+    "Chain",
+    "Filter",
+    "FilterBatches",
+    "FlatMap",
+    "FlatMapBatches",
+    "KeyedContext",
+    "KeyedCount",
+    "KeyedProcess",
+    "KeyedReduce",
+    "Map",
+    "MapBatches",
+    "Operator",
+    "OperatorContext",
+    "SourceOperator",
+    "arange",
+    "fire_timers",
+    "fold_and_get",
+    "rows_to_batch",
+]
+
+#: Flink's ``Long.MAX_VALUE`` watermark: end of event time (a finished source emits it).
+MAX_WATERMARK = (1 << 63) - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Context and base classes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OperatorContext:
+    """What the task hands to :meth:`Operator.open`. Built by the task, one per operator.
+
+    ``keyed_state`` is set for keyed operators (those after a HASH edge, ``key_field`` given);
+    both backends already hold the restored state when ``open`` runs
+    (``restored_checkpoint_id`` > 0), or are empty on a fresh start (0).
+    """
+
+    vertex_id: str = "vertex"
+    operator_id: str = "op"
+    subtask_index: int = 0
+    parallelism: int = 1
+    max_parallelism: int = kgs.DEFAULT_MAX_PARALLELISM
+    attempt: int = 0
+    keyed_state: KeyedStateBackend | None = None
+    operator_state: OperatorStateBackend = field(default_factory=OperatorStateBackend)
+    key_field: str | None = None
+    restored_checkpoint_id: int = 0
+
+    @property
+    def is_restored(self) -> bool:
+        return self.restored_checkpoint_id > 0
+
+    def state_name(self, name: str) -> str:
+        """The backend name of this operator's state ``name``: ``"<operator_id>/<name>"``."""
+        return f"{self.operator_id}/{name}"
+
+    def require_keyed_state(self, who: str) -> KeyedStateBackend:
+        if self.keyed_state is None:
+            raise InvalidArgumentError(
+                f"{who} is a keyed operator: it needs keyed state (a HASH edge with a key "
+                f"field before vertex {self.vertex_id!r}), but the context has none"
+            )
+        return self.keyed_state
+
+
+class Operator:
+    """Base class of every operator. Subclasses override what they need; the defaults do
+    nothing and emit nothing (``process_batch`` forwards its input)."""
+
+    ctx: OperatorContext | None = None
+    #: attributes that exist only while running (set in open); never pickled
+    _runtime_fields: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def open(self, ctx: OperatorContext) -> None:
+        self.ctx = ctx
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return [batch] if batch.num_rows else []
+
+    def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
+        return []
+
+    def snapshot_state(self, checkpoint_id: int) -> None:
+        """Called synchronously right before the task snapshots the state backends: put
+        positions, buffers and pending transactions into (operator or keyed) state now."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        pass
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def _context(self) -> OperatorContext:
+        if self.ctx is None:
+            raise StateError(f"operator {self.name} is not open (call open(ctx) first)")
+        return self.ctx
+
+    def __getstate__(self) -> dict[str, Any]:
+        # An opened operator holds live backends; ship only the configuration.
+        state = self.__dict__.copy()
+        state.pop("ctx", None)
+        for name in self._runtime_fields:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class SourceOperator(Operator):
+    """The head of a source vertex's chain.
+
+    ``poll_batch(max_records)`` returns the next batch (at most ``max_records`` rows), a batch
+    with 0 rows when nothing is available right now, or ``None`` once a bounded source is
+    finished. The position lives in operator (list) state: written in ``snapshot_state``, read
+    back in ``open`` from ``ctx.operator_state``. ``current_watermark()`` is the source's event
+    time watermark (``MIN_WATERMARK`` before any, ``MAX_WATERMARK`` once finished).
+    """
+
+    def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
+        raise NotImplementedError
+
+    def current_watermark(self) -> int:
+        return MIN_WATERMARK
+
+
+class Chain:
+    """The operators of one vertex, run back to back: the outputs of operator i are the input
+    of operator i + 1. Watermarks, ``end_input`` and checkpoint notifications go through every
+    operator in order; what operator i emits on a watermark (or on ``end_input``) reaches
+    operator i + 1 *before* that operator sees the watermark (or ``end_input``) itself.
+
+    ``open(ctx)`` gives operator i a copy of ``ctx`` with its own ``operator_id`` (the
+    backends are shared). An empty chain passes batches through unchanged (a vertex that is
+    only a source, run as ``Chain(operators[1:])``). When the head is a
+    :class:`SourceOperator`, :meth:`poll_batch` polls it and runs the rest of the chain.
+    """
+
+    def __init__(self, operators: Sequence[Operator]) -> None:
+        ops = list(operators)
+        for op in ops:
+            if not isinstance(op, Operator):
+                raise InvalidArgumentError(f"not an operator: {op!r:.100}")
+        for op in ops[1:]:
+            if isinstance(op, SourceOperator):
+                raise InvalidArgumentError("a source can only be the head of a chain")
+        self.operators = ops
+
+    @property
+    def head(self) -> Operator | None:
+        return self.operators[0] if self.operators else None
+
+    @property
+    def is_source(self) -> bool:
+        return bool(self.operators) and isinstance(self.operators[0], SourceOperator)
+
+    def __len__(self) -> int:
+        return len(self.operators)
+
+    def open(self, ctx: OperatorContext, operator_ids: Sequence[str] | None = None) -> None:
+        """Open every operator with a copy of ``ctx`` whose ``operator_id`` is
+        ``operator_ids[i]`` (e.g. the JobGraph's ``OperatorSpec.operator_id``), by default
+        ``"<ctx.operator_id>.<i>"``. The ids must be distinct and stable across restarts."""
+        if operator_ids is None:
+            ids = [f"{ctx.operator_id}.{i}" for i in range(len(self.operators))]
+        else:
+            ids = list(operator_ids)
+            if len(ids) != len(self.operators) or len(set(ids)) != len(ids):
+                raise InvalidArgumentError(
+                    f"need {len(self.operators)} distinct operator ids, got {ids!r}"
+                )
+        for op, op_id in zip(self.operators, ids, strict=True):
+            op.open(dataclasses.replace(ctx, operator_id=op_id))
+
+    def _push(self, batches: Iterable[pa.RecordBatch], start: int) -> list[pa.RecordBatch]:
+        current = [b for b in batches if b.num_rows]
+        for op in self.operators[start:]:
+            if not current:
+                return []
+            nxt: list[pa.RecordBatch] = []
+            for b in current:
+                nxt.extend(o for o in op.process_batch(b) if o.num_rows)
+            current = nxt
+        return current
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """Run ``batch`` through the chain (from operator 1 when the head is a source)."""
+        return self._push((batch,), 1 if self.is_source else 0)
+
+    def poll_batch(self, max_records: int) -> list[pa.RecordBatch] | None:
+        """Source chains: poll the head and run the batch through the rest. ``None`` when the
+        source is finished, ``[]`` when nothing came (or everything was filtered out)."""
+        head = self.head
+        if not isinstance(head, SourceOperator):
+            raise InvalidArgumentError("poll_batch() needs a chain whose head is a source")
+        batch = head.poll_batch(max_records)
+        if batch is None:
+            return None
+        return self._push((batch,), 1)
+
+    def current_watermark(self) -> int:
+        head = self.head
+        return head.current_watermark() if isinstance(head, SourceOperator) else MIN_WATERMARK
+
+    def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
+        out: list[pa.RecordBatch] = []
+        for i, op in enumerate(self.operators):
+            fired = op.process_watermark(watermark_ms)
+            if fired:
+                out.extend(self._push(fired, i + 1))
+        return out
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        out: list[pa.RecordBatch] = []
+        for i, op in enumerate(self.operators):
+            flushed = op.end_input()
+            if flushed:
+                out.extend(self._push(flushed, i + 1))
+        return out
+
+    def snapshot_state(self, checkpoint_id: int) -> None:
+        for op in self.operators:
+            op.snapshot_state(checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for op in self.operators:
+            op.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        for op in self.operators:
+            op.notify_checkpoint_aborted(checkpoint_id)
+
+    def close(self) -> None:
+        """Close every operator (all of them, even if one fails); re-raise the first error."""
+        error: BaseException | None = None
+        for op in self.operators:
+            try:
+                op.close()
+            except BaseException as e:
+                if error is None:
+                    error = e
+        if error is not None:
+            raise error
+
+
+# ---------------------------------------------------------------------------------------------
+# Timers shared by the keyed operators of one backend
+# ---------------------------------------------------------------------------------------------
+
+# backend -> {owner operator id: timers fired but not yet taken by their operator}
+_FIRED: weakref.WeakKeyDictionary[KeyedStateBackend, dict[Any, list[Timer]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def fire_timers(backend: KeyedStateBackend, watermark_ms: int, owner: str) -> list[Timer]:
+    """Advance ``backend``'s timer service to ``watermark_ms`` and return the due timers of
+    operator ``owner``, in timestamp order.
+
+    Keyed operators chained in one task share one backend and so one timer service; every
+    operator registers its timers with a namespace ``(owner, ...)`` (its ``operator_id``
+    first). Advancing the watermark returns the timers of all operators: those of the others
+    are kept here until their operator asks (the chain hands the watermark to every operator).
+    """
+    fired = backend.timer_service.advance_watermark(watermark_ms)
+    buckets = _FIRED.get(backend)
+    if not fired and not buckets:
+        return []
+    if buckets is None:
+        buckets = _FIRED[backend] = {}
+    for timer in fired:
+        ns = timer.namespace
+        if isinstance(ns, tuple) and ns:  # timers of no operator (other namespaces) are dropped
+            buckets.setdefault(ns[0], []).append(timer)
+    return buckets.pop(owner, [])
+
+
+class _Arange:
+    """``0 .. n-1`` as an int64 array, sliced from a cached array grown on demand."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = pa.array(range(1024), pa.int64())
+
+    def __call__(self, n: int) -> pa.Array:
+        values = self._values
+        if len(values) < n:
+            with self._lock:
+                values = self._values
+                while len(values) < n:
+                    values = pa.concat_arrays(
+                        [values, pc.add(values, pa.scalar(len(values), pa.int64()))]
+                    )
+                self._values = values
+        return values.slice(0, n)
+
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        return (_Arange, ())
+
+
+arange = _Arange()
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows <-> batches
+# ---------------------------------------------------------------------------------------------
+
+
+def _has_null_type(schema: pa.Schema) -> bool:
+    return any(pa.types.is_null(f.type) for f in schema)
+
+
+class _RowEncoder:
+    """Python ``dict`` rows to record batches with a stable schema: the explicit one, or the
+    one inferred from the first rows (cached once no column is all-null)."""
+
+    def __init__(self, schema: pa.Schema | None, who: str) -> None:
+        self.schema = schema
+        self.explicit = schema is not None
+        self.who = who
+
+    def encode(self, rows: list[dict[str, Any]]) -> pa.RecordBatch | None:
+        if not rows:
+            return None
+        schema = self.schema
+        try:
+            if schema is not None:
+                return pa.RecordBatch.from_pylist(rows, schema=schema)
+            batch = pa.RecordBatch.from_pylist(rows)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            hint = "" if self.explicit else " (pass output_schema= to fix the output types)"
+            raise InvalidArgumentError(
+                f"{self.who}: output rows do not fit the output schema {schema}: {e}{hint}"
+            ) from e
+        if not _has_null_type(batch.schema):
+            self.schema = batch.schema
+        return batch
+
+
+def rows_to_batch(rows: list[dict[str, Any]], schema: pa.Schema | None = None) -> pa.RecordBatch:
+    """A record batch of ``dict`` rows (``schema`` inferred when not given)."""
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def _one(batches: Iterable[pa.RecordBatch | None]) -> list[pa.RecordBatch]:
+    return [b for b in batches if b is not None and b.num_rows]
+
+
+def _check_batch_output(out: Any, who: str) -> pa.RecordBatch | None:
+    if isinstance(out, pa.Table):
+        return out.combine_chunks().to_batches()[0] if out.num_rows else None
+    if not isinstance(out, pa.RecordBatch):
+        raise InvalidArgumentError(f"{who}: the function must return a pyarrow.RecordBatch")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch API
+# ---------------------------------------------------------------------------------------------
+
+
+class MapBatches(Operator):
+    """``fn(batch) -> batch`` (a ``pa.Table`` is accepted too)."""
+
+    def __init__(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> None:
+        self.fn = fn
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        out = self.fn(batch)
+        if out is None:
+            return []
+        return _one([_check_batch_output(out, self.name)])
+
+
+class FilterBatches(Operator):
+    """Keeps the rows where ``fn(batch)`` (a boolean array or a list of bools) is true; nulls
+    count as false."""
+
+    def __init__(self, fn: Callable[[pa.RecordBatch], Any]) -> None:
+        self.fn = fn
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        mask = self.fn(batch)
+        if isinstance(mask, pa.ChunkedArray):
+            mask = mask.combine_chunks()
+        if not isinstance(mask, pa.Array):
+            mask = pa.array(mask, pa.bool_())
+        if len(mask) != batch.num_rows or not pa.types.is_boolean(mask.type):
+            raise InvalidArgumentError(
+                f"{self.name}: the function must return {batch.num_rows} booleans, got "
+                f"{len(mask)} of type {mask.type}"
+            )
+        return _one([batch.filter(mask, null_selection_behavior="drop")])
+
+
+class FlatMapBatches(Operator):
+    """``fn(batch) -> list of batches`` (or any iterable; ``None`` is nothing)."""
+
+    def __init__(self, fn: Callable[[pa.RecordBatch], Iterable[pa.RecordBatch] | None]) -> None:
+        self.fn = fn
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        out = self.fn(batch)
+        if out is None:
+            return []
+        return _one(_check_batch_output(b, self.name) for b in out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Record API
+# ---------------------------------------------------------------------------------------------
+
+
+class Map(Operator):
+    """``fn(row: dict) -> dict``, one output row per input row. The output schema is
+    ``output_schema``, or inferred from the first outputs and kept from then on."""
+
+    _runtime_fields: tuple[str, ...] = ("_encoder",)
+
+    def __init__(
+        self, fn: Callable[[dict[str, Any]], dict[str, Any]], output_schema: pa.Schema | None = None
+    ) -> None:
+        self.fn = fn
+        self.output_schema = output_schema
+        self._encoder = _RowEncoder(output_schema, self.name)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._encoder = _RowEncoder(self.output_schema, self.name)
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        fn = self.fn
+        return _one([self._encoder.encode([fn(row) for row in batch.to_pylist()])])
+
+
+class FlatMap(Operator):
+    """``fn(row: dict) -> iterable of dict`` (``None`` is nothing)."""
+
+    _runtime_fields: tuple[str, ...] = ("_encoder",)
+
+    def __init__(
+        self,
+        fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]] | None],
+        output_schema: pa.Schema | None = None,
+    ) -> None:
+        self.fn = fn
+        self.output_schema = output_schema
+        self._encoder = _RowEncoder(output_schema, self.name)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._encoder = _RowEncoder(self.output_schema, self.name)
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        fn = self.fn
+        out: list[dict[str, Any]] = []
+        for row in batch.to_pylist():
+            produced = fn(row)
+            if produced is not None:
+                out.extend(produced)
+        return _one([self._encoder.encode(out)])
+
+
+class Filter(Operator):
+    """Keeps the rows for which ``fn(row: dict)`` is truthy (the input schema is kept)."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Any]) -> None:
+        self.fn = fn
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        fn = self.fn
+        mask = [bool(fn(row)) for row in batch.to_pylist()]
+        return _one([batch.filter(pa.array(mask, pa.bool_()))])
+
+
+# ---------------------------------------------------------------------------------------------
+# Keyed operators
+# ---------------------------------------------------------------------------------------------
+
+
+def _key_column(batch: pa.RecordBatch, key_field: str, who: str) -> pa.Array:
+    idx = batch.schema.get_field_index(key_field)
+    if idx < 0:
+        raise InvalidArgumentError(
+            f"{who}: key field {key_field!r} not in the input (columns: {batch.schema.names})"
+        )
+    return batch.column(idx)
+
+
+def _column(batch: pa.RecordBatch, name: str, who: str) -> pa.Array:
+    idx = batch.schema.get_field_index(name)
+    if idx < 0:
+        raise InvalidArgumentError(
+            f"{who}: field {name!r} not in the input (columns: {batch.schema.names})"
+        )
+    return batch.column(idx)
+
+
+def fold_and_get(
+    state: ReducingState[Any],
+    reduce_fn: Callable[[Any, Any], Any],
+    keys: pa.Array,
+    partials: Any,
+    key_groups: pa.Array,
+) -> list[Any]:
+    """Fold ``partials[i]`` into the reducing state of the *distinct* ``keys[i]`` and return the
+    new values, in one pass (one lookup and one store per key).
+
+    Equivalent to ``state.add_many(keys, partials, key_groups)`` followed by
+    ``state.get_many(keys, key_groups)`` -- which it falls back to -- at about half the cost: it
+    uses the backend's per-key-group dicts with the same copy-on-write rule as
+    ``ReducingState.add`` (a dict shared with a snapshot view is copied before its first write).
+    """
+    table = getattr(state, "_table", None)
+    backend = getattr(state, "_backend", None)
+    if (
+        table is None
+        or backend is None
+        or not all(hasattr(table, a) for a in ("maps", "shared", "writable"))
+    ):
+        state.add_many(keys, partials, key_groups=key_groups)
+        return state.get_many(keys, key_groups=key_groups)
+    pykeys, idxs = backend.resolve_keys(keys, key_groups)
+    values = partials.to_pylist() if isinstance(partials, pa.Array | pa.ChunkedArray) else partials
+    if len(values) != len(pykeys):
+        raise StateError(f"{len(pykeys)} keys but {len(values)} values")
+    maps, shared, writable = table.maps, table.shared, table.writable
+    out: list[Any] = []
+    append = out.append
+    missing = _MISSING_VALUE
+    for k, i, v in zip(pykeys, idxs, values, strict=True):
+        m = writable(i) if shared[i] else maps[i]
+        old = m.get(k, missing)
+        new = v if old is missing else reduce_fn(old, v)
+        m[k] = new
+        append(new)
+    return out
+
+
+_MISSING_VALUE: Any = object()
+
+
+class KeyedCount(Operator):
+    """A running count per key (``ReducingState`` of ints), vectorised: each batch is counted per
+    distinct key with Arrow's hash aggregation, then the state is touched once per distinct key.
+
+    ``output="updates"``: every batch emits ``(key_field, count_field)`` rows with the new
+    totals of the keys it updated, once each (order: Arrow's hash grouping, deterministic for a
+    given batch but not first occurrence). ``output="final"``: nothing per
+    batch; ``end_input`` emits the totals of every key of the subtask.
+    """
+
+    STATE = "count"
+
+    def __init__(self, key_field: str, output: str = "updates", count_field: str = "count") -> None:
+        if output not in ("updates", "final"):
+            raise InvalidArgumentError(f"output must be 'updates' or 'final', got {output!r}")
+        self.key_field = key_field
+        self.output = output
+        self.count_field = count_field
+        self._key_type: pa.DataType | None = None
+
+    _runtime_fields: tuple[str, ...] = ("_state", "_backend", "_state_name")
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._backend = ctx.require_keyed_state(self.name)
+        self._state_name = ctx.state_name(self.STATE)
+        self._state: ReducingState[int] = self._backend.get_reducing_state(
+            self._state_name, _op.add
+        )
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        keys = _key_column(batch, self.key_field, self.name)
+        if self._key_type is None:
+            self._key_type = keys.type
+        distinct, counts = aggregate_batch(keys)
+        groups = kgs.key_groups(distinct, self._backend.max_parallelism)
+        if self.output != "updates":
+            self._state.add_many(distinct, counts, key_groups=groups)
+            return []
+        totals = fold_and_get(self._state, _op.add, distinct, counts, groups)
+        return [
+            pa.RecordBatch.from_arrays(
+                [distinct, pa.array(totals, pa.int64())], names=[self.key_field, self.count_field]
+            )
+        ]
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        if self.output != "final":
+            return []
+        entries = list(self._backend.entries(self._state_name))
+        if not entries:
+            return []
+        return [
+            pa.RecordBatch.from_arrays(
+                [
+                    pa.array([k for k, _ in entries], self._key_type),
+                    pa.array([v for _, v in entries], pa.int64()),
+                ],
+                names=[self.key_field, self.count_field],
+            )
+        ]
+
+
+_REDUCERS: dict[str, Callable[[Any, Any], Any]] = {"sum": _op.add, "min": min, "max": max}
+
+
+class KeyedReduce(Operator):
+    """A running reduction of ``value_field`` per key (``ReducingState``). ``agg`` is ``"sum"``,
+    ``"min"``, ``"max"`` (vectorised: pre-aggregated per batch with Arrow, then one state update
+    per distinct key) or a callable ``reduce(a, b) -> c`` (folded row by row, in order).
+
+    Every batch emits ``(key_field, value_field)`` rows with the new values of the keys it
+    updated, once each (order as in :class:`KeyedCount`). ``min``/``max`` keep the input type; ``sum`` of integers
+    is int64, of floats float64.
+    """
+
+    _runtime_fields: tuple[str, ...] = ("_state", "_backend")
+
+    def __init__(
+        self,
+        key_field: str,
+        value_field: str,
+        agg: str | Callable[[Any, Any], Any] = "sum",
+    ) -> None:
+        if isinstance(agg, str) and agg not in _REDUCERS:
+            raise InvalidArgumentError(
+                f"agg must be one of {sorted(_REDUCERS)} or a callable, got {agg!r}"
+            )
+        if not isinstance(agg, str) and not callable(agg):
+            raise InvalidArgumentError(f"agg must be a string or a callable, got {agg!r}")
+        self.key_field = key_field
+        self.value_field = value_field
+        self.agg = agg
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._backend = ctx.require_keyed_state(self.name)
+        fn = _REDUCERS[self.agg] if isinstance(self.agg, str) else self.agg
+        self._state: ReducingState[Any] = self._backend.get_reducing_state(
+            ctx.state_name("reduce"), fn
+        )
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        keys = _key_column(batch, self.key_field, self.name)
+        values = _column(batch, self.value_field, self.name)
+        if isinstance(self.agg, str):
+            distinct, partials = aggregate_batch(keys, values, self.agg)
+            groups = kgs.key_groups(distinct, self._backend.max_parallelism)
+            results = fold_and_get(self._state, _REDUCERS[self.agg], distinct, partials, groups)
+        else:
+            groups_all = kgs.key_groups(keys, self._backend.max_parallelism)
+            self._state.add_many(keys, values, key_groups=groups_all)
+            distinct_table = (
+                pa.table({"k": keys, "g": groups_all})
+                .group_by(["k", "g"], use_threads=False)
+                .aggregate([])
+            )
+            distinct = distinct_table.column("k").combine_chunks()
+            groups = distinct_table.column("g").combine_chunks()
+            results = self._state.get_many(distinct, key_groups=groups)
+        value_type = values.type
+        if self.agg in ("min", "max"):
+            out_values = pa.array(results, value_type)
+        elif self.agg == "sum":
+            out_values = pa.array(
+                results, pa.float64() if pa.types.is_floating(value_type) else pa.int64()
+            )
+        else:
+            out_values = pa.array(results)
+        return [
+            pa.RecordBatch.from_arrays(
+                [distinct, out_values], names=[self.key_field, self.value_field]
+            )
+        ]
+
+
+class KeyedContext:
+    """What a :class:`KeyedProcess` function sees: the current key, its keyed state (names
+    are scoped to the operator) and event-time timers for the current key."""
+
+    def __init__(self, backend: KeyedStateBackend, ctx: OperatorContext) -> None:
+        self._backend = backend
+        self._ctx = ctx
+        self._states: dict[tuple[str, str], Any] = {}
+        self._namespace = (ctx.operator_id, None)  # timers of this operator
+        self.timestamp: int | None = None  # the firing time inside on_timer, else None
+
+    @property
+    def current_key(self) -> Any:
+        return self._backend.current_key
+
+    @property
+    def current_key_group(self) -> int | None:
+        return self._backend.current_key_group
+
+    @property
+    def current_watermark(self) -> int:
+        return self._backend.timer_service.current_watermark
+
+    @property
+    def subtask_index(self) -> int:
+        return self._ctx.subtask_index
+
+    def _cached(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
+        state = self._states.get((kind, name))
+        if state is None:
+            state = self._states[(kind, name)] = make(self._ctx.state_name(name))
+        return state
+
+    def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
+        return self._cached("value", name, lambda n: self._backend.get_value_state(n, default))  # type: ignore[no-any-return]
+
+    def get_list_state(self, name: str) -> ListState[Any]:
+        return self._cached("list", name, self._backend.get_list_state)  # type: ignore[no-any-return]
+
+    def get_map_state(self, name: str) -> MapState:
+        return self._cached("map", name, self._backend.get_map_state)  # type: ignore[no-any-return]
+
+    def get_reducing_state(
+        self, name: str, reduce_fn: Callable[[Any, Any], Any]
+    ) -> ReducingState[Any]:
+        return self._cached(  # type: ignore[no-any-return]
+            "reducing", name, lambda n: self._backend.get_reducing_state(n, reduce_fn)
+        )
+
+    def get_aggregating_state(self, name: str, fn: AggregateFunction) -> AggregatingState[Any]:
+        return self._cached(  # type: ignore[no-any-return]
+            "aggregating",
+            name,
+            lambda n: self._backend.get_aggregating_state(
+                n, fn.add, fn.get_result, fn.create_accumulator
+            ),
+        )
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """Call ``on_timer`` for the current key once the watermark reaches ``timestamp``."""
+        self._backend.timer_service.register_event_time_timer(int(timestamp), self._namespace)
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._backend.timer_service.delete_event_time_timer(int(timestamp), self._namespace)
+
+
+RowsFn = Callable[[Any, list[dict[str, Any]], KeyedContext], Iterable[dict[str, Any]] | None]
+TimerFn = Callable[[int, Any, KeyedContext], Iterable[dict[str, Any]] | None]
+
+
+class KeyedProcess(Operator):
+    """Record-at-a-time keyed processing (Flink's ``KeyedProcessFunction``).
+
+    For every batch, ``fn(key, rows, ctx)`` is called once per distinct key (keys in
+    first-occurrence order) with that key's rows in arrival order, the key set as the current
+    key of ``ctx`` (:class:`KeyedContext`: value/list/map/reducing/aggregating state, timers).
+    It returns the output rows (an iterable of dicts, or None). Timers registered through
+    ``ctx.register_event_time_timer(ts)`` call ``on_timer(ts, key, ctx)`` once the watermark
+    reaches ``ts``; its rows are emitted by ``process_watermark``. Output order: per key, the
+    order ``fn`` produced; across keys, the order the keys first appeared in the batch.
+    """
+
+    _runtime_fields: tuple[str, ...] = ("_encoder", "_kctx", "_backend")
+
+    def __init__(
+        self,
+        key_field: str,
+        fn: RowsFn,
+        on_timer: TimerFn | None = None,
+        output_schema: pa.Schema | None = None,
+    ) -> None:
+        self.key_field = key_field
+        self.fn = fn
+        self.on_timer = on_timer
+        self.output_schema = output_schema
+        self._encoder = _RowEncoder(output_schema, self.name)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._encoder = _RowEncoder(self.output_schema, self.name)
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._backend = ctx.require_keyed_state(self.name)
+        self._kctx = KeyedContext(self._backend, ctx)
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        keys = _key_column(batch, self.key_field, self.name)
+        groups = kgs.key_groups(keys, self._backend.max_parallelism).to_pylist()
+        by_key: dict[Any, tuple[int, list[dict[str, Any]]]] = {}
+        for row, g in zip(batch.to_pylist(), groups, strict=True):
+            entry = by_key.get(row[self.key_field])
+            if entry is None:
+                by_key[row[self.key_field]] = (g, [row])
+            else:
+                entry[1].append(row)
+        out: list[dict[str, Any]] = []
+        backend, kctx, fn = self._backend, self._kctx, self.fn
+        for key, (g, rows) in by_key.items():
+            backend.set_current_key(key, g)
+            produced = fn(key, rows, kctx)
+            if produced is not None:
+                out.extend(produced)
+        return _one([self._encoder.encode(out)])
+
+    def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
+        timers = fire_timers(self._backend, watermark_ms, self._context().operator_id)
+        if not timers or self.on_timer is None:
+            return []
+        out: list[dict[str, Any]] = []
+        backend, kctx = self._backend, self._kctx
+        for timer in timers:
+            backend.set_current_key(timer.key, timer.key_group)
+            kctx.timestamp = timer.timestamp
+            try:
+                produced = self.on_timer(timer.timestamp, timer.key, kctx)
+            finally:
+                kctx.timestamp = None
+            if produced is not None:
+                out.extend(produced)
+        return _one([self._encoder.encode(out)])
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        """Input ended: every remaining timer fires (as the final ``MAX_WATERMARK`` would)."""
+        return self.process_watermark(MAX_WATERMARK)
+
+
+class AggregateFunction:
+    """Flink's ``AggregateFunction``: ``create_accumulator() -> acc``, ``add(value, acc) ->
+    acc`` (may mutate and return ``acc``), ``get_result(acc) -> result``. Subclass it, or build
+    one from three functions with :meth:`of`."""
+
+    def create_accumulator(self) -> Any:
+        raise NotImplementedError
+
+    def add(self, value: Any, accumulator: Any) -> Any:
+        raise NotImplementedError
+
+    def get_result(self, accumulator: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def of(
+        create_accumulator: Callable[[], Any],
+        add: Callable[[Any, Any], Any],
+        get_result: Callable[[Any], Any],
+    ) -> AggregateFunction:
+        return _FnAggregate(create_accumulator, add, get_result)
+
+
+class _FnAggregate(AggregateFunction):
+    def __init__(
+        self,
+        create_accumulator: Callable[[], Any],
+        add: Callable[[Any, Any], Any],
+        get_result: Callable[[Any], Any],
+    ) -> None:
+        self._create, self._add, self._result = create_accumulator, add, get_result
+
+    def create_accumulator(self) -> Any:
+        return self._create()
+
+    def add(self, value: Any, accumulator: Any) -> Any:
+        return self._add(value, accumulator)
+
+    def get_result(self, accumulator: Any) -> Any:
+        return self._result(accumulator)
+
+
+class Aggregate(Operator):
+    """A running aggregation per key in ``AggregatingState``: every row's ``value_field`` (the
+    whole row as a dict when ``value_field`` is None) is folded in with ``function.add``, in
+    order. Every batch emits ``(key_field, output_field)`` rows with ``get_result`` of the keys
+    it updated, once each (order as in :class:`KeyedCount`; the result type is inferred, or
+    ``result_type``)."""
+
+    _runtime_fields: tuple[str, ...] = ("_state", "_backend")
+
+    def __init__(
+        self,
+        key_field: str,
+        function: AggregateFunction,
+        value_field: str | None = None,
+        output_field: str = "result",
+        result_type: pa.DataType | None = None,
+    ) -> None:
+        if not isinstance(function, AggregateFunction):
+            raise InvalidArgumentError("function must be an AggregateFunction")
+        self.key_field = key_field
+        self.function = function
+        self.value_field = value_field
+        self.output_field = output_field
+        self.result_type = result_type
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._backend = ctx.require_keyed_state(self.name)
+        fn = self.function
+        self._state: AggregatingState[Any] = self._backend.get_aggregating_state(
+            ctx.state_name("aggregate"), fn.add, fn.get_result, fn.create_accumulator
+        )
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        keys = _key_column(batch, self.key_field, self.name)
+        groups = kgs.key_groups(keys, self._backend.max_parallelism)
+        values: Any = (
+            batch.to_pylist()
+            if self.value_field is None
+            else _column(batch, self.value_field, self.name)
+        )
+        self._state.add_many(keys, values, key_groups=groups)
+        distinct_table = (
+            pa.table({"k": keys, "g": groups}).group_by(["k", "g"], use_threads=False).aggregate([])
+        )
+        distinct = distinct_table.column("k").combine_chunks()
+        results = self._state.get_many(
+            distinct, key_groups=distinct_table.column("g").combine_chunks()
+        )
+        return [
+            pa.RecordBatch.from_arrays(
+                [distinct, pa.array(results, self.result_type)],
+                names=[self.key_field, self.output_field],
+            )
+        ]

@@ -1,0 +1,713 @@
+"""A subtask: one parallel instance of a vertex's operator chain (Flink's StreamTask).
+
+The task is the thin shell around the pure pieces: it takes frames from its ``InputGate``,
+feeds barrier events into the barrier handler (``worker.barriers``) and executes the actions
+it returns, runs data through the operator chain, partitions the output onto its output
+channels, and takes snapshots.
+
+Snapshot (``TriggerSnapshot`` on an input, or a trigger from the coordinator at a source):
+
+1. synchronous part: every operator's ``snapshot_state``, then the backends' ``snapshot``
+   (copy-on-write views, cheap);
+2. the barrier goes downstream: behind the data for aligned checkpoints; ahead of the queued
+   output for unaligned ones, the overtaken output becoming *output channel state*;
+3. asynchronous part, in a thread while processing continues: state files are written under
+   ``<target_location>/<vertex>-<subtask>-<attempt>/``; for unaligned checkpoints the input
+   channel state (data that arrived on a channel before its barrier) is written once every
+   input delivered its barrier; then the ack (handles + metrics) goes to the coordinator.
+
+A snapshot that fails declines the checkpoint; an abort on the input forwards a cancel marker
+and declines. Restore: operator states are restored from every old subtask's handles (keyed
+state by key group, list state split, union state broadcast); channel state of an unaligned
+checkpoint is replayed before any new input (output channel state is sent first downstream,
+input channel state is processed first), which needs an unchanged parallelism.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import structlog
+
+from snapflow.v1 import common_pb2 as pb
+from worker import barriers as b
+from worker.channels import InputGate, OutputChannel
+from worker.frames import (
+    BarrierFrame,
+    CancelMarkerFrame,
+    CheckpointOptions,
+    DataFrame,
+    EndOfPartitionFrame,
+    LatencyMarkerFrame,
+    WatermarkFrame,
+)
+from worker.operators import Chain, Operator, OperatorContext, SourceOperator
+from worker.partitioners import Partitioner
+from worker.state import KeyedStateBackend, OperatorStateBackend, SnapshotInProgress
+
+log = structlog.get_logger("snapflow.worker")
+
+MAX_WATERMARK = 2**63 - 1
+SOURCE_BATCH_RECORDS = 65_536
+CHANNEL_INPUT = "channel_input"
+CHANNEL_OUTPUT = "channel_output"
+
+_MODE_FROM_PB: dict[int, b.AlignmentMode] = {
+    pb.CHECKPOINT_MODE_UNSPECIFIED: b.AlignmentMode.ALIGNED,
+    pb.CHECKPOINT_MODE_ALIGNED: b.AlignmentMode.ALIGNED,
+    pb.CHECKPOINT_MODE_UNALIGNED: b.AlignmentMode.UNALIGNED,
+    pb.CHECKPOINT_MODE_AT_LEAST_ONCE: b.AlignmentMode.AT_LEAST_ONCE,
+}
+_MODE_TO_PB = {v: k for k, v in _MODE_FROM_PB.items() if k != pb.CHECKPOINT_MODE_UNSPECIFIED}
+_KIND_FROM_PB: dict[int, b.SnapshotKind] = {
+    pb.CHECKPOINT_KIND_UNSPECIFIED: b.SnapshotKind.CHECKPOINT,
+    pb.CHECKPOINT_KIND_CHECKPOINT: b.SnapshotKind.CHECKPOINT,
+    pb.CHECKPOINT_KIND_SAVEPOINT: b.SnapshotKind.SAVEPOINT,
+    pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND: b.SnapshotKind.SAVEPOINT_SUSPEND,
+    pb.CHECKPOINT_KIND_SAVEPOINT_TERMINATE: b.SnapshotKind.SAVEPOINT_TERMINATE,
+}
+_KIND_TO_PB = {v: k for k, v in _KIND_FROM_PB.items() if k != pb.CHECKPOINT_KIND_UNSPECIFIED}
+
+
+def barrier_from_frame(frame: BarrierFrame) -> b.Barrier:
+    o = frame.options
+    return b.Barrier(
+        frame.checkpoint_id,
+        frame.timestamp_ms,
+        b.BarrierOptions(
+            kind=_KIND_FROM_PB.get(o.kind, b.SnapshotKind.CHECKPOINT),
+            mode=_MODE_FROM_PB.get(o.mode, b.AlignmentMode.ALIGNED),
+            aligned_timeout_ms=o.aligned_timeout_ms,
+            target_location=o.target_location,
+        ),
+    )
+
+
+def frame_from_barrier(
+    checkpoint_id: int, timestamp_ms: int, options: b.BarrierOptions
+) -> BarrierFrame:
+    return BarrierFrame(
+        checkpoint_id,
+        timestamp_ms,
+        CheckpointOptions(
+            kind=_KIND_TO_PB[options.kind],
+            mode=_MODE_TO_PB[options.mode],
+            aligned_timeout_ms=options.aligned_timeout_ms,
+            target_location=options.target_location,
+        ),
+    )
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class OutputEdge:
+    """One output edge of the task: a partitioner over the channels to the target subtasks."""
+
+    partitioner: Partitioner
+    channels: list[OutputChannel]
+
+
+@dataclass
+class SnapshotReport:
+    """What the task reports to the coordinator for one checkpoint."""
+
+    checkpoint_id: int
+    operator_states: list[tuple[str, list[dict[str, Any]]]]  # (operator_id, handles)
+    sync_duration_ms: int
+    async_duration_ms: int
+    alignment_duration_ms: int
+    start_delay_ms: int
+    state_size_bytes: int
+    processed_during_alignment_bytes: int
+    persisted_in_flight_bytes: int
+    unaligned: bool
+
+
+AckFn = Callable[[SnapshotReport], Awaitable[None]]
+DeclineFn = Callable[[int, str, str], Awaitable[None]]  # checkpoint id, reason name, message
+
+
+@dataclass
+class RestoreData:
+    """What this subtask restores from (built from the coordinator's ``TaskRestore``)."""
+
+    checkpoint_id: int = 0
+    previous_parallelism: int = 0
+    # operator_id -> old subtask index -> handles
+    handles: dict[str, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)
+
+
+@dataclass
+class _PendingSnapshot:
+    checkpoint_id: int
+    timestamp_ms: int
+    options: b.BarrierOptions
+    unaligned: bool
+    alignment_duration_ms: int
+    start_delay_ms: int
+    started: float
+    snapshots: list[tuple[str, SnapshotInProgress]]
+    output_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
+    input_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
+    input_complete: asyncio.Event = field(default_factory=asyncio.Event)
+    sync_duration_ms: int = 0
+
+
+class TaskFailedError(Exception):
+    pass
+
+
+class Subtask:
+    """Runs one subtask until its input ends (and its last checkpoint completes), it is
+    cancelled, or it fails."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        vertex_id: str,
+        subtask_index: int,
+        parallelism: int,
+        max_parallelism: int,
+        attempt: int,
+        operators: Sequence[Operator],
+        key_field: str | None,
+        gate: InputGate | None,
+        outputs: list[OutputEdge],
+        mode: b.AlignmentMode,
+        restore: RestoreData,
+        ack: AckFn,
+        decline: DeclineFn,
+        source_batch_records: int = SOURCE_BATCH_RECORDS,
+    ) -> None:
+        self.job_id = job_id
+        self.vertex_id = vertex_id
+        self.subtask_index = subtask_index
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.attempt = attempt
+        self.operators = list(operators)
+        self.key_field = key_field
+        self.gate = gate
+        self.outputs = outputs
+        self.mode = mode
+        self.restore_data = restore
+        self.ack = ack
+        self.decline = decline
+        self.source_batch_records = source_batch_records
+        self.name = f"{vertex_id}#{subtask_index}@{attempt}"
+        self._log = log.bind(job_id=job_id, task=self.name)
+        self.source: SourceOperator | None = (
+            self.operators[0]
+            if self.operators and isinstance(self.operators[0], SourceOperator)
+            else None
+        )
+        self.chain = Chain(self.operators[1:] if self.source is not None else self.operators)
+        self.keyed: dict[str, KeyedStateBackend] = {}
+        self.operator_state: dict[str, OperatorStateBackend] = {}
+        self.handler: b.BarrierHandler | None = (
+            b.create_barrier_handler(mode, gate.num_channels)
+            if gate is not None and gate.num_channels
+            else None
+        )
+        self._triggers: asyncio.Queue[tuple[int, int, b.BarrierOptions]] = asyncio.Queue()
+        self._pending: dict[int, _PendingSnapshot] = {}
+        self._persisting: dict[int, int] = {}  # input channel -> checkpoint id
+        self._async_parts: set[asyncio.Task[None]] = set()
+        self._channel_watermarks: list[int] = [-(2**63)] * (gate.num_channels if gate else 0)
+        self._watermark = -(2**63)
+        self._last_snapshot_id = 0
+        self._last_completed_id = 0
+        self._completed = asyncio.Event()
+        self._end_of_input = False
+        self.records_in = 0
+        self.records_out = 0
+        self._alignment_bytes: dict[int, int] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open operators with their (restored) state. Runs before the task reports RUNNING.
+
+        A keyed subtask (its input edge hashes by ``key_field``) has one keyed backend shared by
+        the operators of its chain (their state names carry the operator id); it is stored under
+        the id ``<vertex>/keyed``. Each operator has its own operator-state backend."""
+        restored_id = self.restore_data.checkpoint_id
+        keyed = None
+        if self.key_field is not None:
+            keyed_id = f"{self.vertex_id}/keyed"
+            keyed = KeyedStateBackend.for_subtask(
+                self.max_parallelism, self.parallelism, self.subtask_index, name=keyed_id
+            )
+            handles = self.restore_data.handles.get(keyed_id, {})
+            if handles:
+                keyed.restore([h for hs in handles.values() for h in hs])
+            self.keyed[keyed_id] = keyed
+        for index, op in enumerate(self.operators):
+            op_id = getattr(op, "operator_id", "") or f"{self.vertex_id}-op{index}"
+            op_state = OperatorStateBackend(name=op_id)
+            self.operator_state[op_id] = op_state
+            handles = self.restore_data.handles.get(op_id, {})
+            if any(h.get("kind") in ("operator", "union") for hs in handles.values() for h in hs):
+                op_state.restore(
+                    handles,
+                    self.subtask_index,
+                    self.parallelism,
+                    old_parallelism=self.restore_data.previous_parallelism or None,
+                )
+            ctx = OperatorContext(
+                vertex_id=self.vertex_id,
+                operator_id=op_id,
+                subtask_index=self.subtask_index,
+                parallelism=self.parallelism,
+                max_parallelism=self.max_parallelism,
+                attempt=self.attempt,
+                keyed_state=keyed,
+                operator_state=op_state,
+                key_field=self.key_field,
+                restored_checkpoint_id=restored_id,
+            )
+            op.open(ctx)
+
+    def operator_ids(self) -> list[str]:
+        return list(self.operator_state)
+
+    def trigger(self, checkpoint_id: int, timestamp_ms: int, options: b.BarrierOptions) -> None:
+        """A checkpoint trigger from the coordinator (sources only)."""
+        self._triggers.put_nowait((checkpoint_id, timestamp_ms, options))
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        self._last_completed_id = max(self._last_completed_id, checkpoint_id)
+        for op in self.operators:
+            op.notify_checkpoint_complete(checkpoint_id)
+        self._completed.set()
+
+    def notify_aborted(self, checkpoint_id: int) -> None:
+        for op in self.operators:
+            op.notify_checkpoint_aborted(checkpoint_id)
+
+    async def run(self) -> None:
+        try:
+            await self._replay_channel_state()
+            if self.source is not None:
+                await self._run_source()
+            else:
+                await self._run_input()
+            await self._finish()
+        finally:
+            for task in list(self._async_parts):
+                task.cancel()
+            for op in self.operators:
+                with contextlib.suppress(Exception):
+                    op.close()
+
+    async def _finish(self) -> None:
+        """Input ended: flush, wait until everything emitted is covered by a completed
+        checkpoint (two-phase-commit sinks commit on that notification), then end the
+        partitions downstream."""
+        self._end_of_input = True
+        await self._emit(self.chain.end_input())
+        if self.source is not None:
+            # A final checkpoint must cover the last records before the sources end.
+            await self._serve_triggers_until_covered()
+        else:
+            while self._last_snapshot_id > self._last_completed_id or self._async_parts:
+                self._completed.clear()
+                if self._async_parts:
+                    await asyncio.wait(list(self._async_parts))
+                    continue
+                await self._completed.wait()
+        for edge in self.outputs:
+            for channel in edge.channels:
+                await channel.close()
+
+    # --- sources -----------------------------------------------------------------------------
+
+    async def _run_source(self) -> None:
+        assert self.source is not None
+        while True:
+            while not self._triggers.empty():
+                await self._snapshot_at_source(*self._triggers.get_nowait())
+            batch = self.source.poll_batch(self.source_batch_records)
+            if batch is None:
+                return
+            if batch.num_rows == 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.005):
+                        await self._wait_trigger()
+                continue
+            self.records_in += batch.num_rows
+            await self._emit(self.chain.process_batch(batch))
+            watermark = getattr(self.source, "current_watermark", lambda: None)()
+            if watermark is not None and watermark > self._watermark:
+                await self._advance_watermark(watermark)
+            await asyncio.sleep(0)
+
+    async def _wait_trigger(self) -> None:
+        item = await self._triggers.get()
+        self._triggers.put_nowait(item)
+
+    async def _serve_triggers_until_covered(self) -> None:
+        await self._advance_watermark(MAX_WATERMARK)
+        covered_after = self._last_snapshot_id
+        while True:
+            while not self._triggers.empty():
+                await self._snapshot_at_source(*self._triggers.get_nowait())
+            if (
+                self._last_completed_id > covered_after
+                and self._last_completed_id >= self._last_snapshot_id
+            ):
+                return
+            self._completed.clear()
+            waiter = asyncio.ensure_future(self._wait_trigger())
+            done = asyncio.ensure_future(self._completed.wait())
+            await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            done.cancel()
+
+    async def _snapshot_at_source(
+        self, checkpoint_id: int, timestamp_ms: int, options: b.BarrierOptions
+    ) -> None:
+        if checkpoint_id <= self._last_snapshot_id:
+            return
+        unaligned = options.mode is b.AlignmentMode.UNALIGNED
+        await self._take_snapshot(
+            checkpoint_id, timestamp_ms, options, unaligned, 0, max(0, now_ms() - timestamp_ms)
+        )
+        pending = self._pending.get(checkpoint_id)
+        if pending is not None:
+            pending.input_complete.set()  # a source has no input channels
+
+    # --- input-driven tasks ------------------------------------------------------------------
+
+    async def _run_input(self) -> None:
+        assert self.gate is not None and self.handler is not None
+        gate, handler = self.gate, self.handler
+        while True:
+            deadline = handler.next_deadline_ms()
+            if deadline is None:
+                item = await gate.next()
+            else:
+                item = gate.poll()
+                if item is None and not gate.all_ended:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(0.0, (deadline - now_ms()) / 1000.0)):
+                            item = await gate.next()
+                    if item is None:
+                        await self._execute(handler.on_timer(now_ms()))
+                        continue
+            if item is None:
+                return
+            channel, frame = item
+            kind = type(frame)
+            if kind is DataFrame:
+                batch = frame.batch  # type: ignore[union-attr]
+                persisting = self._persisting.get(channel)
+                if persisting is not None and persisting in self._pending:
+                    self._pending[persisting].input_state.append((channel, batch))
+                if gate.blocked:
+                    for cid in self._pending:
+                        self._alignment_bytes[cid] = (
+                            self._alignment_bytes.get(cid, 0) + batch.nbytes
+                        )
+                self.records_in += batch.num_rows
+                await self._emit(self.chain.process_batch(batch))
+            elif kind is BarrierFrame:
+                await self._execute(
+                    handler.on_barrier(channel, barrier_from_frame(frame), now_ms())
+                )  # type: ignore[arg-type]
+            elif kind is CancelMarkerFrame:
+                await self._execute(
+                    handler.on_cancel_marker(channel, frame.checkpoint_id, now_ms())
+                )  # type: ignore[union-attr]
+            elif kind is EndOfPartitionFrame:
+                await self._execute(handler.on_end_of_partition(channel, now_ms()))
+                self._channel_watermarks[channel] = MAX_WATERMARK
+                await self._maybe_advance_watermark()
+            elif kind is WatermarkFrame:
+                self._channel_watermarks[channel] = max(
+                    self._channel_watermarks[channel], frame.timestamp_ms
+                )  # type: ignore[union-attr]
+                await self._maybe_advance_watermark()
+            elif kind is LatencyMarkerFrame:
+                for edge in self.outputs:
+                    for out in edge.channels:
+                        await out.send(frame)
+
+    async def _maybe_advance_watermark(self) -> None:
+        assert self.gate is not None
+        candidates = [
+            w
+            for i, w in enumerate(self._channel_watermarks)
+            if not self.gate.is_ended(i) or w == MAX_WATERMARK
+        ]
+        if not candidates:
+            return
+        combined = min(candidates)
+        if combined > self._watermark:
+            await self._advance_watermark(combined)
+
+    async def _advance_watermark(self, watermark: int) -> None:
+        self._watermark = watermark
+        await self._emit(self.chain.process_watermark(watermark))
+        frame = WatermarkFrame(watermark)
+        for edge in self.outputs:
+            for channel in edge.channels:
+                await channel.send(frame)
+
+    async def _execute(self, actions: list[b.Action]) -> None:
+        assert self.gate is not None
+        for action in actions:
+            if isinstance(action, b.BlockChannel):
+                self.gate.block(action.channel)
+            elif isinstance(action, b.UnblockChannels):
+                for channel in action.channels:
+                    self.gate.unblock(channel)
+            elif isinstance(action, b.TriggerSnapshot):
+                await self._take_snapshot(
+                    action.checkpoint_id,
+                    action.timestamp_ms,
+                    action.options,
+                    action.unaligned,
+                    action.alignment_duration_ms,
+                    action.start_delay_ms,
+                )
+            elif isinstance(action, b.StartPersistingChannel):
+                self._persisting[action.channel] = action.checkpoint_id
+            elif isinstance(action, b.PersistOvertakenData):
+                pending = self._pending.get(action.checkpoint_id)
+                if pending is not None:
+                    for data in self.gate.persist_queued(action.channel):
+                        pending.input_state.append((action.channel, data.batch))
+            elif isinstance(action, b.StopPersistingChannel):
+                self._persisting.pop(action.channel, None)
+            elif isinstance(action, b.SwitchToUnaligned):
+                self._log.info(
+                    "checkpoint.switched_to_unaligned", checkpoint_id=action.checkpoint_id
+                )
+            elif isinstance(action, b.AbortCheckpoint):
+                await self._abort(action.checkpoint_id, action.reason)
+            elif isinstance(action, b.CheckpointCompleteOnInput):
+                pending = self._pending.get(action.checkpoint_id)
+                if pending is not None:
+                    pending.input_complete.set()
+
+    async def _abort(self, checkpoint_id: int, reason: b.AbortReason) -> None:
+        self._pending.pop(checkpoint_id, None)
+        self._persisting = {c: n for c, n in self._persisting.items() if n != checkpoint_id}
+        marker = CancelMarkerFrame(checkpoint_id)
+        for edge in self.outputs:
+            for channel in edge.channels:
+                channel.send_priority(marker)
+        reason_name = {
+            b.AbortReason.SUBSUMED: "SUBSUMED",
+            b.AbortReason.TOO_MANY_PENDING: "SUBSUMED",
+            b.AbortReason.CANCELED_BY_MARKER: "ALIGNMENT_CANCELED",
+        }[reason]
+        await self.decline(checkpoint_id, reason_name, f"{self.name}: {reason.value}")
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    async def _take_snapshot(
+        self,
+        checkpoint_id: int,
+        timestamp_ms: int,
+        options: b.BarrierOptions,
+        unaligned: bool,
+        alignment_duration_ms: int,
+        start_delay_ms: int,
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            for op in self.operators:
+                op.snapshot_state(checkpoint_id)
+            snapshots: list[tuple[str, SnapshotInProgress]] = []
+            for op_id, backend in self.keyed.items():
+                snapshots.append((op_id, backend.snapshot(checkpoint_id)))
+            for op_id, op_backend in self.operator_state.items():
+                snapshots.append((op_id, op_backend.snapshot(checkpoint_id)))
+        except Exception as e:
+            self._log.warning(
+                "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
+            )
+            await self.decline(checkpoint_id, "SNAPSHOT_FAILED", f"{self.name}: {e}")
+            return
+        pending = _PendingSnapshot(
+            checkpoint_id,
+            timestamp_ms,
+            options,
+            unaligned,
+            alignment_duration_ms,
+            start_delay_ms,
+            started,
+            snapshots,
+        )
+        pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
+        self._pending[checkpoint_id] = pending
+        self._last_snapshot_id = max(self._last_snapshot_id, checkpoint_id)
+        barrier = frame_from_barrier(checkpoint_id, timestamp_ms, options)
+        # Output channels are numbered across all edges, in order (the replay uses the same).
+        for index, channel in enumerate(c for edge in self.outputs for c in edge.channels):
+            if unaligned:
+                for data in channel.send_priority(barrier):
+                    pending.output_state.append((index, data.batch))
+            else:
+                await channel.send(barrier)
+        task = asyncio.create_task(self._complete_snapshot(pending))
+        self._async_parts.add(task)
+        task.add_done_callback(self._async_parts.discard)
+
+    def _snapshot_dir(self, options: b.BarrierOptions) -> str:
+        return os.path.join(
+            options.target_location, f"{self.vertex_id}-{self.subtask_index}-{self.attempt}"
+        )
+
+    async def _complete_snapshot(self, pending: _PendingSnapshot) -> None:
+        checkpoint_id = pending.checkpoint_id
+        try:
+            await pending.input_complete.wait()
+            if checkpoint_id not in self._pending:
+                return  # aborted meanwhile
+            directory = self._snapshot_dir(pending.options)
+            started = time.perf_counter()
+            handles_by_op, size, in_flight = await asyncio.to_thread(
+                self._write_snapshot, directory, pending
+            )
+            async_ms = int((time.perf_counter() - started) * 1000)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._pending.pop(checkpoint_id, None)
+            self._log.warning(
+                "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
+            )
+            await self.decline(checkpoint_id, "SNAPSHOT_FAILED", f"{self.name}: {e}")
+            return
+        finally:
+            for _, snap in pending.snapshots:
+                with contextlib.suppress(Exception):
+                    snap.release()
+        if self._pending.pop(checkpoint_id, None) is None:
+            return
+        report = SnapshotReport(
+            checkpoint_id=checkpoint_id,
+            operator_states=sorted(handles_by_op.items()),
+            sync_duration_ms=pending.sync_duration_ms,
+            async_duration_ms=async_ms,
+            alignment_duration_ms=pending.alignment_duration_ms,
+            start_delay_ms=pending.start_delay_ms,
+            state_size_bytes=size,
+            processed_during_alignment_bytes=self._alignment_bytes.pop(checkpoint_id, 0),
+            persisted_in_flight_bytes=in_flight,
+            unaligned=pending.unaligned,
+        )
+        await self.ack(report)
+
+    def _write_snapshot(
+        self, directory: str, pending: _PendingSnapshot
+    ) -> tuple[dict[str, list[dict[str, Any]]], int, int]:
+        handles: dict[str, list[dict[str, Any]]] = {}
+        size = 0
+        for op_id, snap in pending.snapshots:
+            written = snap.write(os.path.join(directory, op_id))
+            handles.setdefault(op_id, []).extend(dict(h) for h in written)
+            size += sum(int(h["size_bytes"]) for h in written)
+        in_flight = 0
+        channel_handles = []
+        for kind, data in (
+            (CHANNEL_INPUT, pending.input_state),
+            (CHANNEL_OUTPUT, pending.output_state),
+        ):
+            by_channel: dict[int, list[pa.RecordBatch]] = {}
+            for channel, batch in data:
+                by_channel.setdefault(channel, []).append(batch)
+            for channel, batches in sorted(by_channel.items()):
+                path = os.path.join(directory, f"{kind}-{channel}.arrow")
+                written_bytes = _write_batches(path, batches)
+                in_flight += written_bytes
+                # key_group_start carries the channel index for channel state handles
+                channel_handles.append(
+                    {
+                        "path": path,
+                        "size_bytes": written_bytes,
+                        "kind": kind,
+                        "key_group_start": channel,
+                        "key_group_end": channel,
+                    }
+                )
+        if channel_handles:
+            handles.setdefault(self._channel_state_owner(), []).extend(channel_handles)
+            size += in_flight
+        return handles, size, in_flight
+
+    def _channel_state_owner(self) -> str:
+        return next(iter(self.operator_state), f"{self.vertex_id}-op0")
+
+    async def _replay_channel_state(self) -> None:
+        """Unaligned restore: in-flight data first, output state downstream, input state through
+        the chain, before any new input."""
+        own = self.restore_data.handles.get(self._channel_state_owner(), {}).get(
+            self.subtask_index, []
+        )
+        channel_handles = [h for h in own if h.get("kind") in (CHANNEL_INPUT, CHANNEL_OUTPUT)]
+        if not channel_handles:
+            return
+        if self.restore_data.previous_parallelism not in (0, self.parallelism):
+            raise TaskFailedError(
+                "restoring in-flight data of an unaligned checkpoint needs the same parallelism; "
+                "take a savepoint (always aligned) to change parallelism"
+            )
+        for h in sorted(
+            channel_handles, key=lambda h: (h["kind"] != CHANNEL_OUTPUT, h["key_group_start"])
+        ):
+            batches = await asyncio.to_thread(_read_batches, h["path"])
+            if h["kind"] == CHANNEL_OUTPUT:
+                channels = [c for edge in self.outputs for c in edge.channels]
+                target = (
+                    channels[int(h["key_group_start"])]
+                    if int(h["key_group_start"]) < len(channels)
+                    else None
+                )
+                for batch in batches:
+                    if target is not None:
+                        await target.send(DataFrame(batch))
+            else:
+                for batch in batches:
+                    await self._emit(self.chain.process_batch(batch))
+
+    # --- output ------------------------------------------------------------------------------
+
+    async def _emit(self, batches: list[pa.RecordBatch]) -> None:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            self.records_out += batch.num_rows
+            for edge in self.outputs:
+                for index, part in edge.partitioner.partition(batch):
+                    await edge.channels[index].send(DataFrame(part))
+
+
+def _write_batches(path: str, batches: list[pa.RecordBatch]) -> int:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, batches[0].schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    os.replace(tmp, path)
+    return os.path.getsize(path)
+
+
+def _read_batches(path: str) -> list[pa.RecordBatch]:
+    with pa.memory_map(path) as source:
+        reader = pa.ipc.open_file(source)
+        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
