@@ -7,6 +7,7 @@ import sys
 
 BENCHMARKS = {
     "coordinator": "bench.coordinator_bench",
+    "dataplane": "bench.dataplane_bench",
 }
 
 

@@ -138,6 +138,8 @@ class CheckpointCompleted:
 class NotifyComplete:
     checkpoint_id: int
     tasks: tuple[ExecutionAttempt, ...]
+    final: bool = False
+    """Every source had ended its input: the tasks end after this notification."""
 
 
 @dataclass(frozen=True)
@@ -535,6 +537,7 @@ class CheckpointCoordinator:
         operator_states: tuple[OperatorSubtaskState, ...],
         metrics: SubtaskMetrics,
         now_ms: int,
+        input_ended: bool = False,
     ) -> tuple[AckResult, list[Action]]:
         paths = [h.path for s in operator_states for h in s.handles]
         pending = self.pending.get(checkpoint_id)
@@ -562,7 +565,7 @@ class CheckpointCoordinator:
             )
         if attempt not in pending.not_yet_acknowledged:
             return AckResult.UNKNOWN, self._discard(paths, f"ack from unexpected attempt {attempt}")
-        ack = SubtaskAck(attempt, now_ms, operator_states, metrics)
+        ack = SubtaskAck(attempt, now_ms, operator_states, metrics, input_ended)
         pending.not_yet_acknowledged.discard(attempt)
         pending.acknowledged[attempt] = ack
         actions: list[Action] = [SubtaskAcknowledged(checkpoint_id, ack)]
@@ -637,7 +640,11 @@ class CheckpointCoordinator:
         # stop-with-savepoint notify the tasks.
         if checkpoint.kind is CheckpointKind.CHECKPOINT or checkpoint.kind.is_synchronous:
             actions.append(
-                NotifyComplete(checkpoint.checkpoint_id, tuple(sorted(pending.acknowledged)))
+                NotifyComplete(
+                    checkpoint.checkpoint_id,
+                    tuple(sorted(pending.acknowledged)),
+                    final=self._is_final(checkpoint),
+                )
             )
         if dropped_ids:
             actions.append(DeleteCompleted(tuple(dropped_ids)))
@@ -653,6 +660,13 @@ class CheckpointCoordinator:
         else:
             actions.extend(self._start_next(now_ms))
         return actions
+
+    def _is_final(self, checkpoint: CompletedCheckpoint) -> bool:
+        """Every source subtask had reached the end of its input (bounded job, FLIP-147 style:
+        the tasks keep checkpointing after their input ended, and end after this one)."""
+        sources = {v.vertex_id for v in self.graph.vertices if v.is_source}
+        acks = [a for a in checkpoint.subtask_states if a.attempt.vertex_id in sources]
+        return bool(acks) and all(a.input_ended for a in acks)
 
     def on_finalize_failed(self, checkpoint_id: int, message: str, now_ms: int) -> list[Action]:
         pending = self.pending.get(checkpoint_id)

@@ -392,11 +392,12 @@ class JobRunner:
         checkpoint_id: int,
         states: tuple[OperatorSubtaskState, ...],
         metrics: SubtaskMetrics,
+        input_ended: bool = False,
     ) -> AckResult:
         self.manager.check_not_fenced()
         self._validate_paths(states)
         result, actions = self.core.on_ack(
-            attempt, checkpoint_id, states, metrics, self.manager.clock()
+            attempt, checkpoint_id, states, metrics, self.manager.clock(), input_ended
         )
         self.manager.metrics.record_ack(result)
         if result is not AckResult.SUCCESS:
@@ -587,7 +588,9 @@ class JobRunner:
             self._emit(completed=self.summary_pb(cp.checkpoint_id))
             self._resolve(action.request.request_id, cp)
         elif isinstance(action, NotifyComplete):
-            self._notify(action.checkpoint_id, action.tasks, complete=True, reason="")
+            self._notify(
+                action.checkpoint_id, action.tasks, complete=True, reason="", final=action.final
+            )
         elif isinstance(action, CheckpointAborted):
             self.stats.on_failed(
                 action.checkpoint_id, action.timestamp_ms, action.reason.name, action.message
@@ -839,7 +842,12 @@ class JobRunner:
             )
 
     def _notify(
-        self, checkpoint_id: int, tasks: Iterable[ExecutionAttempt], complete: bool, reason: str
+        self,
+        checkpoint_id: int,
+        tasks: Iterable[ExecutionAttempt],
+        complete: bool,
+        reason: str,
+        final: bool = False,
     ) -> None:
         for address, attempts in self._by_address(tasks).items():
             request = wpb.NotifyCheckpointRequest(
@@ -848,6 +856,7 @@ class JobRunner:
                 tasks=[convert.attempt_to_pb(a) for a in attempts],
                 checkpoint_id=checkpoint_id,
                 reason=reason,
+                final=final,
             )
             self._spawn(self._notify_rpc(address, request, complete))
 

@@ -262,6 +262,8 @@ class SubtaskAck:
     ack_timestamp_ms: int
     operator_states: tuple[OperatorSubtaskState, ...] = ()
     metrics: SubtaskMetrics = field(default_factory=SubtaskMetrics)
+    input_ended: bool = False
+    """A source that had reached the end of its input (bounded jobs end after such a checkpoint)."""
 
     @property
     def state_size_bytes(self) -> int:
@@ -336,6 +338,7 @@ def subtask_ack_to_dict(a: SubtaskAck) -> dict[str, Any]:
             for s in a.operator_states
         ],
         "metrics": dict(a.metrics.__dict__),
+        "input_ended": a.input_ended,
     }
 
 
@@ -351,6 +354,7 @@ def subtask_ack_from_dict(d: dict[str, Any]) -> SubtaskAck:
             for s in d["operator_states"]
         ),
         metrics=SubtaskMetrics(**d["metrics"]),
+        input_ended=bool(d.get("input_ended", False)),
     )
 
 

@@ -139,7 +139,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         checkpoint_id = convert.checkpoint_id_from_pb(request.checkpoint_id)
         states = convert.operator_states_from_pb(request.operator_states)
         metrics = convert.metrics_from_pb(request.metrics)
-        result = runner.acknowledge(attempt, checkpoint_id, states, metrics)
+        result = runner.acknowledge(attempt, checkpoint_id, states, metrics, request.input_ended)
         return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT_TO_PB[result])  # type: ignore[arg-type]
 
     @grpc_errors
@@ -159,6 +159,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
                     convert.checkpoint_id_from_pb(ack.checkpoint_id),
                     convert.operator_states_from_pb(ack.operator_states),
                     convert.metrics_from_pb(ack.metrics),
+                    ack.input_ended,
                 )
             except SnapflowError as error:
                 code, message = status_for(error)

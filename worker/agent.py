@@ -428,6 +428,7 @@ class Agent:
                     persisted_in_flight_bytes=report.persisted_in_flight_bytes,
                     unaligned=report.unaligned,
                 ),
+                input_ended=report.input_ended,
             )
             assert self._batcher is not None
             try:
@@ -503,7 +504,7 @@ class _ControlServicer(wgrpc.WorkerControlServiceServicer):
     ) -> wpb.WorkerAck:
         await self._check_epoch(request.coordinator_epoch, context)
         for task in self.agent._tasks_for(request.tasks):
-            task.notify_complete(request.checkpoint_id)
+            task.notify_complete(request.checkpoint_id, request.final)
         return wpb.WorkerAck()
 
     async def NotifyCheckpointAborted(

@@ -131,6 +131,7 @@ class SnapshotReport:
     processed_during_alignment_bytes: int
     persisted_in_flight_bytes: int
     unaligned: bool
+    input_ended: bool = False
 
 
 AckFn = Callable[[SnapshotReport], Awaitable[None]]
@@ -161,6 +162,7 @@ class _PendingSnapshot:
     input_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
     input_complete: asyncio.Event = field(default_factory=asyncio.Event)
     sync_duration_ms: int = 0
+    input_ended: bool = False
 
 
 class TaskFailedError(Exception):
@@ -230,6 +232,9 @@ class Subtask:
         self._last_completed_id = 0
         self._completed = asyncio.Event()
         self._end_of_input = False
+        self._stopping_at = 0  # id of a stop-with-savepoint this source took; 0 = none
+        self._stopped_with_savepoint = False
+        self._final_completed = False  # the coordinator said: every source ended, all committed
         self.records_in = 0
         self.records_out = 0
         self._alignment_bytes: dict[int, int] = {}
@@ -286,8 +291,10 @@ class Subtask:
         """A checkpoint trigger from the coordinator (sources only)."""
         self._triggers.put_nowait((checkpoint_id, timestamp_ms, options))
 
-    def notify_complete(self, checkpoint_id: int) -> None:
+    def notify_complete(self, checkpoint_id: int, final: bool = False) -> None:
         self._last_completed_id = max(self._last_completed_id, checkpoint_id)
+        if final:
+            self._final_completed = True
         for op in self.operators:
             op.notify_checkpoint_complete(checkpoint_id)
         self._completed.set()
@@ -295,6 +302,9 @@ class Subtask:
     def notify_aborted(self, checkpoint_id: int) -> None:
         for op in self.operators:
             op.notify_checkpoint_aborted(checkpoint_id)
+        if self._stopping_at == checkpoint_id:
+            self._stopping_at = 0  # a failed stop-with-savepoint: the job goes on
+            self._completed.set()
 
     async def run(self) -> None:
         try:
@@ -316,11 +326,14 @@ class Subtask:
         checkpoint (two-phase-commit sinks commit on that notification), then end the
         partitions downstream."""
         self._end_of_input = True
-        await self._emit(self.chain.end_input())
-        if self.source is not None:
+        if self._stopped_with_savepoint:
+            pass  # the savepoint covers everything; nothing more is emitted or committed
+        elif self.source is not None:
+            await self._emit(self.chain.end_input())
             # A final checkpoint must cover the last records before the sources end.
             await self._serve_triggers_until_covered()
         else:
+            await self._emit(self.chain.end_input())
             while self._last_snapshot_id > self._last_completed_id or self._async_parts:
                 self._completed.clear()
                 if self._async_parts:
@@ -338,6 +351,15 @@ class Subtask:
         while True:
             while not self._triggers.empty():
                 await self._snapshot_at_source(*self._triggers.get_nowait())
+            if self._stopping_at:
+                # Stop-with-savepoint: emit nothing more; end once it completed, resume if it
+                # was aborted.
+                self._completed.clear()
+                if self._last_completed_id >= self._stopping_at:
+                    self._stopped_with_savepoint = True
+                    return
+                await self._completed.wait()
+                continue
             batch = self.source.poll_batch(self.source_batch_records)
             if batch is None:
                 return
@@ -358,15 +380,15 @@ class Subtask:
         self._triggers.put_nowait(item)
 
     async def _serve_triggers_until_covered(self) -> None:
+        """The source's input ended: keep taking checkpoints (with the final position) until one
+        completes that the coordinator marks final, i.e. every source of the job had ended
+        before it. Only then do the partitions end: an earlier end would stop the checkpoints
+        of the sources that are still running (FLIP-147's end of input, slimmed)."""
         await self._advance_watermark(MAX_WATERMARK)
-        covered_after = self._last_snapshot_id
-        while True:
+        while not self._final_completed:
             while not self._triggers.empty():
                 await self._snapshot_at_source(*self._triggers.get_nowait())
-            if (
-                self._last_completed_id > covered_after
-                and self._last_completed_id >= self._last_snapshot_id
-            ):
+            if self._final_completed:
                 return
             self._completed.clear()
             waiter = asyncio.ensure_future(self._wait_trigger())
@@ -380,6 +402,10 @@ class Subtask:
     ) -> None:
         if checkpoint_id <= self._last_snapshot_id:
             return
+        if options.kind is b.SnapshotKind.SAVEPOINT_TERMINATE:
+            await self._advance_watermark(MAX_WATERMARK)  # drain: fire every event-time timer
+        if options.kind in (b.SnapshotKind.SAVEPOINT_SUSPEND, b.SnapshotKind.SAVEPOINT_TERMINATE):
+            self._stopping_at = checkpoint_id
         unaligned = options.mode is b.AlignmentMode.UNALIGNED
         await self._take_snapshot(
             checkpoint_id, timestamp_ms, options, unaligned, 0, max(0, now_ms() - timestamp_ms)
@@ -553,6 +579,7 @@ class Subtask:
             snapshots,
         )
         pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
+        pending.input_ended = self.source is not None and self._end_of_input
         self._pending[checkpoint_id] = pending
         self._last_snapshot_id = max(self._last_snapshot_id, checkpoint_id)
         barrier = frame_from_barrier(checkpoint_id, timestamp_ms, options)
@@ -610,6 +637,7 @@ class Subtask:
             processed_during_alignment_bytes=self._alignment_bytes.pop(checkpoint_id, 0),
             persisted_in_flight_bytes=in_flight,
             unaligned=pending.unaligned,
+            input_ended=pending.input_ended,
         )
         await self.ack(report)
 

@@ -24,18 +24,20 @@ class TriggerTaskCheckpointRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., coordinator_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskAttempt, _Mapping]]] = ..., checkpoint_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., options: _Optional[_Union[_common_pb2.CheckpointOptions, _Mapping]] = ...) -> None: ...
 
 class NotifyCheckpointRequest(_message.Message):
-    __slots__ = ("job_id", "coordinator_epoch", "tasks", "checkpoint_id", "reason")
+    __slots__ = ("job_id", "coordinator_epoch", "tasks", "checkpoint_id", "reason", "final")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     coordinator_epoch: int
     tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskAttempt]
     checkpoint_id: int
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., coordinator_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskAttempt, _Mapping]]] = ..., checkpoint_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    final: bool
+    def __init__(self, job_id: _Optional[str] = ..., coordinator_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskAttempt, _Mapping]]] = ..., checkpoint_id: _Optional[int] = ..., reason: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class CancelTaskRequest(_message.Message):
     __slots__ = ("job_id", "coordinator_epoch", "tasks")

@@ -1,0 +1,131 @@
+"""Operators of the data-plane benchmark (``bench.dataplane_bench``).
+
+They are shipped to the worker processes pickled (cloudpickle pickles classes of an importable
+module by reference), so the workers import this module: they run with the repository root
+on ``sys.path``.
+
+* :class:`MarkedGeneratorSource`: a :class:`~worker.sources.GeneratorSource` that, when its
+  split is exhausted, writes a marker file ``<marker_dir>/source-<subtask>`` holding the wall
+  time. The benchmark uses the markers to trigger the final checkpoint of a bounded job right
+  away (a bounded source only ends once a checkpoint covers its last records, and with
+  checkpoints off nothing else would trigger one).
+* :class:`DiscardingSink`: counts rows and batches, remembers the newest running count per key
+  (one C-level ``dict.update`` per batch) and discards the rows. On ``close`` it writes its
+  counters to ``<stats_dir>/sink-<subtask>.json``; the sum of the newest counts over both sinks
+  must equal the number of source records (the benchmark checks it).
+* :class:`ThrottledSink`: a :class:`DiscardingSink` that sleeps ``sleep_s`` per batch. The
+  sleep blocks the agent's event loop, so it stalls everything that agent hosts (its source
+  subtask and its gRPC servicing too): the backpressure of a slow sink that shares a process
+  with its producers, which is what a CPU-bound Python sink does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from worker.operators import Operator, OperatorContext
+from worker.sources import GeneratorSource
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+    os.replace(tmp, path)
+
+
+class MarkedGeneratorSource(GeneratorSource):
+    """A bounded generator that leaves a marker file once its split is exhausted."""
+
+    _runtime_fields: tuple[str, ...] = (*GeneratorSource._runtime_fields, "_marked")
+
+    def __init__(self, *args: Any, marker_dir: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.marker_dir = marker_dir
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._marked = False
+
+    def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
+        batch = super().poll_batch(max_records)
+        if batch is None and not self._marked:
+            self._marked = True
+            index = self._context().subtask_index
+            _write_json(
+                os.path.join(self.marker_dir, f"source-{index}"),
+                {"finished_at": time.time(), "subtask": index},
+            )
+        return batch
+
+
+class DiscardingSink(Operator):
+    """Counts and discards (see the module docstring)."""
+
+    _runtime_fields: tuple[str, ...] = ("_rows", "_batches", "_latest", "_first", "_last")
+
+    def __init__(self, stats_dir: str, key_field: str = "key", count_field: str = "count") -> None:
+        self.stats_dir = stats_dir
+        self.key_field = key_field
+        self.count_field = count_field
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._rows = 0
+        self._batches = 0
+        self._latest: dict[Any, int] = {}
+        self._first = 0.0
+        self._last = 0.0
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        n = batch.num_rows
+        if n:
+            now = time.time()
+            if not self._batches:
+                self._first = now
+            self._last = now
+            self._rows += n
+            self._batches += 1
+            # running totals per key, newest last: the final ones sum to the records counted
+            self._latest.update(
+                zip(
+                    batch.column(self.key_field).to_pylist(),
+                    batch.column(self.count_field).to_pylist(),
+                    strict=True,
+                )
+            )
+        return []
+
+    def close(self) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            return
+        _write_json(
+            os.path.join(self.stats_dir, f"sink-{ctx.subtask_index}.json"),
+            {
+                "rows": self._rows,
+                "batches": self._batches,
+                "counted": sum(self._latest.values()),
+                "keys": len(self._latest),
+                "first_batch_at": self._first,
+                "last_batch_at": self._last,
+            },
+        )
+
+
+class ThrottledSink(DiscardingSink):
+    """A :class:`DiscardingSink` that sleeps ``sleep_s`` per batch, blocking its agent."""
+
+    def __init__(self, stats_dir: str, sleep_s: float, **kwargs: Any) -> None:
+        super().__init__(stats_dir, **kwargs)
+        self.sleep_s = sleep_s
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if batch.num_rows:
+            time.sleep(self.sleep_s)
+        return super().process_batch(batch)
