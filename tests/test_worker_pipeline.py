@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def check_exactly_once(table: pa.Table, expected: Counter[int]) -> None:
     ):
         by_key.setdefault(key, []).append(count)
     for key, counts in by_key.items():
-        assert all(a < b for a, b in zip(counts, counts[1:])), (
+        assert all(a < b for a, b in itertools.pairwise(counts)), (
             f"key {key}: {counts} not strictly increasing"
         )
     finals = {key: counts[-1] for key, counts in by_key.items()}

@@ -389,8 +389,11 @@ class Agent:
     async def _report(self, attempt: pb.TaskAttempt, state: int, failure: str = "") -> None:
         await self.stub.UpdateTaskState(
             cpb.UpdateTaskStateRequest(
-                job_id=self.job_id, attempt=attempt, state=state, failure=failure
-            ),  # type: ignore[arg-type]
+                job_id=self.job_id,
+                attempt=attempt,
+                state=state,  # type: ignore[arg-type]
+                failure=failure,
+            ),
             timeout=RPC_TIMEOUT_S,
         )
 

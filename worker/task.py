@@ -435,9 +435,8 @@ class Subtask:
             if item is None:
                 return
             channel, frame = item
-            kind = type(frame)
-            if kind is DataFrame:
-                batch = frame.batch  # type: ignore[union-attr]
+            if isinstance(frame, DataFrame):
+                batch = frame.batch
                 persisting = self._persisting.get(channel)
                 if persisting is not None and persisting in self._pending:
                     self._pending[persisting].input_state.append((channel, batch))
@@ -448,24 +447,24 @@ class Subtask:
                         )
                 self.records_in += batch.num_rows
                 await self._emit(self.chain.process_batch(batch))
-            elif kind is BarrierFrame:
+            elif isinstance(frame, BarrierFrame):
                 await self._execute(
                     handler.on_barrier(channel, barrier_from_frame(frame), now_ms())
-                )  # type: ignore[arg-type]
-            elif kind is CancelMarkerFrame:
+                )
+            elif isinstance(frame, CancelMarkerFrame):
                 await self._execute(
                     handler.on_cancel_marker(channel, frame.checkpoint_id, now_ms())
-                )  # type: ignore[union-attr]
-            elif kind is EndOfPartitionFrame:
+                )
+            elif isinstance(frame, EndOfPartitionFrame):
                 await self._execute(handler.on_end_of_partition(channel, now_ms()))
                 self._channel_watermarks[channel] = MAX_WATERMARK
                 await self._maybe_advance_watermark()
-            elif kind is WatermarkFrame:
+            elif isinstance(frame, WatermarkFrame):
                 self._channel_watermarks[channel] = max(
                     self._channel_watermarks[channel], frame.timestamp_ms
-                )  # type: ignore[union-attr]
+                )
                 await self._maybe_advance_watermark()
-            elif kind is LatencyMarkerFrame:
+            elif isinstance(frame, LatencyMarkerFrame):
                 for edge in self.outputs:
                     for out in edge.channels:
                         await out.send(frame)
