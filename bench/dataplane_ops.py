@@ -40,13 +40,39 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
 
 
 class MarkedGeneratorSource(GeneratorSource):
-    """A bounded generator that leaves a marker file once its split is exhausted."""
+    """A bounded generator that leaves a marker file once its split is exhausted.
+
+    ``min_batch_ms`` (rate-limited runs only): emit a batch only once ``rate x min_batch_ms``
+    records are due (the end of the split excepted), else an empty batch, on which the task
+    waits a few milliseconds without blocking. ``GeneratorSource``'s own token bucket hands out
+    whatever accrued since the previous poll, so under a rate limit the batches are as small as
+    the poll loop is fast (a few to a few hundred rows) and the per-batch costs of the whole
+    pipeline saturate the CPU at any rate; this pacing keeps the configured rate with batches
+    of a sensible size. It reads the token-bucket fields of ``SplitSource``.
+    """
 
     _runtime_fields: tuple[str, ...] = (*GeneratorSource._runtime_fields, "_marked")
 
-    def __init__(self, *args: Any, marker_dir: str, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, marker_dir: str, min_batch_ms: float = 0.0, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.marker_dir = marker_dir
+        self.min_batch_ms = min_batch_ms
+
+    def _allowance(self, wanted: int) -> int:
+        rate = getattr(self, "_rate", None)
+        if rate is None or self.min_batch_ms <= 0:
+            return super()._allowance(wanted)
+        now = time.monotonic()
+        allowed = int((now - self._rate_start) * rate) - self._rate_emitted
+        if allowed > rate + wanted:  # at most one second of burst after a stall (as the base)
+            self._rate_start = now - 1.0
+            self._rate_emitted = 0
+            allowed = int(rate)
+        if allowed < min(wanted, max(1, int(rate * self.min_batch_ms / 1000.0))):
+            return 0
+        return max(0, min(wanted, allowed))
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)

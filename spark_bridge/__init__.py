@@ -1,0 +1,45 @@
+"""The PySpark face of Snapflow: build a pipeline, run it as one barrier-mode Spark stage.
+
+::
+
+    from spark_bridge import FixedDelay, Pipeline
+    from worker.sinks import TransactionalFileSink
+    from worker.sources import GeneratorSource
+
+    p = Pipeline("counts", parallelism=2)
+    (p.source(GeneratorSource(total_records=100_000), name="events")
+       .key_by("key").count()
+       .sink(TransactionalFileSink("/tmp/out")))
+    p.checkpointing(interval_ms=500).restart_strategy(FixedDelay(attempts=3, delay_s=1))
+    result = p.run(spark)
+
+See :mod:`spark_bridge.pipeline` (the builder), :mod:`spark_bridge.runner` (the driver loop)
+and :mod:`spark_bridge.restart` (restart strategies, the driver's decisions).
+"""
+
+from spark_bridge.pipeline import CheckpointSettings, KeyedStream, Pipeline, Stream
+from spark_bridge.restart import (
+    ExponentialBackoff,
+    FixedDelay,
+    JobStatus,
+    NoRestart,
+    RestartStrategy,
+)
+from spark_bridge.runner import JobFailedError, JobHandle, JobResult, run, submit
+
+__all__ = [
+    "CheckpointSettings",
+    "ExponentialBackoff",
+    "FixedDelay",
+    "JobFailedError",
+    "JobHandle",
+    "JobResult",
+    "JobStatus",
+    "KeyedStream",
+    "NoRestart",
+    "Pipeline",
+    "RestartStrategy",
+    "Stream",
+    "run",
+    "submit",
+]

@@ -1,0 +1,646 @@
+"""The pipeline builder: a PySpark user's way to write a Snapflow job.
+
+::
+
+    p = Pipeline("bids", parallelism=2, max_parallelism=128)
+    (p.source(GeneratorSource(total_records=1_000_000), name="bids")
+       .filter(lambda row: row["value"] > 10)        # chained into the source's vertex
+       .key_by("key")                                # a new vertex behind a HASH edge
+       .count()                                      # a keyed running count
+       .sink(TransactionalFileSink("/data/out")))    # chained: exactly-once Arrow files
+    p.checkpointing(interval_ms=1000, mode="aligned")
+    p.restart_strategy(FixedDelay(attempts=3, delay_s=1))
+    result = p.run(spark)                            # blocks; a JobResult
+
+Translation to a ``snapflow.v1.JobGraph`` (:meth:`Pipeline.job_graph`):
+
+* ``source()`` starts a *source vertex*; ``map``/``filter``/``flat_map`` (row functions over
+  ``dict`` rows), ``map_batches``/``filter_batches``/``flat_map_batches`` (functions over
+  ``pyarrow.RecordBatch``), ``transform`` (any :class:`worker.operators.Operator`) and ``sink``
+  are chained into the current vertex (Flink's operator chaining: FORWARD, same task).
+* ``key_by(field)`` starts a new vertex behind a HASH edge on ``field`` (by key group); the
+  :class:`KeyedStream` it returns offers the keyed operations (``count``, ``reduce``,
+  ``window``, ``process``, ``aggregate``), which are the head of that vertex.
+  ``rebalance()`` starts a new vertex behind a round-robin edge.
+* Vertex and operator ids are derived from the program's structure: the creation order of
+  vertices, source names, key fields and the position and kind of each chained operator
+  (Flink's ``uid``, implicit). The same program gives the same ids, so restoring a savepoint
+  into it, at another parallelism too, maps every operator's state back to its operator;
+  renaming a source or reordering operators changes them (restore then needs
+  ``allow_non_restored_state=True`` and loses that state).
+* Operators are shipped cloudpickled (``pyspark.cloudpickle``). Functions defined in a module
+  the executors cannot import must be pickled by value:
+  ``cloudpickle.register_pickle_by_value(module)`` (functions of ``__main__`` are already).
+
+A stream is consumed once: after ``s.map(f)``, ``s`` itself cannot be used again (branching
+inside a chain is not supported); several ``key_by``/``rebalance`` edges may leave the same
+stream, though (fan-out to several vertices).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark import cloudpickle
+
+from snapflow.errors import InvalidArgumentError
+from snapflow.v1 import common_pb2 as pb
+from spark_bridge.restart import FixedDelay, RestartStrategy
+from worker.operators import (
+    Aggregate,
+    AggregateFunction,
+    Filter,
+    FilterBatches,
+    FlatMap,
+    FlatMapBatches,
+    KeyedCount,
+    KeyedProcess,
+    KeyedReduce,
+    Map,
+    MapBatches,
+    Operator,
+    RowsFn,
+    SourceOperator,
+    TimerFn,
+)
+from worker.windows import WindowAggregate, WindowAssigner
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from spark_bridge.runner import JobHandle, JobResult
+
+__all__ = ["CheckpointSettings", "KeyedStream", "Pipeline", "Stream"]
+
+MAX_PARALLELISM_LIMIT = 32_768  # Flink's bound on key groups (the coordinator's too)
+MIN_INTERVAL_MS = 10  # the coordinator's minimum checkpoint interval and timeout
+
+CHECKPOINT_MODES: dict[str, int] = {
+    "aligned": pb.CHECKPOINT_MODE_ALIGNED,
+    "unaligned": pb.CHECKPOINT_MODE_UNALIGNED,
+    "at_least_once": pb.CHECKPOINT_MODE_AT_LEAST_ONCE,
+}
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise InvalidArgumentError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _check_name(what: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidArgumentError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_fn(what: str, fn: object) -> None:
+    if not callable(fn):
+        raise InvalidArgumentError(f"{what} needs a callable, got {fn!r:.100}")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "op"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """The job's checkpointing (``snapflow.v1.CheckpointConfig``), validated.
+
+    ``interval_ms``: periodic checkpoints (>= 10; required: a bounded job ends with a final
+    checkpoint). ``mode``: ``"aligned"`` (exactly once), ``"unaligned"`` (exactly once, barriers
+    overtake in-flight data) or ``"at_least_once"``. ``aligned_timeout_ms``: aligned only,
+    switch a checkpoint to unaligned after this long (0: never). ``timeout_ms``: expire a
+    checkpoint after this long. ``retained``: completed checkpoints kept. ``storage``: an
+    absolute path or ``file://`` URI every executor sees (empty: the coordinator's root).
+    """
+
+    interval_ms: int = 1000
+    mode: str = "aligned"
+    timeout_ms: int = 600_000
+    aligned_timeout_ms: int = 0
+    min_pause_ms: int = 0
+    max_concurrent: int = 1
+    tolerable_failures: int = 0
+    retained: int = 1
+    storage: str = ""
+
+    def __post_init__(self) -> None:
+        _check_int("interval_ms", self.interval_ms, MIN_INTERVAL_MS)
+        _check_int("timeout_ms", self.timeout_ms, MIN_INTERVAL_MS)
+        _check_int("aligned_timeout_ms", self.aligned_timeout_ms, 0)
+        _check_int("min_pause_ms", self.min_pause_ms, 0)
+        _check_int("max_concurrent", self.max_concurrent, 1)
+        _check_int("tolerable_failures", self.tolerable_failures, 0)
+        _check_int("retained", self.retained, 1)
+        if self.mode not in CHECKPOINT_MODES:
+            raise InvalidArgumentError(
+                f"mode must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, got {self.mode!r}"
+            )
+        if self.aligned_timeout_ms and self.mode != "aligned":
+            raise InvalidArgumentError(
+                f"aligned_timeout_ms applies only to mode 'aligned', not {self.mode!r}"
+            )
+        storage = self.storage
+        if isinstance(storage, os.PathLike):
+            storage = os.fspath(storage)
+        if not isinstance(storage, str):
+            raise InvalidArgumentError(f"storage must be a path or a URI, got {storage!r}")
+        if storage and "://" not in storage:
+            storage = os.path.abspath(storage)
+        elif storage and not storage.startswith("file://"):
+            raise InvalidArgumentError(
+                f"storage must be a local or shared file system path or a file:// URI, got {storage!r}"
+            )
+        object.__setattr__(self, "storage", storage)
+
+    def to_pb(self) -> pb.CheckpointConfig:
+        return pb.CheckpointConfig(
+            interval_ms=self.interval_ms,
+            timeout_ms=self.timeout_ms,
+            min_pause_ms=self.min_pause_ms,
+            max_concurrent=self.max_concurrent,
+            mode=CHECKPOINT_MODES[self.mode],  # type: ignore[arg-type]
+            aligned_checkpoint_timeout_ms=self.aligned_timeout_ms,
+            tolerable_failures=self.tolerable_failures,
+            retained=self.retained,
+            storage_uri=self.storage,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The graph under construction
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Op:
+    operator_id: str
+    name: str
+    kind: str
+    operator: Operator
+
+
+@dataclass
+class _Vertex:
+    vertex_id: str
+    label: str
+    parallelism: int
+    is_source: bool
+    key_field: str | None = None
+    operators: list[_Op] = field(default_factory=list)
+    out_edges: int = 0
+    sunk: bool = False
+
+    def describe(self) -> str:
+        return f"vertex {self.vertex_id!r}"
+
+
+@dataclass(frozen=True)
+class _Edge:
+    source: str
+    target: str
+    partitioner: int
+    key_field: str = ""
+
+
+class Stream:
+    """The output of the last operator of a vertex's chain. Chain more operators onto it,
+    start a new vertex behind an edge (``key_by``, ``rebalance``), or end it with ``sink``."""
+
+    def __init__(self, pipeline: Pipeline, vertex: _Vertex, position: int) -> None:
+        self._pipeline = pipeline
+        self._vertex = vertex
+        self._position = position
+
+    def __repr__(self) -> str:
+        ops = " -> ".join(o.name for o in self._vertex.operators[: self._position])
+        return f"Stream({self._vertex.vertex_id}: {ops})"
+
+    @property
+    def parallelism(self) -> int:
+        return self._vertex.parallelism
+
+    # --- chaining -------------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        v = self._vertex
+        if v.sunk:
+            raise InvalidArgumentError(f"{what}: {v.describe()} already ends in a sink")
+        if self._position != len(v.operators):
+            raise InvalidArgumentError(
+                f"{what}: this stream was already consumed by "
+                f"{v.operators[self._position].name!r}; a stream is consumed once (branching "
+                f"inside a chain is not supported: use key_by() or rebalance() to fan out)"
+            )
+
+    def _chain(self, operator: Operator, kind: str, name: str | None) -> Stream:
+        self._check_open(kind)
+        if v_edges := self._vertex.out_edges:
+            raise InvalidArgumentError(
+                f"{kind}: {self._vertex.describe()} already feeds {v_edges} edge(s); operators "
+                f"cannot be chained after key_by()/rebalance() left it"
+            )
+        label = _check_name("name", name) if name is not None else kind
+        v = self._vertex
+        index = len(v.operators)
+        v.operators.append(_Op(f"{v.vertex_id}.{index}-{_slug(kind)}", label, kind, operator))
+        return Stream(self._pipeline, v, index + 1)
+
+    def map(
+        self,
+        fn: Callable[[dict[str, Any]], dict[str, Any]],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(row: dict) -> dict`` for every row."""
+        _check_fn("map", fn)
+        return self._chain(Map(fn, output_schema), "map", name)
+
+    def filter(self, fn: Callable[[dict[str, Any]], Any], *, name: str | None = None) -> Stream:
+        """Keep the rows for which ``fn(row: dict)`` is truthy."""
+        _check_fn("filter", fn)
+        return self._chain(Filter(fn), "filter", name)
+
+    def flat_map(
+        self,
+        fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]] | None],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(row: dict) -> iterable of dicts`` (None: nothing)."""
+        _check_fn("flat_map", fn)
+        return self._chain(FlatMap(fn, output_schema), "flat_map", name)
+
+    def map_batches(
+        self, fn: Callable[[pa.RecordBatch], pa.RecordBatch], *, name: str | None = None
+    ) -> Stream:
+        """``fn(batch: pyarrow.RecordBatch) -> RecordBatch`` (vectorised; a Table is accepted)."""
+        _check_fn("map_batches", fn)
+        return self._chain(MapBatches(fn), "map_batches", name)
+
+    def filter_batches(
+        self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None
+    ) -> Stream:
+        """Keep the rows where ``fn(batch)`` (a boolean array) is true."""
+        _check_fn("filter_batches", fn)
+        return self._chain(FilterBatches(fn), "filter_batches", name)
+
+    def flat_map_batches(
+        self,
+        fn: Callable[[pa.RecordBatch], Iterable[pa.RecordBatch] | None],
+        *,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(batch) -> iterable of RecordBatch``."""
+        _check_fn("flat_map_batches", fn)
+        return self._chain(FlatMapBatches(fn), "flat_map_batches", name)
+
+    def transform(self, operator: Operator, *, name: str | None = None) -> Stream:
+        """Chain any :class:`worker.operators.Operator` (Flink's ``transform``)."""
+        if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
+            raise InvalidArgumentError(
+                f"transform needs a worker.operators.Operator that is not a source, got {operator!r:.100}"
+            )
+        return self._chain(operator, type(operator).__name__, name)
+
+    def sink(self, operator: Operator, *, name: str | None = None) -> Pipeline:
+        """End the stream in ``operator`` (e.g. :class:`worker.sinks.TransactionalFileSink`),
+        chained into this vertex. Returns the pipeline."""
+        if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
+            raise InvalidArgumentError(
+                f"sink needs a worker.operators.Operator (e.g. TransactionalFileSink), got {operator!r:.100}"
+            )
+        self._chain(operator, "sink", name or type(operator).__name__)
+        self._vertex.sunk = True
+        return self._pipeline
+
+    # --- new vertices ---------------------------------------------------------------------
+
+    def _edge(
+        self, what: str, partitioner: int, key_field: str, parallelism: int | None
+    ) -> _Vertex:
+        self._check_open(what)
+        p = self._pipeline
+        par = p._check_parallelism(parallelism)
+        label = f"{what}({key_field})" if key_field else what
+        target = p._new_vertex(label, par, is_source=False, key_field=key_field or None)
+        p._edges.append(_Edge(self._vertex.vertex_id, target.vertex_id, partitioner, key_field))
+        self._vertex.out_edges += 1
+        return target
+
+    def key_by(self, key_field: str, *, parallelism: int | None = None) -> KeyedStream:
+        """Partition by ``key_field`` (a HASH edge by key group) into a new, keyed vertex."""
+        _check_name("key_by field", key_field)
+        target = self._edge("key_by", pb.PARTITIONER_KIND_HASH, key_field, parallelism)
+        return KeyedStream(self._pipeline, target, key_field)
+
+    def rebalance(self, *, parallelism: int | None = None) -> Stream:
+        """Round-robin into a new vertex (e.g. to change the parallelism)."""
+        target = self._edge("rebalance", pb.PARTITIONER_KIND_REBALANCE, "", parallelism)
+        return Stream(self._pipeline, target, 0)
+
+
+class KeyedStream:
+    """A stream partitioned by ``key_field``: the keyed operation to run on it is the head of
+    the keyed vertex. Every keyed operation keeps its state per key (in key groups) and
+    returns a :class:`Stream` (chain more operators onto it, or sink it)."""
+
+    def __init__(self, pipeline: Pipeline, vertex: _Vertex, key_field: str) -> None:
+        self._stream = Stream(pipeline, vertex, 0)
+        self.key_field = key_field
+
+    def __repr__(self) -> str:
+        return f"KeyedStream({self._stream._vertex.vertex_id}, key_field={self.key_field!r})"
+
+    def count(
+        self, *, count_field: str = "count", output: str = "updates", name: str | None = None
+    ) -> Stream:
+        """A running count per key: rows ``(key, count_field)`` with the new totals of the keys
+        each batch updated (``output="final"``: the totals once, at the end of the input)."""
+        _check_name("count_field", count_field)
+        return self._stream._chain(KeyedCount(self.key_field, output, count_field), "count", name)
+
+    def reduce(
+        self,
+        value_field: str,
+        agg: str | Callable[[Any, Any], Any] = "sum",
+        *,
+        name: str | None = None,
+    ) -> Stream:
+        """A running reduction of ``value_field`` per key: ``"sum"``, ``"min"``, ``"max"`` or
+        ``fn(a, b) -> c``; rows ``(key, value_field)``."""
+        _check_name("value_field", value_field)
+        return self._stream._chain(KeyedReduce(self.key_field, value_field, agg), "reduce", name)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        time_field: str,
+        value_field: str | None = None,
+        agg: str = "sum",
+        *,
+        allowed_lateness_ms: int = 0,
+        output_field: str = "value",
+        name: str | None = None,
+    ) -> Stream:
+        """Event-time windows (``TumblingEventTimeWindows``, ``SlidingEventTimeWindows``) with
+        ``agg`` (``"sum"``, ``"count"``, ``"min"``, ``"max"``) of ``value_field``; rows
+        ``(key, window_start, window_end, output_field)`` when a window fires."""
+        _check_name("time_field", time_field)
+        op = WindowAggregate(
+            self.key_field,
+            time_field,
+            value_field,
+            assigner,
+            agg,
+            allowed_lateness_ms=allowed_lateness_ms,
+            output_field=output_field,
+        )
+        return self._stream._chain(op, "window", name)
+
+    def process(
+        self,
+        fn: RowsFn,
+        *,
+        on_timer: TimerFn | None = None,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Flink's ``KeyedProcessFunction``: ``fn(key, rows, ctx)`` per distinct key of a batch,
+        with keyed state and event-time timers on ``ctx`` (:class:`worker.operators.KeyedContext`)."""
+        _check_fn("process", fn)
+        if on_timer is not None:
+            _check_fn("process on_timer", on_timer)
+        op = KeyedProcess(self.key_field, fn, on_timer, output_schema)
+        return self._stream._chain(op, "process", name)
+
+    def aggregate(
+        self,
+        function: AggregateFunction,
+        *,
+        value_field: str | None = None,
+        output_field: str = "result",
+        result_type: pa.DataType | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """A running aggregation per key with an :class:`worker.operators.AggregateFunction`."""
+        op = Aggregate(self.key_field, function, value_field, output_field, result_type)
+        return self._stream._chain(op, "aggregate", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+class Pipeline:
+    """A job under construction: sources, operators, edges, sinks, checkpointing, restarts."""
+
+    def __init__(self, name: str, *, parallelism: int = 1, max_parallelism: int = 128) -> None:
+        self.name = _check_name("pipeline name", name)
+        self.max_parallelism = _check_int(
+            "max_parallelism", max_parallelism, 1, MAX_PARALLELISM_LIMIT
+        )
+        self.parallelism = _check_int("parallelism", parallelism, 1, self.max_parallelism)
+        self.checkpoint_settings = CheckpointSettings()
+        self.restart: RestartStrategy = FixedDelay(attempts=3, delay_s=1.0)
+        self._vertices: list[_Vertex] = []
+        self._edges: list[_Edge] = []
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r}, vertices={len(self._vertices)}, parallelism={self.parallelism})"
+
+    def _check_parallelism(self, parallelism: int | None) -> int:
+        if parallelism is None:
+            return self.parallelism
+        return _check_int("parallelism", parallelism, 1, self.max_parallelism)
+
+    def _new_vertex(
+        self, label: str, parallelism: int, *, is_source: bool, key_field: str | None
+    ) -> _Vertex:
+        vertex = _Vertex(
+            vertex_id=f"v{len(self._vertices)}-{_slug(label)}",
+            label=label,
+            parallelism=parallelism,
+            is_source=is_source,
+            key_field=key_field,
+        )
+        self._vertices.append(vertex)
+        return vertex
+
+    # --- building -------------------------------------------------------------------------
+
+    def source(
+        self, source: SourceOperator, *, name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
+        """A new source vertex reading ``source`` (e.g. :class:`worker.sources.GeneratorSource`)."""
+        if not isinstance(source, SourceOperator):
+            raise InvalidArgumentError(
+                f"source needs a worker.operators.SourceOperator (e.g. GeneratorSource), got {source!r:.100}"
+            )
+        label = _check_name("source name", name) if name is not None else "source"
+        vertex = self._new_vertex(
+            label, self._check_parallelism(parallelism), is_source=True, key_field=None
+        )
+        vertex.operators.append(_Op(f"{vertex.vertex_id}.0-source", label, "source", source))
+        return Stream(self, vertex, 1)
+
+    def checkpointing(
+        self,
+        interval_ms: int = 1000,
+        mode: str = "aligned",
+        *,
+        timeout_ms: int = 600_000,
+        aligned_timeout_ms: int = 0,
+        min_pause_ms: int = 0,
+        max_concurrent: int = 1,
+        tolerable_failures: int = 0,
+        retained: int = 1,
+        storage: str | os.PathLike[str] = "",
+    ) -> Pipeline:
+        """Checkpoint settings (see :class:`CheckpointSettings`). Returns the pipeline."""
+        self.checkpoint_settings = CheckpointSettings(
+            interval_ms=interval_ms,
+            mode=mode,
+            timeout_ms=timeout_ms,
+            aligned_timeout_ms=aligned_timeout_ms,
+            min_pause_ms=min_pause_ms,
+            max_concurrent=max_concurrent,
+            tolerable_failures=tolerable_failures,
+            retained=retained,
+            storage=storage,  # type: ignore[arg-type]  # normalised to str in __post_init__
+        )
+        return self
+
+    def restart_strategy(self, strategy: RestartStrategy) -> Pipeline:
+        """How the driver restarts the job after a failure (default ``FixedDelay(3, 1.0)``)."""
+        if not isinstance(strategy, RestartStrategy):
+            raise InvalidArgumentError(
+                f"restart_strategy needs FixedDelay, ExponentialBackoff or NoRestart, got {strategy!r:.100}"
+            )
+        self.restart = strategy
+        return self
+
+    # --- translation ----------------------------------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        """Spark tasks (slots) of the barrier stage: the largest vertex parallelism."""
+        return max((v.parallelism for v in self._vertices), default=0)
+
+    def validate(self) -> None:
+        """Raise InvalidArgumentError unless the pipeline is a runnable job."""
+        if not any(v.is_source for v in self._vertices):
+            raise InvalidArgumentError(f"pipeline {self.name!r} has no source: call source() first")
+        for v in self._vertices:
+            if not v.operators:
+                what = f"key_by({v.key_field!r})" if v.key_field else v.label + "()"
+                follow = (
+                    "a keyed operation (count, reduce, window, process, aggregate)"
+                    if v.key_field
+                    else "an operator or a sink"
+                )
+                raise InvalidArgumentError(
+                    f"{what} in pipeline {self.name!r} is not followed by {follow}"
+                )
+            if not v.sunk and not v.out_edges:
+                last = v.operators[-1].name
+                raise InvalidArgumentError(
+                    f"the stream ending in {last!r} ({v.describe()}) has no sink: end it with .sink(...)"
+                )
+
+    def job_graph(self) -> pb.JobGraph:
+        """The ``snapflow.v1.JobGraph`` of this pipeline (operators cloudpickled)."""
+        self.validate()
+        vertices = []
+        for v in self._vertices:
+            ops = []
+            for o in v.operators:
+                try:
+                    payload = cloudpickle.dumps(o.operator)
+                except Exception as e:
+                    raise InvalidArgumentError(
+                        f"operator {o.name!r} ({v.describe()}) cannot be pickled: {type(e).__name__}: {e}"
+                    ) from e
+                ops.append(
+                    pb.OperatorSpec(
+                        operator_id=o.operator_id, name=o.name, kind=o.kind, payload=payload
+                    )
+                )
+            vertices.append(
+                pb.JobVertex(
+                    vertex_id=v.vertex_id,
+                    name=" -> ".join(o.name for o in v.operators),
+                    parallelism=v.parallelism,
+                    max_parallelism=self.max_parallelism,
+                    operators=ops,
+                    is_source=v.is_source,
+                )
+            )
+        edges = [
+            pb.JobEdge(
+                source_vertex_id=e.source,
+                target_vertex_id=e.target,
+                partitioner=e.partitioner,  # type: ignore[arg-type]
+                key_field=e.key_field,
+            )
+            for e in self._edges
+        ]
+        return pb.JobGraph(name=self.name, vertices=vertices, edges=edges)
+
+    # --- running --------------------------------------------------------------------------
+
+    def run(
+        self,
+        spark: SparkSession,
+        *,
+        restore_from: str | os.PathLike[str] | None = None,
+        coordinator_address: str | None = None,
+        **options: Any,
+    ) -> JobResult:
+        """Run the job on ``spark`` until it ends; see :func:`spark_bridge.runner.run`."""
+        from spark_bridge.runner import run
+
+        return run(
+            self,
+            spark,
+            coordinator_address=coordinator_address,
+            restore_from=restore_from,
+            **options,
+        )
+
+    def run_async(
+        self,
+        spark: SparkSession,
+        *,
+        restore_from: str | os.PathLike[str] | None = None,
+        coordinator_address: str | None = None,
+        **options: Any,
+    ) -> JobHandle:
+        """Submit the job and run it in a background thread; returns its :class:`JobHandle`
+        (cancel, stop with a savepoint, wait for the result)."""
+        from spark_bridge.runner import submit
+
+        return submit(
+            self,
+            spark,
+            coordinator_address=coordinator_address,
+            restore_from=restore_from,
+            **options,
+        )
