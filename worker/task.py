@@ -56,6 +56,7 @@ log = structlog.get_logger("snapflow.worker")
 
 MAX_WATERMARK = 2**63 - 1
 SOURCE_BATCH_RECORDS = 65_536
+BACKPRESSURE_POLL_S = 0.005  # how often a task blocked on output looks for priority events
 CHANNEL_INPUT = "channel_input"
 CHANNEL_OUTPUT = "channel_output"
 
@@ -719,9 +720,56 @@ class Subtask:
             if batch.num_rows == 0:
                 continue
             self.records_out += batch.num_rows
-            for edge in self.outputs:
-                for index, part in edge.partitioner.partition(batch):
-                    await edge.channels[index].send(DataFrame(part))
+            sends = [
+                edge.channels[index].send(DataFrame(part))
+                for edge in self.outputs
+                for index, part in edge.partitioner.partition(batch)
+            ]
+            if len(sends) == 1 and not self._backpressured():
+                await sends[0]
+            else:
+                await self._send_all(sends)
+
+    def _backpressured(self) -> bool:
+        return any(c.queued_data > 0 for edge in self.outputs for c in edge.channels)
+
+    async def _send_all(self, sends: list[Any]) -> None:
+        """Await the sends of one batch's parts while still taking what must not wait behind
+        backpressure (Flink's mailbox): a checkpoint trigger at a source, an unaligned barrier
+        or a cancel marker at other tasks. Every part is enqueued first (``send`` enqueues
+        before it waits for credit), so a snapshot taken meanwhile has the whole batch before
+        its barrier: aligned barriers queue behind it, unaligned ones overtake it and it becomes
+        output channel state."""
+        tasks = [asyncio.ensure_future(send) for send in sends]
+        await asyncio.sleep(0)  # every send has enqueued its part
+        while True:
+            _, pending = await asyncio.wait(tasks, timeout=BACKPRESSURE_POLL_S)
+            if not pending:
+                break
+            if self.source is not None:
+                while not self._triggers.empty():
+                    await self._snapshot_at_source(*self._triggers.get_nowait())
+            elif (
+                self.gate is not None
+                and self.handler is not None
+                and any(c.priority_pending for c in self.gate.channels)
+            ):
+                item = self.gate.poll()
+                if item is not None:
+                    await self._handle_priority(*item)
+        for task in tasks:
+            task.result()  # a failed channel fails the task
+
+    async def _handle_priority(self, channel: int, frame: Any) -> None:
+        assert self.handler is not None
+        if isinstance(frame, BarrierFrame):
+            await self._execute(
+                self.handler.on_barrier(channel, barrier_from_frame(frame), now_ms())
+            )
+        elif isinstance(frame, CancelMarkerFrame):
+            await self._execute(
+                self.handler.on_cancel_marker(channel, frame.checkpoint_id, now_ms())
+            )
 
 
 def _write_batches(path: str, batches: list[pa.RecordBatch]) -> int:
