@@ -145,13 +145,26 @@ class DiscardingSink(Operator):
 
 
 class ThrottledSink(DiscardingSink):
-    """A :class:`DiscardingSink` that sleeps ``sleep_s`` per batch, blocking its agent."""
+    """A :class:`DiscardingSink` that sleeps ``sleep_s`` per batch, blocking its agent.
 
-    def __init__(self, stats_dir: str, sleep_s: float, **kwargs: Any) -> None:
+    ``subtasks``: the subtask indexes that sleep (None: all)."""
+
+    def __init__(
+        self, stats_dir: str, sleep_s: float, subtasks: tuple[int, ...] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(stats_dir, **kwargs)
         self.sleep_s = sleep_s
+        self.subtasks = subtasks
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._sleep = (
+            self.sleep_s if self.subtasks is None or ctx.subtask_index in self.subtasks else 0.0
+        )
+
+    _runtime_fields: tuple[str, ...] = (*DiscardingSink._runtime_fields, "_sleep")
 
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        if batch.num_rows:
-            time.sleep(self.sleep_s)
+        if batch.num_rows and self._sleep:
+            time.sleep(self._sleep)
         return super().process_batch(batch)

@@ -672,7 +672,7 @@ def _add_worker(sub: Any) -> None:
         "worker",
         help="run a worker agent hosting one slot of a job",
         description="Deploy and run the subtasks of one slot of a submitted job: with --slots N, "
-        "slot I hosts subtask i of every vertex where i %% N == I. Exits 0 when they finish, "
+        "slot I hosts subtask i of every vertex where i mod N == I. Exits 0 when they finish, "
         "1 when one fails.",
     )
     p.add_argument(
@@ -715,24 +715,105 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: Any) -> None:
+    from snapflow import demo
+
     p = sub.add_parser(
-        "demo", help="run a local demo job with a failure and a restore from a checkpoint"
+        "demo",
+        help="run the demo job on Spark: a task killed mid-run, an exactly-once check",
+        description="Run a NexMark-style bid stream aggregated per auction in tumbling "
+        "event-time windows as one Snapflow job on Spark, checkpointing every --interval-ms, "
+        "kill one task mid-run, recover from the latest checkpoint, and compare the committed "
+        "output with a batch Spark computation of the same query. Exit code 0 when the result "
+        "is exactly-once, 1 when not. By default everything is embedded: a redis-server from "
+        "the Python environment, the coordinator and local Spark.",
     )
-    p.add_argument("--seconds", type=float, default=15.0, help="how long to run (default 15)")
-    p.add_argument("--tasks", type=int, default=8, help="number of tasks (default 8)")
+    p.add_argument(
+        "--records",
+        type=demo.parse_size,
+        default=demo.DEFAULT_SIZE,
+        metavar="SIZE",
+        help="bids to generate: "
+        + ", ".join(f"{k} ({n:,})" for k, (n, _) in demo.SIZES.items())
+        + f", or a count like 500k (default {demo.DEFAULT_SIZE})",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="bids per second over all source subtasks; 0: as fast as possible (default: "
+        + ", ".join(f"{r:,}/s for {k}" for k, (_, r) in demo.SIZES.items())
+        + ")",
+    )
+    p.add_argument(
+        "--parallelism", type=int, default=2, help="parallelism of every vertex (default 2)"
+    )
+    p.add_argument(
+        "--mode",
+        choices=demo.MODES,
+        default="aligned",
+        help="checkpoint mode (default aligned)",
+    )
     p.add_argument(
         "--interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)"
     )
     p.add_argument(
-        "--storage-root", default="./data/demo", help="checkpoint storage (default ./data/demo)"
+        "--window-ms",
+        type=int,
+        default=10_000,
+        help="tumbling event-time window size (default 10000)",
+    )
+    failure = p.add_mutually_exclusive_group()
+    failure.add_argument(
+        "--kill-after-s",
+        type=float,
+        default=None,
+        help="kill a task this many seconds into the run, once a checkpoint completed "
+        "(default: 40%% of the nominal run time)",
+    )
+    failure.add_argument("--no-failure", action="store_true", help="do not kill a task")
+    p.add_argument(
+        "--spark-master",
+        default="local[4]",
+        help="Spark master URL of the session the demo creates (default local[4])",
     )
     p.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="a running coordinator (`snapflow coordinator`); default: an embedded one "
+        "(local masters only)",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration (repeatable)",
+    )
+    p.add_argument(
+        "--storage-root",
+        "--data-dir",
+        dest="storage_root",
+        default="./data/demo",
+        metavar="DIR",
+        help="the demo's data directory, cleaned at the start of every run: output, "
+        "checkpoints (default ./data/demo); on a cluster, a path every executor and the "
+        "coordinator see",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log at info level")
+    sim = p.add_argument_group(
+        "simulated demo", "the coordinator with simulated worker agents, no Spark (fast)"
+    )
+    sim.add_argument("--simulated", action="store_true", help="run the simulated demo instead")
+    sim.add_argument("--seconds", type=float, default=15.0, help="how long to run (default 15)")
+    sim.add_argument("--tasks", type=int, default=8, help="number of tasks (default 8)")
+    sim.add_argument(
         "--fail-at-s",
         type=float,
         default=5.0,
         help="inject a task failure after this many seconds; < 0: never (default 5)",
     )
-    p.add_argument(
+    sim.add_argument(
         "--port",
         "--address-port",
         dest="port",
@@ -740,7 +821,6 @@ def _add_demo(sub: Any) -> None:
         default=0,
         help="coordinator gRPC port of the demo; 0 picks a free one (default 0)",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="log at info level")
     p.set_defaults(handler=cmd_demo)
 
 

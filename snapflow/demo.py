@@ -1,64 +1,829 @@
-"""``snapflow demo`` (what ``make run`` runs): the coordinator on the embedded default.
+"""``snapflow demo`` (what ``make run`` runs): an exactly-once streaming job on Spark, a task
+killed mid-run, and a batch Spark check of the result.
 
-It starts a real ``redis-server`` from the Python environment, a coordinator on it, and worker
-agents that host a job's subtasks, then lets periodic checkpoints run, fails one task mid-run,
-redeploys the job from the latest completed checkpoint and prints what happened.
+The job (:func:`build_pipeline`): a NexMark-style bid stream (:class:`worker.nexmark.BidSource`,
+bounded, rate-limited) keyed by auction into tumbling event-time windows with the number of
+bids, the sum and the maximum of their prices per auction and window
+(:class:`worker.nexmark.PriceStatsWindow`), written by the exactly-once
+:class:`worker.sinks.TransactionalFileSink`. It runs as one barrier-mode Spark stage
+(:mod:`spark_bridge`) with a checkpoint every ``--interval-ms``.
 
-The agents are the simulated ones from ``snapflow.testing`` (real gRPC, real state files, no
-operators): the worker runtime and the Spark bridge replace them as they land.
+By default everything is embedded: a ``redis-server`` child process from the Python
+environment and the coordinator (spark_bridge's embedded default), and a local SparkSession
+(``local[4]``). ``--coordinator host:port`` and ``--spark-master spark://...`` run the same
+demo against a coordinator service and a Spark cluster (the compose ``submitter``); the data
+directory must then be on a file system that the executors and the coordinator see at the
+same path.
+
+Unless ``--no-failure``, one task's Python worker is killed (``os._exit``) in the first
+deployment, once a checkpoint completed and ``--kill-after-s`` passed: the stage fails, the
+driver resubmits it, the job restores from the latest completed checkpoint and replays. At the
+end the committed output is compared with the same query computed by a batch Spark job over
+the same bids (generated on the executors from the source's scalar definition), and a summary
+says whether the result is exactly-once (exit code 0) or not (1).
+
+``--simulated`` runs the older, Spark-free demo: the coordinator with simulated worker agents
+(:class:`snapflow.testing.SimulatedAgent`: real gRPC and state files, no operators).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
+import json
 import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import grpc
+import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.config import load_settings
-from coordinator.server import Coordinator
-from snapflow.logging import configure_logging
-from snapflow.redis_server import RedisServer
-from snapflow.testing import SimulatedAgent
-from snapflow.v1 import common_pb2 as pb
-from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+from worker.operators import Operator, OperatorContext
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from snapflow.v1 import coordinator_pb2 as cpb
+    from spark_bridge import JobHandle, Pipeline
+    from worker.nexmark import BidSource, WindowRow
+
+__all__ = [
+    "SIZES",
+    "DemoConfig",
+    "DemoSummary",
+    "KillOnce",
+    "build_pipeline",
+    "config_from_args",
+    "parse_size",
+    "run_demo",
+    "run_spark_demo",
+]
+
+# --records presets: (records, total rate per second). "medium", the default, takes about 15 s
+# of streaming (plus Spark's start-up and the batch check) on two cores.
+SIZES: dict[str, tuple[int, int]] = {
+    "small": (60_000, 15_000),
+    "medium": (240_000, 20_000),
+    "large": (2_000_000, 50_000),
+}
+DEFAULT_SIZE = "medium"
+MODES = ("aligned", "unaligned", "at_least_once")
+MARKER = ".snapflow-demo"
+# Names a demo run leaves in its data directory: a directory holding only these is cleaned.
+_DEMO_ENTRIES = {MARKER, "out", "checkpoints", "redis", "kill.json"}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--seconds", type=float, default=12.0, help="how long the job runs (default 12)"
+def parse_size(value: str) -> int:
+    """``--records``: a preset (small, medium, large) or a count (``250000``, ``250_000``,
+    ``250k``, ``2m``)."""
+    text = str(value).strip().lower().replace("_", "").replace(",", "")
+    if text in SIZES:
+        return SIZES[text][0]
+    m = re.fullmatch(r"(\d+)([km]?)", text)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a number of records or one of {', '.join(SIZES)}"
+        )
+    n = int(m[1]) * {"": 1, "k": 1_000, "m": 1_000_000}[m[2]]
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--records must be at least 1, got {value!r}")
+    return n
+
+
+def _preset_rate(records: int) -> int:
+    """The default rate of a size: that of the preset with the most records <= it."""
+    rate = SIZES["small"][1]
+    for n, r in sorted(SIZES.values()):
+        if records >= n:
+            rate = r
+    return rate
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and result
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What the Spark demo runs (``snapflow demo`` flags)."""
+
+    records: int = SIZES[DEFAULT_SIZE][0]
+    rate_per_s: float | None = SIZES[DEFAULT_SIZE][1]
+    """Total rate of the source; None: as fast as possible."""
+    parallelism: int = 2
+    mode: str = "aligned"
+    interval_ms: int = 1000
+    window_ms: int = 10_000
+    kill_after_s: float | None = None
+    """When to kill a task (after a checkpoint completed); None: 40 % into the run."""
+    failure: bool = True
+    data_dir: str = "./data/demo"
+    coordinator: str | None = None
+    """host:port of a coordinator service; None: the embedded default."""
+    spark_master: str = "local[4]"
+    spark_conf: tuple[tuple[str, str], ...] = ()
+    verbose: bool = False
+    seed: int = 7
+
+    @property
+    def kill_after(self) -> float:
+        if self.kill_after_s is not None:
+            return self.kill_after_s
+        if not self.rate_per_s:
+            return 1.0
+        return max(1.0, round(0.4 * self.records / self.rate_per_s, 1))
+
+    def source(self) -> BidSource:
+        from worker.nexmark import BidSource
+
+        return BidSource(
+            total_records=self.records,
+            rate_per_s=self.rate_per_s,
+            seed=self.seed,
+            batch_size=4096,
+        )
+
+    @property
+    def out_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.data_dir), "out")
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.data_dir), "checkpoints")
+
+    @property
+    def kill_file(self) -> str:
+        return os.path.join(os.path.abspath(self.data_dir), "kill.json")
+
+
+@dataclass
+class DemoSummary:
+    """What a Spark demo run did and found."""
+
+    records: int
+    job_id: str = ""
+    state: str = ""
+    failure: str = ""
+    checkpoints_completed: int = 0
+    restarts: int = 0
+    restored_from: int = 0
+    killed_at_s: float | None = None
+    """Seconds after the submission when the task was killed (None: no kill)."""
+    killed_what: str = ""
+    recovery_s: float | None = None
+    """From the kill to the first checkpoint completed after the restart."""
+    running_again_s: float | None = None
+    """From the failure noticed by the driver to every task running again (JobResult)."""
+    committed_rows: int = 0
+    expected_rows: int = 0
+    missing: Counter[WindowRow] = field(default_factory=Counter)
+    """Rows of the batch result missing from the committed output."""
+    extra: Counter[WindowRow] = field(default_factory=Counter)
+    """Committed rows not in the batch result (or committed more often)."""
+    spark_start_s: float = 0.0
+    """Creating the SparkSession (0 when the caller gave one)."""
+    job_s: float = 0.0
+    check_s: float = 0.0
+    """After the job: reading the committed output and waiting for the batch result."""
+    batch_s: float = 0.0
+    """The batch Spark job (run alongside the streaming job)."""
+    total_s: float = 0.0
+
+    @property
+    def exactly_once(self) -> bool:
+        return (
+            self.state == "FINISHED"
+            and not self.missing
+            and not self.extra
+            and self.committed_rows == self.expected_rows
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    records = args.records if isinstance(args.records, int) else parse_size(args.records)
+    if args.rate is None:
+        rate: float | None = float(_preset_rate(records))
+    else:
+        rate = float(args.rate) if args.rate > 0 else None
+    conf = []
+    for item in args.conf or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf takes KEY=VALUE, got {item!r}")
+        conf.append((key.strip(), value))
+    return DemoConfig(
+        records=records,
+        rate_per_s=rate,
+        parallelism=args.parallelism,
+        mode=args.mode,
+        interval_ms=args.interval_ms,
+        window_ms=args.window_ms,
+        kill_after_s=args.kill_after_s,
+        failure=not args.no_failure,
+        data_dir=args.storage_root,
+        coordinator=args.coordinator,
+        spark_master=args.spark_master,
+        spark_conf=tuple(conf),
+        verbose=args.verbose,
     )
-    parser.add_argument("--tasks", type=int, default=8, help="subtasks in the job (default 8)")
-    parser.add_argument(
-        "--interval-ms", type=int, default=1000, help="checkpoint interval (default 1000)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The failure
+# ---------------------------------------------------------------------------------------------
+
+
+class KillOnce(Operator):
+    """Passes batches through. In deployment ``deployment``, subtask ``subtask``, once a
+    checkpoint completed and ``after_s`` passed since it opened, it writes ``marker`` (a JSON
+    line with the wall-clock time) and kills its Python worker with ``os._exit(1)``, as a
+    crashed executor process would. It never kills twice (the marker exists)."""
+
+    _runtime_fields = ("_opened", "_checkpointed", "_seen")
+
+    def __init__(self, after_s: float, marker: str, deployment: int = 1, subtask: int = 0) -> None:
+        self.after_s = after_s
+        self.marker = marker
+        self.deployment = deployment
+        self.subtask = subtask
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._opened = time.monotonic()
+        self._checkpointed = False
+        self._seen = 0
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._checkpointed = True
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        self._seen += batch.num_rows
+        ctx = self._context()
+        if (
+            self._checkpointed
+            and ctx.attempt == self.deployment
+            and ctx.subtask_index == self.subtask
+            and time.monotonic() - self._opened >= self.after_s
+            and not os.path.exists(self.marker)
+        ):
+            with open(self.marker, "w") as f:
+                record = {
+                    "killed_at_ms": int(time.time() * 1000),
+                    "pid": os.getpid(),
+                    "vertex": ctx.vertex_id,
+                    "subtask": ctx.subtask_index,
+                    "deployment": ctx.attempt,
+                    "records_seen": self._seen,
+                }
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os._exit(1)
+        return [batch] if batch.num_rows else []
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------------------------
+
+
+def build_pipeline(config: DemoConfig) -> Pipeline:
+    """bids -> [kill once] -> key_by(auction) -> tumbling event-time window stats -> file sink."""
+    from spark_bridge import FixedDelay, Pipeline
+    from worker.nexmark import WINDOW_STATS_SCHEMA, PriceStatsWindow
+    from worker.sinks import TransactionalFileSink
+
+    p = Pipeline("nexmark-bid-stats", parallelism=config.parallelism, max_parallelism=128)
+    bids = p.source(config.source(), name="bids")
+    if config.failure:
+        bids = bids.transform(KillOnce(config.kill_after, config.kill_file), name="kill-once")
+    window = PriceStatsWindow(config.window_ms)
+    (
+        bids.key_by("auction")
+        .process(
+            window,
+            on_timer=window.on_timer,
+            output_schema=WINDOW_STATS_SCHEMA,
+            name=f"bid-stats-{config.window_ms // 1000}s"
+            if config.window_ms % 1000 == 0
+            else "bid-stats",
+        )
+        .sink(TransactionalFileSink(config.out_dir), name="window-stats")
     )
-    parser.add_argument(
-        "--fail-at-s", type=float, default=5.0, help="when a task fails (default 5; <0: never)"
+    p.checkpointing(interval_ms=config.interval_ms, mode=config.mode, storage=config.checkpoint_dir)
+    p.restart_strategy(FixedDelay(attempts=3, delay_s=0.5))
+    return p
+
+
+def prepare_data_dir(path: str) -> None:
+    """Create ``path`` empty (a previous demo run's files are removed). A non-empty directory
+    that no demo made is left alone (an error), so a mistyped path deletes nothing."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        entries = set(os.listdir(path))
+        if entries and MARKER not in entries and not entries <= _DEMO_ENTRIES:
+            raise ValueError(
+                f"{path} is not empty and was not made by `snapflow demo` (no {MARKER}); "
+                f"choose another --data-dir or empty it"
+            )
+        for name in entries:
+            target = os.path.join(path, name)
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target)
+            else:
+                os.unlink(target)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, MARKER), "w") as f:
+        f.write("a `snapflow demo` data directory: cleaned at the start of every demo run\n")
+
+
+def _console() -> Console:
+    """A console on the current stdout; 120 columns when it is not a terminal (no wrapping of
+    the progress lines in a log or a pipe)."""
+    tty = sys.stdout.isatty()
+    return Console(highlight=False, width=None if tty or "COLUMNS" in os.environ else 120)
+
+
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def _spark_log_level(config: DemoConfig) -> str:
+    return "WARN" if config.verbose else "FATAL"
+
+
+_QUIET_LOG4J2 = """\
+# Written by `snapflow demo` for Spark's driver JVM: no start-up banner or warnings; the level
+# is lowered further with setLogLevel once the session runs (the demo reports failures itself).
+# Root at WARN, the level Spark gives the shell's logger, so that Spark does not announce it.
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativecode.level = error
+"""
+
+
+def create_spark_session(config: DemoConfig) -> SparkSession:
+    """The demo's SparkSession: no UI, quiet logs, Python workers on this interpreter, and no
+    stage retries by Spark (the Snapflow driver loop owns restarts)."""
+    local = _is_local(config.spark_master)
+    if local:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(config.spark_master)
+        .appName("snapflow-demo")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.stage.maxConsecutiveAttempts", "1")
+        .config("spark.sql.shuffle.partitions", str(max(2, config.parallelism)))
     )
-    parser.add_argument(
-        "--storage-root", default="./data/demo", help="checkpoint storage (default ./data/demo)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=0, help="coordinator gRPC port (default: a free one)"
+    if local:
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
+    user_keys = {key for key, _ in config.spark_conf}
+    log4j: str | None = None
+    if not config.verbose and "spark.driver.extraJavaOptions" not in user_keys:
+        # Spark's start-up banner and warnings: keep the terminal for the demo's own output.
+        fd, log4j = tempfile.mkstemp(prefix="snapflow-demo-log4j2-", suffix=".properties")
+        with os.fdopen(fd, "w") as f:
+            f.write(_QUIET_LOG4J2)
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"
+        )
+    for key, value in config.spark_conf:
+        builder = builder.config(key, value)
+    try:
+        session = builder.getOrCreate()
+    finally:
+        if log4j is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(log4j)
+    session.sparkContext.setLogLevel(_spark_log_level(config))
+    return session
+
+
+def _wait_for_executors(
+    spark: SparkSession, slots: int, timeout_s: float, console: Console
+) -> None:
+    """On a cluster, wait (bounded) until an executor registered and the cores add up to the
+    job's slots: a barrier stage submitted before is refused for lack of slots and only
+    retried after 15 s."""
+    sc = spark.sparkContext
+    if _is_local(sc.master or ""):
+        return
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        executors = 0
+        with contextlib.suppress(Exception):
+            jsc = sc._jsc.sc()  # type: ignore[union-attr]
+            executors = len(jsc.statusTracker().getExecutorInfos()) - 1  # minus the driver
+            # defaultParallelism: the registered executors' cores (at least 2)
+            if executors >= 1 and int(jsc.defaultParallelism()) >= slots:
+                return
+        if time.monotonic() > deadline:
+            console.print(
+                f"[yellow]{executors} executor(s) registered after {timeout_s:g} s; the job "
+                f"needs {slots} task slots: submitting anyway[/yellow]"
+            )
+            return
+        if not said:
+            console.print(f"  waiting for executors of {sc.master} ...")
+            said = True
+        time.sleep(0.5)
+
+
+class _BatchCheck:
+    """The query as a batch Spark job over the same bids, in a background thread."""
+
+    def __init__(self, spark: SparkSession, config: DemoConfig, slots: int) -> None:
+        self._spark = spark
+        self._config = config
+        total = spark.sparkContext.defaultParallelism
+        self._partitions = max(1, min(2, total - slots))  # leave the job's slots free
+        self._result: Counter[WindowRow] | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.duration_s = 0.0
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        from pyspark import InheritableThread
+
+        self._thread = InheritableThread(target=self._run, name="snapflow-demo-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from worker.nexmark import batch_window_stats, bids_dataframe
+
+        started = time.monotonic()
+        c = self._config
+        sc = self._spark.sparkContext
+        sc.setJobGroup("snapflow-demo-batch-check", "snapflow demo: the batch Spark check")
+        try:
+            bids = bids_dataframe(self._spark, c.source(), c.parallelism, self._partitions)
+            self._result = batch_window_stats(bids, c.window_ms)
+        except BaseException as e:
+            self._error = e
+        finally:
+            self.duration_s = time.monotonic() - started
+
+    def result(self) -> Counter[WindowRow]:
+        if self._thread is None:
+            self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def _watch(
+    handle: JobHandle,
+    config: DemoConfig,
+    console: Console,
+    t0: float,
+    t0_wall: float,
+    on_running: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Print the job's progress until it ends; what was seen (checkpoints, kill, restore).
+    ``on_running`` is called once the job runs (or ended)."""
+    from snapflow.errors import SnapflowError
+    from snapflow.v1 import common_pb2 as pb
+    from spark_bridge import JobStatus
+
+    completed: dict[int, tuple[int, int]] = {}  # id -> (trigger ms, completion ms)
+    state = JobStatus.CREATED
+    restored_from = 0
+    kill: dict[str, Any] | None = None
+    kill_said = False
+
+    def say(message: str) -> None:
+        console.print(f"[dim]\\[{time.monotonic() - t0:5.1f}s][/dim] {message}", highlight=False)
+
+    while True:
+        done = handle.done()
+        kill = _read_kill(config) if kill is None else kill
+        if kill is not None and not kill_said:
+            kill_said = True
+            console.print(
+                f"[dim]\\[{kill['killed_at_ms'] / 1000 - t0_wall:5.1f}s][/dim] "
+                f"[bold red]killed[/bold red] {_kill_text(kill)}",
+                highlight=False,
+            )
+        try:
+            info = handle.info()
+            stats: cpb.CheckpointStats | None = handle.checkpoint_stats()
+        except SnapflowError:
+            info, stats = None, None  # the job ended (the embedded coordinator is gone)
+        if stats is not None:
+            for h in sorted(stats.history, key=lambda h: h.checkpoint_id):
+                if h.status != pb.CHECKPOINT_STATUS_COMPLETED or h.checkpoint_id in completed:
+                    continue
+                done_ms = h.trigger_timestamp_ms + h.end_to_end_duration_ms
+                completed[h.checkpoint_id] = (h.trigger_timestamp_ms, done_ms)
+                say(
+                    f"checkpoint {h.checkpoint_id} completed in {h.end_to_end_duration_ms} ms "
+                    f"({h.state_size_bytes / 1024:,.0f} KiB)"
+                )
+            if stats.HasField("latest_restore") and stats.latest_restore.checkpoint_id:
+                restored_from = int(stats.latest_restore.checkpoint_id)
+        if info is not None:
+            now = JobStatus.from_pb(info.state)
+            if now is not state:
+                if now is JobStatus.RESTARTING:
+                    say("[yellow]deployment failed[/yellow]: the job is RESTARTING")
+                elif now is JobStatus.RUNNING and info.restarts:
+                    where = f"checkpoint {restored_from}" if restored_from else "the start"
+                    say(
+                        f"[green]redeployed[/green] (restart {info.restarts}): "
+                        f"{info.running_tasks} tasks running again, restored from {where}"
+                    )
+                elif now is JobStatus.RUNNING:
+                    say(f"job running: {info.running_tasks} tasks")
+                    on_running()
+                state = now
+        if done:
+            on_running()
+            break
+        time.sleep(0.2)
+    return {"completed": completed, "restored_from": restored_from}
+
+
+def _read_kill(config: DemoConfig) -> dict[str, Any] | None:
+    """What :class:`KillOnce` wrote when it killed its worker (None: no kill yet)."""
+    if not config.failure:
+        return None
+    try:
+        with open(config.kill_file) as f:
+            kill: dict[str, Any] = json.loads(f.read())
+        int(kill["killed_at_ms"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not there, or not written completely yet
+    return kill
+
+
+def _kill_text(kill: dict[str, Any]) -> str:
+    return (
+        f"the Python worker (pid {kill.get('pid')}) running subtask {kill.get('subtask')} of "
+        f"{kill.get('vertex')!r}, after {kill.get('records_seen', 0):,} bids"
     )
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    configure_logging("warning" if not getattr(args, "verbose", False) else "info", "auto")
-    return asyncio.run(_demo(args))
+def run_spark_demo(
+    config: DemoConfig, spark: SparkSession | None = None, console: Console | None = None
+) -> DemoSummary:
+    """Run the demo (see the module docstring) on ``spark`` (None: a session made for the run
+    and stopped after it)."""
+    from spark_bridge import JobFailedError
+    from worker.nexmark import window_stats_rows
+    from worker.sinks import read_committed
+
+    console = console or _console()
+    started = time.monotonic()
+    summary = DemoSummary(records=config.records)
+    if config.mode not in MODES:
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {config.mode!r}")
+    prepare_data_dir(config.data_dir)
+    rate = f"{config.rate_per_s:,.0f}/s" if config.rate_per_s else "full speed"
+    failure = (
+        f"a task killed ~{config.kill_after:g} s in (after a checkpoint)"
+        if config.failure
+        else "no failure"
+    )
+    console.print(
+        "[bold]Snapflow demo[/bold]: NexMark bids -> key_by(auction) -> "
+        f"{config.window_ms / 1000:g} s tumbling event-time windows (bids, sum and max of the "
+        "price) -> exactly-once file sink"
+    )
+    console.print(
+        f"  {config.records:,} bids at {rate}, parallelism {config.parallelism}, "
+        f"{config.mode} checkpoints every {config.interval_ms} ms, {failure}"
+    )
+    own = spark is None
+    if spark is None:
+        console.print(f"  starting Spark ({config.spark_master}) ...")
+        spark = create_spark_session(config)
+        summary.spark_start_s = time.monotonic() - started
+    try:
+        sc = spark.sparkContext
+        pipeline = build_pipeline(config)
+        _wait_for_executors(spark, pipeline.slots, 60.0, console)
+        where = (
+            f"coordinator {config.coordinator}"
+            if config.coordinator
+            else "embedded coordinator (redis-server + coordinator)"
+        )
+        console.print(
+            f"  Spark {spark.version} {sc.master}, {where}; data in {os.path.abspath(config.data_dir)}"
+        )
+        # The expected result does not depend on the stream: compute it alongside the job (once
+        # it runs), on the task slots the job leaves free.
+        check = _BatchCheck(spark, config, pipeline.slots)
+        t0, t0_wall = time.monotonic(), time.time()
+        handle = pipeline.run_async(
+            spark,
+            coordinator_address=config.coordinator,
+            # The surviving tasks log the kill as errors: expected here, the demo reports it.
+            executor_log_level="info" if config.verbose else "critical",
+        )
+        console.print(
+            f"[dim]\\[  0.0s][/dim] job {handle.job_id} submitted to {handle.coordinator_address}: "
+            f"one barrier stage of {handle.slots} Spark tasks",
+            highlight=False,
+        )
+        summary.job_id = handle.job_id
+        try:
+            seen = _watch(handle, config, console, t0, t0_wall, on_running=check.start)
+            try:
+                result = handle.result()
+            except JobFailedError as e:
+                result = e.result
+        except KeyboardInterrupt:
+            handle.cancel()
+            raise
+        summary.job_s = time.monotonic() - t0
+        summary.state = result.state.value
+        summary.failure = result.failure
+        summary.checkpoints_completed = max(result.checkpoints_completed, len(seen["completed"]))
+        summary.restarts = result.restarts
+        summary.restored_from = seen["restored_from"]
+        if result.recovery_times_s:
+            summary.running_again_s = result.recovery_times_s[0]
+        kill = _read_kill(config)
+        if kill is not None:
+            kill_ms = int(kill["killed_at_ms"])
+            summary.killed_at_s = kill_ms / 1000 - t0_wall
+            summary.killed_what = _kill_text(kill)
+            after = [done for trigger, done in seen["completed"].values() if trigger >= kill_ms]
+            if after:
+                summary.recovery_s = (min(after) - kill_ms) / 1000
+        console.print(
+            f"[dim]\\[{summary.job_s:5.1f}s][/dim] job {summary.state}"
+            + (f": {summary.failure}" if summary.failure else ""),
+            highlight=False,
+        )
+
+        # The check: the committed output against the same query as a batch Spark job.
+        check_started = time.monotonic()
+        committed = window_stats_rows(read_committed(config.out_dir))
+        console.print(
+            "checking: the committed output against the batch Spark result (the same query over "
+            "the same bids)"
+        )
+        expected = check.result()
+        summary.check_s = time.monotonic() - check_started
+        summary.batch_s = check.duration_s
+        summary.committed_rows = sum(committed.values())
+        summary.expected_rows = sum(expected.values())
+        summary.missing = expected - committed
+        summary.extra = committed - expected
+    finally:
+        if own:
+            spark.stop()
+    summary.total_s = time.monotonic() - started
+    _print_spark_summary(console, config, summary)
+    return summary
 
 
-async def _demo(args: argparse.Namespace) -> int:
+def _print_spark_summary(console: Console, config: DemoConfig, s: DemoSummary) -> None:
+    table = Table(title="Summary", show_header=False, title_justify="left", box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    table.add_row("records", f"{s.records:,} bids")
+    table.add_row(
+        "checkpoints completed",
+        f"{s.checkpoints_completed} ({config.mode}, every {config.interval_ms} ms)",
+    )
+    restarts = str(s.restarts)
+    if s.restarts and s.restored_from:
+        restarts += f" (restored from checkpoint {s.restored_from})"
+    table.add_row("restarts", restarts)
+    if s.killed_at_s is not None:
+        table.add_row("task killed", f"at {s.killed_at_s:.1f} s ({s.killed_what})")
+        table.add_row(
+            "recovery time",
+            f"{s.recovery_s:.2f} s from the kill to the first checkpoint completed after the restart"
+            if s.recovery_s is not None
+            else "no checkpoint completed after the restart",
+        )
+        if s.running_again_s is not None:
+            table.add_row(
+                "redeployed in",
+                f"{s.running_again_s:.2f} s (failure noticed -> every task running)",
+            )
+    elif config.failure:
+        table.add_row("task killed", "no: the job ended before the kill was due")
+    table.add_row("committed rows", f"{s.committed_rows:,} (auction x window)")
+    table.add_row("batch Spark rows", f"{s.expected_rows:,}")
+    table.add_row(
+        "time",
+        f"{s.total_s:.1f} s (Spark start {s.spark_start_s:.1f} s, job {s.job_s:.1f} s, "
+        f"check {s.check_s:.1f} s; the batch job took {s.batch_s:.1f} s alongside)",
+    )
+    console.print(table)
+    if not s.exactly_once:
+        if s.state != "FINISHED":
+            console.print(f"[red]the job did not finish: {s.state} {s.failure}[/red]")
+        if s.missing:
+            console.print(
+                f"[red]{sum(s.missing.values())} row(s) of the batch result are not in the "
+                f"committed output[/red], e.g. {next(iter(s.missing))}"
+            )
+        if s.extra:
+            console.print(
+                f"[red]{sum(s.extra.values())} committed row(s) are not in the batch result "
+                f"(or are duplicates)[/red], e.g. {next(iter(s.extra))}"
+            )
+        if config.mode == "at_least_once":
+            console.print("(at_least_once checkpoints do not promise exactly-once results)")
+    verdict = "[bold green]yes[/bold green]" if s.exactly_once else "[bold red]no[/bold red]"
+    console.print(f"exactly-once: {verdict}", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def run_demo(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    """``snapflow demo``: 0 when the result is exactly-once (or the simulated demo ran), 1 when
+    not, 2 on bad arguments."""
+    from snapflow.errors import SnapflowError
+    from snapflow.logging import configure_logging
+
+    verbose = bool(getattr(args, "verbose", False))
+    if getattr(args, "simulated", False):
+        import asyncio
+
+        configure_logging("info" if verbose else "warning", "auto")
+        return asyncio.run(_simulated_demo(args))
+    configure_logging("info" if verbose else "error", "auto")
+    console = _console()
+    try:
+        config = config_from_args(args)
+        if config.parallelism < 1:
+            raise ValueError(f"--parallelism must be at least 1, got {config.parallelism}")
+        if config.failure and config.kill_after < 0:
+            raise ValueError("--kill-after-s must be >= 0")
+        summary = run_spark_demo(config, spark, console)
+    except (ValueError, SnapflowError) as e:
+        console.print(f"[red]snapflow demo: {e}[/red]", highlight=False)
+        return 2
+    return 0 if summary.exactly_once else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulated demo (--simulated): the coordinator with simulated agents, no Spark
+# ---------------------------------------------------------------------------------------------
+
+
+async def _simulated_demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import grpc
+
+    from coordinator.config import load_settings
+    from coordinator.server import Coordinator
+    from snapflow.redis_server import RedisServer
+    from snapflow.testing import SimulatedAgent
+    from snapflow.v1 import common_pb2 as pb
+    from snapflow.v1 import coordinator_pb2 as cpb
+    from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+
     console = Console()
     if args.tasks < 2:
         console.print("[red]--tasks must be at least 2[/red]")
         return 2
     storage_root = os.path.abspath(args.storage_root)
+    try:
+        prepare_data_dir(storage_root)
+    except ValueError as e:
+        console.print(f"[red]snapflow demo: {e}[/red]")
+        return 2
     redis_server = await asyncio.to_thread(
         RedisServer(data_dir=os.path.join(storage_root, "redis")).start
     )
@@ -78,8 +843,8 @@ async def _demo(args: argparse.Namespace) -> int:
         await coordinator.start()
         address = f"127.0.0.1:{coordinator.port}"
         console.print(
-            f"[bold]Snapflow demo[/bold]: redis-server pid {redis_server.pid} at {redis_server.url}, "
-            f"coordinator at {address}, storage {settings.storage_root}"
+            f"[bold]Snapflow demo (simulated agents)[/bold]: redis-server pid {redis_server.pid} "
+            f"at {redis_server.url}, coordinator at {address}, storage {settings.storage_root}"
         )
         sources = max(1, args.tasks // 4)
         maps = args.tasks - sources
@@ -155,7 +920,7 @@ async def _demo(args: argparse.Namespace) -> int:
         )
         await stub.CancelJob(cpb.CancelJobRequest(job_id=job.job_id), timeout=10)
         await channel.close(grace=None)
-        _print_summary(console, stats, failed_at, recovered_at, restored_from)
+        _print_simulated_summary(console, stats, failed_at, recovered_at, restored_from)
         return 0
     finally:
         for agent in agents:
@@ -164,13 +929,15 @@ async def _demo(args: argparse.Namespace) -> int:
         await asyncio.to_thread(redis_server.stop)
 
 
-def _print_summary(
+def _print_simulated_summary(
     console: Console,
     stats: cpb.CheckpointStats,
     failed_at: float | None,
     recovered_at: float | None,
     restored_from: int,
 ) -> None:
+    from snapflow.v1 import common_pb2 as pb
+
     table = Table(title="Recent checkpoints", show_lines=False)
     for column in ("id", "status", "duration ms", "size", "acked", "reason"):
         table.add_column(column)

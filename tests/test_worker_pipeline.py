@@ -90,3 +90,32 @@ def test_bounded_pipeline_two_agents_exactly_once(redis_url: str, tmp_path: Path
     asyncio.run(main())
     source = GeneratorSource(total_records=RECORDS, num_keys=KEYS, batch_size=4096, seed=7)
     check_exactly_once(read_committed(out), expected_counts(source, 2))
+
+
+def test_bounded_job_without_periodic_checkpoints_finishes(redis_url: str, tmp_path: Path) -> None:
+    """No interval: the sources end without waiting for a final checkpoint that nothing would
+    trigger (the sink then commits nothing: two-phase commit needs checkpoints)."""
+    out = tmp_path / "out"
+
+    async def main() -> None:
+        async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
+            graph = count_graph(
+                GeneratorSource(total_records=20_000, num_keys=50, batch_size=4096, seed=3),
+                KeyedCount("key"),
+                TransactionalFileSink(str(out)),
+            )
+            job = (await c.stub.SubmitJob(cpb.SubmitJobRequest(graph=graph), timeout=10)).job
+            agents = [Agent(c.address, job.job_id, slot=s, num_slots=2) for s in range(2)]
+            for a in agents:
+                await a.start()
+            try:
+                async with asyncio.timeout(30):
+                    await asyncio.gather(*(a.run() for a in agents))
+            finally:
+                for a in agents:
+                    await a.stop()
+            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=5)
+            assert info.state == pb.JOB_STATE_FINISHED
+
+    asyncio.run(main())
+    assert read_committed(out).num_rows == 0

@@ -305,6 +305,7 @@ class Agent:
                 ack=self._ack_fn(hosted.attempt),
                 decline=self._decline_fn(hosted.attempt),
                 source_batch_records=self.source_batch_records,
+                periodic_checkpoints=info.checkpoint_config.interval_ms > 0,
             )
             task.open()
             hosted.task = task

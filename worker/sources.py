@@ -182,11 +182,12 @@ class SplitSource(SourceOperator):
             self._rate_start = now - 1.0
             self._rate_emitted = 0
             allowed = int(rate)
-        if allowed <= 0:
-            wait = (1 - allowed) / rate
-            time.sleep(min(wait, 0.005))
-            now = time.monotonic()
-            allowed = int((now - self._rate_start) * rate) - self._rate_emitted
+        # Release at least MIN_BATCH_INTERVAL_S worth of records (or a full batch): releasing
+        # whatever accumulated since the last poll made batches of a few rows, whose per-batch
+        # cost then saturated the CPU at any rate.
+        minimum = min(wanted, max(1, int(rate * MIN_BATCH_INTERVAL_S)))
+        if allowed < minimum:
+            return 0  # the task waits a few ms (and takes checkpoint triggers) before polling again
         return max(0, min(wanted, allowed))
 
     def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
@@ -221,6 +222,10 @@ class SplitSource(SourceOperator):
         if not active:
             return MAX_WATERMARK
         return min(sp.watermarks.current_watermark() for sp in active)
+
+
+MIN_BATCH_INTERVAL_S = 0.02
+"""A rate-limited source emits batches of at least this much time's worth of records."""
 
 
 def _split_evenly(total: int, parts: int) -> list[int | None]:

@@ -192,6 +192,7 @@ class Subtask:
         ack: AckFn,
         decline: DeclineFn,
         source_batch_records: int = SOURCE_BATCH_RECORDS,
+        periodic_checkpoints: bool = True,
     ) -> None:
         self.job_id = job_id
         self.vertex_id = vertex_id
@@ -208,6 +209,9 @@ class Subtask:
         self.ack = ack
         self.decline = decline
         self.source_batch_records = source_batch_records
+        self.periodic_checkpoints = periodic_checkpoints
+        """False: the job has no periodic checkpoints, so a source whose input ended does not
+        wait for a final checkpoint (nothing would trigger it); its sinks commit nothing more."""
         self.name = f"{vertex_id}#{subtask_index}@{attempt}"
         self._log = log.bind(job_id=job_id, task=self.name)
         self.source: SourceOperator | None = (
@@ -331,8 +335,11 @@ class Subtask:
             pass  # the savepoint covers everything; nothing more is emitted or committed
         elif self.source is not None:
             await self._emit(self.chain.end_input())
-            # A final checkpoint must cover the last records before the sources end.
-            await self._serve_triggers_until_covered()
+            if self.periodic_checkpoints:
+                # A final checkpoint must cover the last records before the sources end.
+                await self._serve_triggers_until_covered()
+            else:
+                await self._advance_watermark(MAX_WATERMARK)
         else:
             await self._emit(self.chain.end_input())
             while self._last_snapshot_id > self._last_completed_id or self._async_parts:
