@@ -2,7 +2,7 @@
 #
 #   make install      create .venv and install the project with its dev extras (idempotent)
 #   make test         run the test suite
-#   make run          run the demo job (embedded Redis + coordinator + simulated workers)
+#   make run          run the demo job on local Spark: a task killed, recovered, checked exactly-once
 #   make coordinator  run the coordinator service in the foreground (embedded Redis)
 #   make proto        regenerate snapflow/v1 from protos/
 #   make lint         ruff check, ruff format --check, mypy
@@ -14,7 +14,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Extra arguments for `make run` / `make coordinator`, e.g. make run ARGS='--seconds 30'.
+# Extra arguments for `make run` / `make coordinator`, e.g. make run ARGS='--records small'.
 ARGS  ?=
 # One benchmark by name; empty lets the bench package decide (all, or a list).
 BENCH ?=

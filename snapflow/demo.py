@@ -607,6 +607,18 @@ def run_spark_demo(
     summary = DemoSummary(records=config.records)
     if config.mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {config.mode!r}")
+    if spark is None and not _is_local(config.spark_master) and not config.coordinator:
+        raise ValueError(
+            f"--spark-master {config.spark_master} needs --coordinator HOST:PORT (a "
+            f"`snapflow coordinator` its executors can reach): the embedded coordinator "
+            f"binds 127.0.0.1"
+        )
+    if spark is None and not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
+        raise ValueError(
+            "Spark needs a Java runtime (17 or newer): install one (e.g. apt-get install "
+            "openjdk-17-jre-headless) or set JAVA_HOME; `snapflow demo --simulated` runs "
+            "without Spark"
+        )
     prepare_data_dir(config.data_dir)
     rate = f"{config.rate_per_s:,.0f}/s" if config.rate_per_s else "full speed"
     failure = (

@@ -382,6 +382,60 @@ def test_coordinator_uses_the_compose_redis(services: dict[str, dict[str, Any]])
     assert match.group(1) == "redis", f"--redis-url {url!r} must point at the redis service"
 
 
+def _mount_holding(mounts: list[tuple[str | None, str]], path: str) -> tuple[str, str] | None:
+    """The named-volume mount (volume, target) under which ``path`` lies, if any."""
+    for volume, target in mounts:
+        if volume is not None and (path == target or path.startswith(target.rstrip("/") + "/")):
+            return volume, target
+    return None
+
+
+def test_submitter_runs_the_spark_demo_against_the_cluster(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    parser = _cli_parser()
+    runs = [args for name, args in _all_snapflow_invocations(services) if name == "submitter"]
+    assert len(runs) == 1 and runs[0][0] == "demo", (
+        f"the submitter must run `snapflow demo ...` once, runs {runs}"
+    )
+    args = parser.parse_args(runs[0])
+    assert not args.simulated, "the submitter must run the Spark demo, not --simulated"
+    from snapflow.demo import config_from_args
+
+    config = config_from_args(args)  # the demo's own reading of its flags
+
+    # The coordinator service, at the port it listens on.
+    assert config.coordinator, "the submitter must pass --coordinator (an embedded one is local)"
+    host, _, port = config.coordinator.rpartition(":")
+    coordinator_args = next(a for n, a in _all_snapflow_invocations(services) if n == "coordinator")
+    assert host == "coordinator", f"--coordinator {config.coordinator} must name the coordinator"
+    assert int(port) == int(_flag_value(coordinator_args, "--port") or DEFAULT_GRPC_PORT), (
+        f"--coordinator {config.coordinator}: not the coordinator's gRPC port"
+    )
+
+    # The standalone master, at the host and port it binds.
+    master = _argv(services["spark-master"])
+    master_url = f"spark://{_flag_value(master, '--host')}:{_flag_value(master, '--port') or 7077}"
+    assert config.spark_master == master_url == "spark://spark-master:7077", (
+        f"--spark-master {config.spark_master} must be the spark-master service ({master_url})"
+    )
+
+    # The data directory (sink output, checkpoints, kill marker): the same files for the driver,
+    # every executor and the coordinator (which writes the checkpoints' _metadata).
+    data_dir = config.data_dir
+    assert data_dir.startswith("/"), f"--data-dir {data_dir} must be absolute"
+    held = _mount_holding(_volume_mounts(services["submitter"], "submitter"), data_dir)
+    assert held, f"--data-dir {data_dir} is not on a named volume of the submitter"
+    for name in (*SPARK_WORKERS, "coordinator"):
+        mounts = _volume_mounts(services[name], name)
+        assert held in mounts, (
+            f"{name} must mount volume {held[0]!r} at {held[1]} like the submitter (the demo's "
+            f"data directory {data_dir} must mean the same files everywhere); it mounts {mounts}"
+        )
+    for dep in SPARK_WORKERS:
+        assert dep in _depends_on(services["submitter"]), f"the submitter must start after {dep}"
+
+
 # --- ports -----------------------------------------------------------------------------------------
 
 

@@ -114,8 +114,8 @@ def test_bounded_source_splits_and_watermarks() -> None:
 
 
 def test_rate_limit_emits_whole_batches_without_sleeping() -> None:
-    src = BidSource(None, rate_per_s=2000, min_batch_ms=50)
-    src.open(src_ctx(0, 2))  # 1000 bids/s for this subtask: batches of at least 50
+    src = BidSource(None, rate_per_s=2000)
+    src.open(src_ctx(0, 2))  # 1000 bids/s for this subtask, in batches of at least 20 ms worth
     started = time.monotonic()
     first = src.poll_batch(1 << 20)
     assert first is not None and first.num_rows == 0
@@ -123,7 +123,7 @@ def test_rate_limit_emits_whole_batches_without_sleeping() -> None:
     time.sleep(0.12)
     batch = src.poll_batch(1 << 20)
     elapsed = time.monotonic() - started
-    assert batch is not None and 50 <= batch.num_rows <= 1000 * elapsed + 1
+    assert batch is not None and 100 <= batch.num_rows <= 1000 * elapsed + 1
     assert src.poll_batch(1 << 20).num_rows == 0  # type: ignore[union-attr]
     with pytest.raises(Exception, match="rate_per_s"):
         BidSource(rate_per_s=0)

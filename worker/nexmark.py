@@ -27,7 +27,6 @@ with a batch Spark job (:func:`bids_dataframe` and :func:`batch_window_stats`).
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,7 @@ import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError
 from worker import keygroups as kgs
-from worker.operators import KeyedContext, OperatorContext, arange
+from worker.operators import KeyedContext, arange
 from worker.sources import SplitSource
 
 if TYPE_CHECKING:
@@ -116,20 +115,10 @@ class BidSource(SplitSource):
     in event-time milliseconds). See the module docstring for the definition of a record.
 
     ``total_records`` None: unbounded; otherwise split over the initial parallelism.
-    ``rate_per_s``: the total rate of the source (None: as fast as possible), each subtask
-    producing ``rate_per_s / parallelism`` bids per second in batches of at least
-    ``min_batch_ms`` worth of bids: while fewer are due, ``poll_batch`` returns an empty batch at
-    once (the task then waits for a checkpoint trigger for a few milliseconds, without blocking
-    its event loop) rather than many tiny batches. ``interval_ms``: event time between
-    consecutive bids of one split.
+    ``rate_per_s``: the total rate of the source (None: as fast as possible; see
+    :class:`worker.sources.SplitSource`). ``interval_ms``: event time between consecutive bids
+    of one split.
     """
-
-    _runtime_fields: tuple[str, ...] = (
-        *SplitSource._runtime_fields,
-        "_bid_rate",
-        "_bid_start",
-        "_bid_emitted",
-    )
 
     def __init__(
         self,
@@ -145,22 +134,13 @@ class BidSource(SplitSource):
         interval_ms: int = 1,
         max_out_of_orderness_ms: int = 500,
         batch_size: int = 4096,
-        min_batch_ms: int = 25,
         seed: int = 0,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
-            rate_per_s=None,  # throttled here, in larger batches (see poll_batch)
+            rate_per_s=rate_per_s,
             max_out_of_orderness_ms=max_out_of_orderness_ms,
         )
-        if rate_per_s is not None and not rate_per_s > 0:
-            raise InvalidArgumentError(f"rate_per_s must be > 0 or None, got {rate_per_s!r}")
-        self.bids_per_s = rate_per_s
-        if isinstance(min_batch_ms, bool) or not isinstance(min_batch_ms, int) or min_batch_ms < 0:
-            raise InvalidArgumentError(
-                f"min_batch_ms must be an integer >= 0, got {min_batch_ms!r}"
-            )
-        self.min_batch_ms = min_batch_ms
         if total_records is not None and (
             isinstance(total_records, bool)
             or not isinstance(total_records, int)
@@ -193,31 +173,6 @@ class BidSource(SplitSource):
     @property
     def bounded(self) -> bool:
         return self.total_records is not None
-
-    # --- rate limit ---------------------------------------------------------------------------
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        rate = self.bids_per_s
-        self._bid_rate = None if rate is None else float(rate) / max(1, ctx.parallelism)
-        self._bid_start = time.monotonic()
-        self._bid_emitted = 0
-
-    def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
-        rate = self._bid_rate
-        if rate is None:
-            return super().poll_batch(max_records)
-        now = time.monotonic()
-        due = int((now - self._bid_start) * rate) - self._bid_emitted
-        if due > rate:  # at most one second of burst after a stall
-            self._bid_start, self._bid_emitted = now - 1.0, 0
-            due = int(rate)
-        if due < max(1, int(rate * self.min_batch_ms / 1000)) and not self.finished:
-            return self._generate(0, 0, 0)
-        batch = super().poll_batch(min(max_records, max(due, 0)))
-        if batch is not None:
-            self._bid_emitted += batch.num_rows
-        return batch
 
     def split_sizes(self, num_splits: int) -> list[int | None]:
         """Records per split when the source starts fresh at parallelism ``num_splits``."""
@@ -282,7 +237,7 @@ class BidSource(SplitSource):
 
     def __repr__(self) -> str:
         return (
-            f"BidSource(total_records={self.total_records}, rate_per_s={self.bids_per_s}, "
+            f"BidSource(total_records={self.total_records}, rate_per_s={self.rate_per_s}, "
             f"num_auctions={self.num_auctions}, seed={self.seed})"
         )
 
