@@ -61,6 +61,7 @@ from snapflow.errors import (
     SnapflowError,
     UnavailableError,
 )
+from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from spark_bridge.restart import (
@@ -760,7 +761,25 @@ class JobHandle:
             for k, v in previous.items():
                 sc.setLocalProperty(k, v)  # type: ignore[arg-type]  # None removes it
         status, failure = self._settle(succeeded)
+        if not succeeded and error != "canceled":
+            root = self._root_cause()
+            if root:
+                error = f"{root} | {error}"
         return StageOutcome(succeeded, status, error, failure), summaries
+
+    def _root_cause(self) -> str:
+        """The failure a task reported to the coordinator, root causes first: Spark names the
+        task it saw fail first, often a consumer whose producer died (a ChannelFailedError)."""
+        try:
+            tasks = self._client.call("ListTasks", cpb.ListTasksRequest(job_id=self.job_id)).tasks
+        except SnapflowError:
+            return ""
+        failed = [t for t in tasks if t.state == pb.TASK_STATE_FAILED and t.failure]
+        failed.sort(key=lambda t: "ChannelFailedError" in t.failure)
+        if not failed:
+            return ""
+        t = failed[0]
+        return f"task {t.attempt.vertex_id}#{t.attempt.subtask_index}@{t.attempt.attempt} failed: {t.failure}"
 
     def _settle(self, succeeded: bool) -> tuple[JobStatus, str]:
         """Wait (bounded) until the coordinator reports the deployment's end: a terminal state or

@@ -1,0 +1,371 @@
+"""More sinks: an exactly-once transactional Parquet sink (read by ``spark.read.parquet``), and
+an idempotent Redis hash sink (at-least-once delivery, exact final state for upserts).
+
+TransactionalParquetSink
+    :class:`~worker.sinks.TransactionalFileSink`'s two-phase commit, with Parquet files
+    (``pyarrow.parquet``) instead of Arrow IPC files. A transaction is a staging file
+    ``<dir>/_staging/<vertex>-<subtask>-<attempt>-<seq>-<token>.parquet``, created on the first
+    write; pre-commit closes the Parquet writer (writing the footer), flushes and fsyncs it.
+    Commit is an atomic ``os.rename`` to ``<dir>/part-<subtask>-<checkpoint>-<seq>-<token>
+    .parquet``, idempotent (a target that exists while the staging file is gone was committed
+    before); a restore re-commits the pending transactions of the restored state and aborts
+    (deletes) the restored current one -- all inherited from the base classes.
+
+    Visibility: Spark's file listing skips every file and directory whose name starts with
+    ``_`` or ``.``, so ``spark.read.parquet(directory)`` (and any reader that follows the same
+    Hadoop convention, e.g. ``pyarrow.dataset`` with its default ``ignore_prefixes``) sees only
+    committed part files, each a complete Parquet file. A directory without any committed file
+    yet has no schema for Spark to infer: pass ``schema=`` to ``spark.read`` or wait for the
+    first commit. All batches of a transaction must have the same schema; every transaction of
+    a job should have the same schema for the directory to read as one table.
+    :func:`read_committed_parquet` reads the committed rows with pyarrow, in (subtask,
+    checkpoint, seq) order.
+
+RedisSink
+    Upserts every row into a Redis hash: ``HSET <key_prefix><key> <field> <value>`` for each
+    value field (``HDEL`` for a null value). Rows are buffered in the task (coalesced per
+    hash and field: the last value wins) and written with pipelined commands (no MULTI) when
+    the buffer reaches ``max_buffered_rows``, on ``end_input``, and -- synchronously -- on
+    ``snapshot_state``, so the checkpoint's barrier is acknowledged only once every row that
+    arrived before it is in Redis (a failed write fails the snapshot, hence the checkpoint).
+
+    What it guarantees: *at-least-once* delivery -- every row before a completed checkpoint's
+    barrier was written before that checkpoint completed, and rows after it are written again
+    by the replay after a restore. HSET sets, it does not accumulate, so writing a row twice
+    leaves the same hash as writing it once; with a deterministic pipeline the replay rewrites
+    the very same values in the same per-key order, so once the replay has caught up the
+    hashes are exactly those of a failure-free run ("effectively exactly-once final state").
+    That holds when each row is an *upsert*: the full new value of its ``(key, field)``, e.g. a
+    running count, or a window result keyed by ``(key, window)``.
+
+    What it does not guarantee: readers may see uncommitted values (written before a
+    checkpoint completed) and, after a restore, values going *back* to an older state until
+    the replay catches up (e.g. a running count that drops, then climbs again). Rows that
+    accumulate (increments, appends) or non-deterministic pipelines (e.g. processing-time
+    windows) are not exact. Writes are not atomic across hashes (pipelined, not a
+    transaction). Durability is Redis's: "in Redis" means acknowledged by the server; keep it
+    across a Redis restart with AOF (``appendfsync always``) or replication + ``WAIT``.
+
+    Values: ``str`` and ``bytes`` are stored as they are, ``bool`` as ``"true"``/``"false"``,
+    ``int``/``float`` as their decimal text (``str``), anything else (dates, lists, ...) as
+    its ``str()``. The key is ``key_prefix`` + the key field's text; several key fields
+    (``key_field=("key", "window_start")``) are joined with ``key_separator``. The connection
+    is made lazily in the task (``redis.Redis.from_url(url)``), so the operator pickles
+    without it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from contextlib import suppress
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from snapflow.errors import InvalidArgumentError, StateError
+from worker.operators import Operator, OperatorContext
+from worker.sinks import FileTransaction, TransactionalFileSink, _fsync_dir
+
+__all__ = [
+    "RedisSink",
+    "TransactionalParquetSink",
+    "committed_parquet_files",
+    "read_committed_parquet",
+]
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.]+")
+_PARQUET_PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)-([0-9a-f]+)\.parquet$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Transactional Parquet sink
+# ---------------------------------------------------------------------------------------------
+
+
+class TransactionalParquetSink(TransactionalFileSink):
+    """Exactly-once Parquet files in ``directory``, readable by ``spark.read.parquet`` (see the
+    module docstring). ``compression`` and ``row_group_size`` go to ``pyarrow.parquet``."""
+
+    _runtime_fields: tuple[str, ...] = (*TransactionalFileSink._runtime_fields, "_pq_writers")
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        compression: str = "snappy",
+        row_group_size: int | None = None,
+    ) -> None:
+        super().__init__(directory)
+        if row_group_size is not None and row_group_size <= 0:
+            raise InvalidArgumentError(f"row_group_size must be > 0, got {row_group_size}")
+        self.compression = compression
+        self.row_group_size = row_group_size
+
+    def initialize(self, ctx: OperatorContext) -> None:
+        super().initialize(ctx)
+        # staging name -> (file, Parquet writer, schema) of the transactions written to
+        self._pq_writers: dict[str, tuple[IO[bytes], pq.ParquetWriter, pa.Schema]] = {}
+
+    def begin_transaction(self) -> FileTransaction:
+        ctx = self._context()
+        seq = self._seq
+        self._seq += 1
+        vertex = _SAFE.sub("_", ctx.vertex_id) or "vertex"
+        name = f"{vertex}-{ctx.subtask_index}-{ctx.attempt}-{seq}-{self._token}.parquet"
+        return FileTransaction(name, ctx.subtask_index, seq, self._token)
+
+    def write(self, txn: FileTransaction, batch: pa.RecordBatch) -> None:
+        entry = self._pq_writers.get(txn.staging_name)
+        if entry is None:
+            f = open(self.staging_path(txn), "wb")  # noqa: SIM115 - closed in pre_commit/abort
+            try:
+                writer = pq.ParquetWriter(f, batch.schema, compression=self.compression)
+            except BaseException:
+                f.close()
+                raise
+            entry = self._pq_writers[txn.staging_name] = (f, writer, batch.schema)
+        _, writer, schema = entry
+        if not batch.schema.equals(schema):
+            raise InvalidArgumentError(
+                f"{self.name}: batch schema {batch.schema} differs from the transaction's "
+                f"schema {schema}"
+            )
+        writer.write_batch(batch, row_group_size=self.row_group_size)
+        txn.num_rows += batch.num_rows
+
+    def pre_commit(self, txn: FileTransaction) -> None:
+        entry = self._pq_writers.pop(txn.staging_name, None)
+        txn.checkpoint_id = self.pending_checkpoint_id
+        if entry is None:  # nothing written: nothing to commit
+            txn.part_name = None
+            return
+        f, writer, _ = entry
+        try:
+            writer.close()  # writes the footer; does not close f (ours)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+        _fsync_dir(self._staging)
+        txn.part_name = f"part-{txn.subtask}-{txn.checkpoint_id}-{txn.seq}-{txn.token}.parquet"
+
+    # commit (atomic, idempotent rename) and staging_path: inherited
+
+    def abort(self, txn: FileTransaction) -> None:
+        entry = self._pq_writers.pop(txn.staging_name, None)
+        if entry is not None:
+            f, writer, _ = entry
+            with suppress(Exception):
+                writer.close()
+            f.close()
+        with suppress(FileNotFoundError):
+            os.unlink(self.staging_path(txn))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for f, writer, _ in getattr(self, "_pq_writers", {}).values():
+                with suppress(Exception):
+                    writer.close()
+                f.close()
+            if hasattr(self, "_pq_writers"):
+                self._pq_writers.clear()
+
+
+def committed_parquet_files(directory: str | os.PathLike[str]) -> list[str]:
+    """The committed part files of a :class:`TransactionalParquetSink` directory, ordered by
+    (subtask, checkpoint, seq, token)."""
+    directory = os.fspath(directory)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    parts = []
+    for name in names:
+        m = _PARQUET_PART.match(name)
+        if m:
+            parts.append(((int(m[1]), int(m[2]), int(m[3]), m[4]), name))
+    parts.sort()
+    return [os.path.join(directory, name) for _, name in parts]
+
+
+def read_committed_parquet(
+    directory: str | os.PathLike[str], schema: pa.Schema | None = None
+) -> pa.Table:
+    """Every committed row of a :class:`TransactionalParquetSink` directory as one table (part
+    files in (subtask, checkpoint, seq) order); an empty table (of ``schema``) if none."""
+    tables = [pq.read_table(path) for path in committed_parquet_files(directory)]
+    if not tables:
+        return schema.empty_table() if schema is not None else pa.table({})
+    return pa.concat_tables(tables)
+
+
+# ---------------------------------------------------------------------------------------------
+# Redis hash sink (idempotent upserts)
+# ---------------------------------------------------------------------------------------------
+
+
+def _redis_value(value: Any) -> str | bytes:
+    if isinstance(value, str | bytes):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class RedisSink(Operator):
+    """Upserts rows into Redis hashes, idempotently (see the module docstring for exactly what
+    it guarantees): ``HSET <key_prefix><key> <field> <value>`` per value field.
+
+    ``key_field``: one field, or several (joined with ``key_separator``) -- e.g. ``("key",
+    "window_start")`` for window results. ``value_fields``: the fields written into the hash
+    (default: every field that is not a key field). ``max_buffered_rows``: buffered rows that
+    trigger a write before the next checkpoint (writes are also made on ``snapshot_state`` and
+    ``end_input``). ``batch_commands``: commands per pipelined round trip."""
+
+    _runtime_fields: tuple[str, ...] = ("_client", "_buffer", "_buffered_rows")
+
+    def __init__(
+        self,
+        url: str,
+        key_field: str | Sequence[str],
+        value_fields: Sequence[str] | None = None,
+        key_prefix: str = "",
+        *,
+        key_separator: str = ":",
+        max_buffered_rows: int = 10_000,
+        batch_commands: int = 1_000,
+    ) -> None:
+        keys = (key_field,) if isinstance(key_field, str) else tuple(key_field)
+        if not keys:
+            raise InvalidArgumentError("RedisSink needs at least one key field")
+        if value_fields is not None:
+            values = tuple(value_fields)
+            if not values:
+                raise InvalidArgumentError("RedisSink: value_fields is empty")
+            if overlap := set(values) & set(keys):
+                raise InvalidArgumentError(
+                    f"RedisSink: fields {sorted(overlap)} are both key and value fields"
+                )
+        if max_buffered_rows <= 0 or batch_commands <= 0:
+            raise InvalidArgumentError("max_buffered_rows and batch_commands must be > 0")
+        self.url = url
+        self.key_fields = keys
+        self.value_fields: tuple[str, ...] | None = (
+            tuple(value_fields) if value_fields is not None else None
+        )
+        self.key_prefix = key_prefix
+        self.key_separator = key_separator
+        self.max_buffered_rows = max_buffered_rows
+        self.batch_commands = batch_commands
+        self._client: Any = None
+
+    # --- operator ---------------------------------------------------------------------------
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._client = None  # connected on the first write
+        # hash key -> field -> value (None: HDEL); dicts keep the first-insertion order
+        self._buffer: dict[str, dict[str, str | bytes | None]] = {}
+        self._buffered_rows = 0
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        names = batch.schema.names
+        missing = [f for f in self.key_fields if f not in names]
+        value_fields = (
+            self.value_fields
+            if self.value_fields is not None
+            else tuple(n for n in names if n not in self.key_fields)
+        )
+        missing += [f for f in value_fields if f not in names]
+        if missing:
+            raise InvalidArgumentError(f"{self.name}: batch has no field(s) {missing}: {names}")
+        if not value_fields:
+            raise InvalidArgumentError(f"{self.name}: batch has no value fields: {names}")
+        key_cols = [batch.column(f).to_pylist() for f in self.key_fields]
+        value_cols = [batch.column(f).to_pylist() for f in value_fields]
+        for i in range(batch.num_rows):
+            parts = [col[i] for col in key_cols]
+            if any(p is None for p in parts):
+                raise InvalidArgumentError(
+                    f"{self.name}: null key {dict(zip(self.key_fields, parts, strict=True))}"
+                )
+            key = self.key_prefix + self.key_separator.join(
+                p.decode() if isinstance(p, bytes) else str(p) for p in parts
+            )
+            fields = self._buffer.setdefault(key, {})
+            for name, col in zip(value_fields, value_cols, strict=True):
+                v = col[i]
+                fields[name] = None if v is None else _redis_value(v)
+        self._buffered_rows += batch.num_rows
+        if self._buffered_rows >= self.max_buffered_rows:
+            self.flush()
+        return []
+
+    def snapshot_state(self, checkpoint_id: int) -> None:
+        # The barrier passes only once the rows before it are in Redis.
+        self.flush()
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        self.flush()
+        return []
+
+    def close(self) -> None:
+        # Unflushed rows are dropped: they come after the last checkpoint, so a restore
+        # replays them (and a clean end of input flushed them in end_input).
+        client, self._client = getattr(self, "_client", None), None
+        if hasattr(self, "_buffer"):
+            self._buffer.clear()
+            self._buffered_rows = 0
+        if client is not None:
+            with suppress(Exception):
+                client.close()
+
+    # --- writing ----------------------------------------------------------------------------
+
+    @property
+    def buffered_rows(self) -> int:
+        """Rows received since the last write to Redis."""
+        return getattr(self, "_buffered_rows", 0)
+
+    def client(self) -> Any:
+        """The task's ``redis.Redis`` client (connected on first use)."""
+        if self._client is None:
+            import redis
+
+            self._client = redis.Redis.from_url(self.url)
+        return self._client
+
+    def flush(self) -> None:
+        """Write the buffered rows (pipelined, ``batch_commands`` per round trip) and wait for
+        Redis to acknowledge them; raises on any error (the buffer is kept)."""
+        if not hasattr(self, "_buffer"):
+            raise StateError(f"operator {self.name} is not open (call open(ctx) first)")
+        if not self._buffer:
+            self._buffered_rows = 0
+            return
+        pipe = self.client().pipeline(transaction=False)
+        queued = 0
+        for key, fields in self._buffer.items():
+            mapping = {f: v for f, v in fields.items() if v is not None}
+            deleted = [f for f, v in fields.items() if v is None]
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+                queued += 1
+            if deleted:
+                pipe.hdel(key, *deleted)
+                queued += 1
+            if queued >= self.batch_commands:
+                pipe.execute()
+                queued = 0
+        if queued:
+            pipe.execute()
+        # Only now: on an error the buffer stays for a retry (re-writing is idempotent).
+        self._buffer.clear()
+        self._buffered_rows = 0
