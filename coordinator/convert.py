@@ -394,6 +394,7 @@ def metrics_from_pb(m: pb.SubtaskCheckpointMetrics) -> SubtaskMetrics:
         processed_during_alignment_bytes=m.processed_during_alignment_bytes,
         persisted_in_flight_bytes=m.persisted_in_flight_bytes,
         unaligned=m.unaligned,
+        records_in=m.records_in,
     )
     negative = [k for k, v in metrics.__dict__.items() if not isinstance(v, bool) and v < 0]
     if negative:
@@ -411,6 +412,7 @@ def metrics_to_pb(m: SubtaskMetrics) -> pb.SubtaskCheckpointMetrics:
         processed_during_alignment_bytes=m.processed_during_alignment_bytes,
         persisted_in_flight_bytes=m.persisted_in_flight_bytes,
         unaligned=m.unaligned,
+        records_in=m.records_in,
     )
 
 

@@ -157,6 +157,7 @@ class JobRunner:
         if record.state.is_terminal:
             self.core.shutdown = True
         self.stats = CheckpointStatsTracker(manager.settings.history_size)
+        self._source_vertices = {v.vertex_id for v in record.graph.vertices if v.is_source}
         self.restore_point: RestorePoint | None = None
         self._log = log.bind(job_id=self.job_id)
         self._io: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -918,6 +919,11 @@ class JobRunner:
             failure_message=record.failure_message,
             unaligned=record.unaligned,
             completion_latency_ms=record.completion_latency_ms,
+            source_records=sum(
+                a.metrics.records_in
+                for a in record.acks.values()
+                if a.attempt.vertex_id in self._source_vertices
+            ),
         )
 
     def summary_of_completed(self, cp: CompletedCheckpoint) -> cpb.CheckpointSummary:

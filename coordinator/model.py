@@ -252,6 +252,7 @@ class SubtaskMetrics:
     processed_during_alignment_bytes: int = 0
     persisted_in_flight_bytes: int = 0
     unaligned: bool = False
+    records_in: int = 0
 
 
 @dataclass(frozen=True)

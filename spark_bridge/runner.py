@@ -39,6 +39,7 @@ import functools
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -128,7 +129,9 @@ class RunOptions:
     is left to the application's configuration, see :mod:`snapflow.logging`).
     ``settle_timeout_s``: after a stage ends, how long to wait for the coordinator to report
     the deployment's end. ``poll_interval_s``: how often the driver polls the job's state.
-    ``job_id``: 32 lowercase hex characters, generated when None.
+    ``job_id``: 32 lowercase hex characters, generated when None. ``progress``: show a live
+    progress line (state, records the sources emitted as of the latest checkpoint, checkpoints,
+    restarts) on stderr; None (default) = only when stderr is a terminal.
     """
 
     startup_barrier: bool = False
@@ -139,6 +142,7 @@ class RunOptions:
     settle_timeout_s: float = 5.0
     poll_interval_s: float = 0.1
     job_id: str | None = None
+    progress: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.startup_barrier, bool):
@@ -813,9 +817,22 @@ class JobHandle:
             )
 
     def _monitor_loop(self) -> None:
-        while not self._stop_monitor.wait(self._options.poll_interval_s):
-            with contextlib.suppress(SnapflowError):
-                self._observe(self._client.job(self.job_id))
+        show = self._options.progress
+        if show is None:
+            show = sys.stderr.isatty()
+        progress = _Progress(self.name) if show else None
+        try:
+            while not self._stop_monitor.wait(self._options.poll_interval_s):
+                with contextlib.suppress(SnapflowError):
+                    info = self._client.job(self.job_id)
+                    self._observe(info)
+                    if progress is not None:
+                        progress.update(info, self._client.stats(self.job_id))
+        finally:
+            if progress is not None:
+                with contextlib.suppress(SnapflowError):  # the final state and counts
+                    progress.update(self._client.job(self.job_id), self._client.stats(self.job_id))
+                progress.stop()
 
     def _make_result(self, final: Finish, summaries: tuple[Mapping[str, Any], ...]) -> JobResult:
         info: cpb.JobInfo | None
@@ -844,6 +861,35 @@ class JobHandle:
             coordinator_address=self.coordinator_address,
             slot_summaries=summaries,
         )
+
+
+class _Progress:
+    """A live one-line status on stderr (rich): what a user watching ``run()`` wants to see."""
+
+    def __init__(self, name: str) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        self._text = Text
+        self._name = name
+        self._started = time.monotonic()
+        self._live = Live(Text(f"{name}: starting"), console=Console(stderr=True), transient=False)
+        self._live.start()
+
+    def update(self, info: cpb.JobInfo, stats: cpb.CheckpointStats) -> None:
+        latest = stats.latest_completed
+        records = f"{latest.source_records:,}" if latest.checkpoint_id else "0"
+        line = (
+            f"{self._name}: {pb.JobState.Name(info.state).removeprefix('JOB_STATE_').lower()} "
+            f"{time.monotonic() - self._started:5.1f}s | records {records} "
+            f"(checkpoint {latest.checkpoint_id or '-'}) | checkpoints {stats.counts.completed} completed, "
+            f"{stats.counts.failed} failed | restarts {info.restarts}"
+        )
+        self._live.update(self._text(line))
+
+    def stop(self) -> None:
+        self._live.stop()
 
 
 class _Canceled(Exception):

@@ -186,6 +186,15 @@ def test_killed_task_resubmits_the_stage_without_loss_or_duplicates(
 
 
 @pytest.mark.spark
+def test_progress_line_on_stderr(spark: Any, tmp_path: Path, capfd: Any) -> None:
+    p = _pipeline(tmp_path / "out", tmp_path / "cp")
+    result = p.run(spark, timeout_s=RUN_TIMEOUT_S, progress=True)
+    assert result.state is JobStatus.FINISHED
+    err = capfd.readouterr().err
+    assert "keyed-count:" in err and "checkpoints" in err and "records" in err
+
+
+@pytest.mark.spark
 def test_restarts_are_bounded_by_the_restart_strategy(spark: Any, tmp_path: Path) -> None:
     always = CrashOnce(after_records=0, how="raise", attempts=(1, 2, 3), after_checkpoint=False)
     p = _pipeline(tmp_path / "out", tmp_path / "cp", crash=always)

@@ -86,6 +86,8 @@ def test_bounded_pipeline_two_agents_exactly_once(redis_url: str, tmp_path: Path
                 cpb.GetCheckpointStatsRequest(job_id=job.job_id), timeout=5
             )
             assert stats.counts.completed >= 1
+            # the final checkpoint was taken after every source emitted everything
+            assert stats.latest_completed.source_records == RECORDS
 
     asyncio.run(main())
     source = GeneratorSource(total_records=RECORDS, num_keys=KEYS, batch_size=4096, seed=7)

@@ -431,6 +431,7 @@ class Agent:
                     processed_during_alignment_bytes=report.processed_during_alignment_bytes,
                     persisted_in_flight_bytes=report.persisted_in_flight_bytes,
                     unaligned=report.unaligned,
+                    records_in=report.records_in,
                 ),
                 input_ended=report.input_ended,
             )

@@ -133,6 +133,7 @@ class SnapshotReport:
     persisted_in_flight_bytes: int
     unaligned: bool
     input_ended: bool = False
+    records_in: int = 0
 
 
 AckFn = Callable[[SnapshotReport], Awaitable[None]]
@@ -164,6 +165,7 @@ class _PendingSnapshot:
     input_complete: asyncio.Event = field(default_factory=asyncio.Event)
     sync_duration_ms: int = 0
     input_ended: bool = False
+    records_in: int = 0
 
 
 class TaskFailedError(Exception):
@@ -587,6 +589,7 @@ class Subtask:
         )
         pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
         pending.input_ended = self.source is not None and self._end_of_input
+        pending.records_in = self.records_in
         self._pending[checkpoint_id] = pending
         self._last_snapshot_id = max(self._last_snapshot_id, checkpoint_id)
         barrier = frame_from_barrier(checkpoint_id, timestamp_ms, options)
@@ -645,6 +648,7 @@ class Subtask:
             persisted_in_flight_bytes=in_flight,
             unaligned=pending.unaligned,
             input_ended=pending.input_ended,
+            records_in=pending.records_in,
         )
         await self.ack(report)
 

@@ -194,7 +194,7 @@ class OperatorSubtaskState(_message.Message):
     def __init__(self, operator_id: _Optional[str] = ..., handles: _Optional[_Iterable[_Union[StateHandle, _Mapping]]] = ...) -> None: ...
 
 class SubtaskCheckpointMetrics(_message.Message):
-    __slots__ = ("sync_duration_ms", "async_duration_ms", "alignment_duration_ms", "start_delay_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "unaligned")
+    __slots__ = ("sync_duration_ms", "async_duration_ms", "alignment_duration_ms", "start_delay_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "unaligned", "records_in")
     SYNC_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     ASYNC_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     ALIGNMENT_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class SubtaskCheckpointMetrics(_message.Message):
     PROCESSED_DURING_ALIGNMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PERSISTED_IN_FLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     UNALIGNED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_IN_FIELD_NUMBER: _ClassVar[int]
     sync_duration_ms: int
     async_duration_ms: int
     alignment_duration_ms: int
@@ -211,7 +212,8 @@ class SubtaskCheckpointMetrics(_message.Message):
     processed_during_alignment_bytes: int
     persisted_in_flight_bytes: int
     unaligned: bool
-    def __init__(self, sync_duration_ms: _Optional[int] = ..., async_duration_ms: _Optional[int] = ..., alignment_duration_ms: _Optional[int] = ..., start_delay_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., unaligned: _Optional[bool] = ...) -> None: ...
+    records_in: int
+    def __init__(self, sync_duration_ms: _Optional[int] = ..., async_duration_ms: _Optional[int] = ..., alignment_duration_ms: _Optional[int] = ..., start_delay_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., unaligned: _Optional[bool] = ..., records_in: _Optional[int] = ...) -> None: ...
 
 class CheckpointOptions(_message.Message):
     __slots__ = ("kind", "mode", "aligned_checkpoint_timeout_ms", "target_location")

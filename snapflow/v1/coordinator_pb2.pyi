@@ -353,7 +353,7 @@ class GetCheckpointDetailsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class CheckpointSummary(_message.Message):
-    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned", "completion_latency_ms")
+    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned", "completion_latency_ms", "source_records")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +370,7 @@ class CheckpointSummary(_message.Message):
     FAILURE_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     UNALIGNED_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_RECORDS_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: int
     kind: _common_pb2.CheckpointKind
     status: _common_pb2.CheckpointStatus
@@ -386,7 +387,8 @@ class CheckpointSummary(_message.Message):
     failure_message: str
     unaligned: bool
     completion_latency_ms: float
-    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ..., completion_latency_ms: _Optional[float] = ...) -> None: ...
+    source_records: int
+    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ..., completion_latency_ms: _Optional[float] = ..., source_records: _Optional[int] = ...) -> None: ...
 
 class Quantiles(_message.Message):
     __slots__ = ("min", "avg", "p50", "p90", "p99", "max")
