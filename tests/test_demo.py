@@ -32,6 +32,7 @@ import pytest
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pyspark import cloudpickle
+from source_helpers import src_ctx as _src_ctx
 
 from snapflow import demo
 from snapflow.cli import build_parser
@@ -49,27 +50,8 @@ from worker.state import KeyedStateBackend, OperatorStateBackend
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def src_ctx(
-    index: int = 0,
-    parallelism: int = 1,
-    backend: OperatorStateBackend | None = None,
-    restored: int = 0,
-) -> OperatorContext:
-    return OperatorContext(
-        vertex_id="bids",
-        operator_id="bids.0-source",
-        subtask_index=index,
-        parallelism=parallelism,
-        operator_state=backend or OperatorStateBackend(),
-        restored_checkpoint_id=restored,
-    )
-
-
-def drain(source: BidSource, max_records: int = 1 << 30) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    while (b := source.poll_batch(max_records)) is not None:
-        out.extend(b.to_pylist())
-    return out
+def src_ctx(*args: Any, **kwargs: Any) -> OperatorContext:
+    return _src_ctx(*args, vertex_id="bids", operator_id="bids.0-source", **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def test_parquet_sink_pickles_without_runtime_state(tmp_path: Path) -> None:
     sink.process_batch(kb([1]))
     copy = pickle.loads(pickle.dumps(sink))
     assert copy.directory == str(tmp_path) and copy.compression == "gzip"
-    assert not hasattr(copy, "_pq_writers") and not hasattr(copy, "_current")
+    assert not hasattr(copy, "_writers") and not hasattr(copy, "_current")
     sink.close()
 
 
@@ -159,7 +159,7 @@ def _restored(root: Path, cid: int, handles: list[Any], attempt: int) -> Transac
 def _crash(sink: TransactionalParquetSink) -> None:
     """The process dies: its files are closed, nothing is aborted (nor the Parquet footers
     written: the writers are marked closed so that their finalizers leave the files alone)."""
-    for f, writer, _ in sink._pq_writers.values():
+    for f, writer, _ in sink._writers.values():
         f.close()
         writer.is_open = False
 

@@ -13,6 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
+from source_helpers import drain
+from source_helpers import src_ctx as _src_ctx
 
 from snapflow.errors import InvalidArgumentError
 from worker.operators import MAX_WATERMARK, MIN_WATERMARK, Chain, OperatorContext
@@ -28,27 +30,8 @@ from worker.sources import GENERATOR_SCHEMA, GeneratorSource, SequenceSource
 from worker.state import OperatorStateBackend
 
 
-def src_ctx(
-    index: int = 0,
-    parallelism: int = 1,
-    backend: OperatorStateBackend | None = None,
-    restored: int = 0,
-) -> OperatorContext:
-    return OperatorContext(
-        vertex_id="src",
-        operator_id="gen",
-        subtask_index=index,
-        parallelism=parallelism,
-        operator_state=backend or OperatorStateBackend(),
-        restored_checkpoint_id=restored,
-    )
-
-
-def drain(source: Any, max_records: int = 1 << 30) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    while (b := source.poll_batch(max_records)) is not None:
-        out.extend(b.to_pylist())
-    return out
+def src_ctx(*args: Any, **kwargs: Any) -> OperatorContext:
+    return _src_ctx(*args, vertex_id="src", operator_id="gen", **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

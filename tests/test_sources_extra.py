@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark import cloudpickle
+from source_helpers import drain
+from source_helpers import src_ctx as _src_ctx
 
 from snapflow.errors import InvalidArgumentError, StateError
 from worker.operators import MAX_WATERMARK, MIN_WATERMARK, OperatorContext
@@ -30,27 +32,8 @@ from worker.state import OperatorStateBackend
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("ts", pa.int64())])
 
 
-def src_ctx(
-    index: int = 0,
-    parallelism: int = 1,
-    backend: OperatorStateBackend | None = None,
-    restored: int = 0,
-) -> OperatorContext:
-    return OperatorContext(
-        vertex_id="src",
-        operator_id="files",
-        subtask_index=index,
-        parallelism=parallelism,
-        operator_state=backend or OperatorStateBackend(),
-        restored_checkpoint_id=restored,
-    )
-
-
-def drain(source: Any, max_records: int = 1 << 30) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    while (b := source.poll_batch(max_records)) is not None:
-        out.extend(b.to_pylist())
-    return out
+def src_ctx(*args: Any, **kwargs: Any) -> OperatorContext:
+    return _src_ctx(*args, vertex_id="src", operator_id="files", **kwargs)
 
 
 def snapshot(backend: OperatorStateBackend, source: Any, cid: int, directory: Path) -> list[Any]:

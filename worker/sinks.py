@@ -255,7 +255,7 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
         except OSError as e:
             raise StateError(f"{self.name}: cannot create {self._staging}: {e}") from e
         # staging name -> (file, Arrow writer, schema) of the transactions written to
-        self._writers: dict[str, tuple[IO[bytes], pa.ipc.RecordBatchFileWriter, pa.Schema]] = {}
+        self._writers: dict[str, tuple[IO[bytes], Any, pa.Schema]] = {}
         self._seq = 0
         self._token = uuid.uuid4().hex[:8]
 

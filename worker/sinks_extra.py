@@ -60,7 +60,7 @@ import os
 import re
 from collections.abc import Sequence
 from contextlib import suppress
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -89,8 +89,6 @@ class TransactionalParquetSink(TransactionalFileSink):
     """Exactly-once Parquet files in ``directory``, readable by ``spark.read.parquet`` (see the
     module docstring). ``compression`` and ``row_group_size`` go to ``pyarrow.parquet``."""
 
-    _runtime_fields: tuple[str, ...] = (*TransactionalFileSink._runtime_fields, "_pq_writers")
-
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -104,11 +102,6 @@ class TransactionalParquetSink(TransactionalFileSink):
         self.compression = compression
         self.row_group_size = row_group_size
 
-    def initialize(self, ctx: OperatorContext) -> None:
-        super().initialize(ctx)
-        # staging name -> (file, Parquet writer, schema) of the transactions written to
-        self._pq_writers: dict[str, tuple[IO[bytes], pq.ParquetWriter, pa.Schema]] = {}
-
     def begin_transaction(self) -> FileTransaction:
         ctx = self._context()
         seq = self._seq
@@ -118,7 +111,7 @@ class TransactionalParquetSink(TransactionalFileSink):
         return FileTransaction(name, ctx.subtask_index, seq, self._token)
 
     def write(self, txn: FileTransaction, batch: pa.RecordBatch) -> None:
-        entry = self._pq_writers.get(txn.staging_name)
+        entry = self._writers.get(txn.staging_name)
         if entry is None:
             f = open(self.staging_path(txn), "wb")  # noqa: SIM115 - closed in pre_commit/abort
             try:
@@ -126,7 +119,7 @@ class TransactionalParquetSink(TransactionalFileSink):
             except BaseException:
                 f.close()
                 raise
-            entry = self._pq_writers[txn.staging_name] = (f, writer, batch.schema)
+            entry = self._writers[txn.staging_name] = (f, writer, batch.schema)
         _, writer, schema = entry
         if not batch.schema.equals(schema):
             raise InvalidArgumentError(
@@ -137,7 +130,7 @@ class TransactionalParquetSink(TransactionalFileSink):
         txn.num_rows += batch.num_rows
 
     def pre_commit(self, txn: FileTransaction) -> None:
-        entry = self._pq_writers.pop(txn.staging_name, None)
+        entry = self._writers.pop(txn.staging_name, None)
         txn.checkpoint_id = self.pending_checkpoint_id
         if entry is None:  # nothing written: nothing to commit
             txn.part_name = None
@@ -154,26 +147,8 @@ class TransactionalParquetSink(TransactionalFileSink):
 
     # commit (atomic, idempotent rename) and staging_path: inherited
 
-    def abort(self, txn: FileTransaction) -> None:
-        entry = self._pq_writers.pop(txn.staging_name, None)
-        if entry is not None:
-            f, writer, _ = entry
-            with suppress(Exception):
-                writer.close()
-            f.close()
-        with suppress(FileNotFoundError):
-            os.unlink(self.staging_path(txn))
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            for f, writer, _ in getattr(self, "_pq_writers", {}).values():
-                with suppress(Exception):
-                    writer.close()
-                f.close()
-            if hasattr(self, "_pq_writers"):
-                self._pq_writers.clear()
+    # abort and close: inherited. The base class keeps (file, writer, schema) per staging name
+    # in ``_writers`` and closes them the same way whether the writer is Arrow IPC or Parquet.
 
 
 def committed_parquet_files(directory: str | os.PathLike[str]) -> list[str]:
