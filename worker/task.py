@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -416,6 +417,12 @@ class Subtask:
             await self._advance_watermark(MAX_WATERMARK)  # drain: fire every event-time timer
         if options.kind in (b.SnapshotKind.SAVEPOINT_SUSPEND, b.SnapshotKind.SAVEPOINT_TERMINATE):
             self._stopping_at = checkpoint_id
+        if self._end_of_input and options.mode is not b.AlignmentMode.AT_LEAST_ONCE:
+            # A checkpoint may be the job's final one only if every source had ended, and the
+            # final one must carry no in-flight data: nothing checkpoints after it, so data in
+            # channel state would never reach a committed transaction. Ended sources therefore
+            # inject aligned barriers that do not time out.
+            options = dataclasses.replace(options, mode=b.AlignmentMode.ALIGNED, aligned_timeout_ms=0)
         unaligned = options.mode is b.AlignmentMode.UNALIGNED
         await self._take_snapshot(
             checkpoint_id, timestamp_ms, options, unaligned, 0, max(0, now_ms() - timestamp_ms)
