@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from dataclasses import replace
-from typing import Any
 
-import pyarrow as pa
 import pytest
+from channel_helpers import UNALIGNED, data, ident, run
 
-from snapflow.v1 import common_pb2 as pb
 from worker.channels import (
     ChannelClosedError,
     ChannelFailedError,
@@ -29,31 +26,6 @@ from worker.frames import (
     LatencyMarkerFrame,
     WatermarkFrame,
 )
-
-TIMEOUT_S = 5.0
-UNALIGNED = CheckpointOptions(mode=pb.CHECKPOINT_MODE_UNALIGNED)
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(TIMEOUT_S):
-            await coro
-
-    asyncio.run(bounded())
-
-
-def data(i: int, rows: int = 4) -> DataFrame:
-    """A batch whose keys identify it: i*1000 .. i*1000+rows-1."""
-    start = i * 1000
-    keys = pa.array(range(start, start + rows), pa.int64())
-    return DataFrame(pa.record_batch({"key": keys, "value": keys, "timestamp": keys}))
-
-
-def ident(frame: Frame | None) -> object:
-    """A comparable identity: the batch number for data, the frame itself for events."""
-    if isinstance(frame, DataFrame):
-        return frame.batch.column(0)[0].as_py() // 1000
-    return frame
 
 
 async def drain(gate: InputGate) -> list[tuple[int, object]]:

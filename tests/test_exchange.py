@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import grpc.aio
 import pyarrow as pa
 import pytest
+from channel_helpers import UNALIGNED, data, ident, run
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb
@@ -41,29 +41,6 @@ from worker.frames import (
     is_event,
     is_priority,
 )
-
-TIMEOUT_S = 5.0
-UNALIGNED = CheckpointOptions(mode=pb.CHECKPOINT_MODE_UNALIGNED)
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(TIMEOUT_S):
-            await coro
-
-    asyncio.run(bounded())
-
-
-def data(i: int, rows: int = 4) -> DataFrame:
-    start = i * 1000
-    keys = pa.array(range(start, start + rows), pa.int64())
-    return DataFrame(pa.record_batch({"key": keys, "value": keys, "timestamp": keys}))
-
-
-def ident(frame: Frame | None) -> object:
-    if isinstance(frame, DataFrame):
-        return frame.batch.column(0)[0].as_py() // 1000
-    return frame
 
 
 def rich_batch() -> pa.RecordBatch:

@@ -262,12 +262,21 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
     def staging_path(self, txn: FileTransaction) -> str:
         return os.path.join(self._staging, txn.staging_name)
 
+    # The file format: subclasses (TransactionalParquetSink) override these three only.
+    file_suffix = ".arrow"
+
+    def _open_writer(self, f: IO[bytes], schema: pa.Schema) -> Any:
+        return pa.ipc.new_file(f, schema)
+
+    def _write_batch(self, writer: Any, batch: pa.RecordBatch) -> None:
+        writer.write_batch(batch)
+
     def begin_transaction(self) -> FileTransaction:
         ctx = self._context()
         seq = self._seq
         self._seq += 1
         vertex = _SAFE.sub("_", ctx.vertex_id) or "vertex"
-        name = f"{vertex}-{ctx.subtask_index}-{ctx.attempt}-{seq}-{self._token}.arrow"
+        name = f"{vertex}-{ctx.subtask_index}-{ctx.attempt}-{seq}-{self._token}{self.file_suffix}"
         return FileTransaction(name, ctx.subtask_index, seq, self._token)
 
     def write(self, txn: FileTransaction, batch: pa.RecordBatch) -> None:
@@ -275,7 +284,7 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
         if entry is None:
             f = open(self.staging_path(txn), "wb")  # noqa: SIM115 - closed in pre_commit/abort
             try:
-                writer = pa.ipc.new_file(f, batch.schema)
+                writer = self._open_writer(f, batch.schema)
             except BaseException:
                 f.close()
                 raise
@@ -286,7 +295,7 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
                 f"{self.name}: batch schema {batch.schema} differs from the transaction's "
                 f"schema {schema}"
             )
-        writer.write_batch(batch)
+        self._write_batch(writer, batch)
         txn.num_rows += batch.num_rows
 
     def pre_commit(self, txn: FileTransaction) -> None:
@@ -303,7 +312,9 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
         finally:
             f.close()
         _fsync_dir(self._staging)
-        txn.part_name = f"part-{txn.subtask}-{txn.checkpoint_id}-{txn.seq}-{txn.token}.arrow"
+        txn.part_name = (
+            f"part-{txn.subtask}-{txn.checkpoint_id}-{txn.seq}-{txn.token}{self.file_suffix}"
+        )
 
     def commit(self, txn: FileTransaction) -> None:
         if txn.part_name is None:

@@ -60,14 +60,14 @@ import os
 import re
 from collections.abc import Sequence
 from contextlib import suppress
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from snapflow.errors import InvalidArgumentError, StateError
 from worker.operators import Operator, OperatorContext
-from worker.sinks import FileTransaction, TransactionalFileSink, _fsync_dir
+from worker.sinks import TransactionalFileSink
 
 __all__ = [
     "RedisSink",
@@ -102,48 +102,15 @@ class TransactionalParquetSink(TransactionalFileSink):
         self.compression = compression
         self.row_group_size = row_group_size
 
-    def begin_transaction(self) -> FileTransaction:
-        ctx = self._context()
-        seq = self._seq
-        self._seq += 1
-        vertex = _SAFE.sub("_", ctx.vertex_id) or "vertex"
-        name = f"{vertex}-{ctx.subtask_index}-{ctx.attempt}-{seq}-{self._token}.parquet"
-        return FileTransaction(name, ctx.subtask_index, seq, self._token)
+    # Only the file format differs from TransactionalFileSink: transactions, pre-commit with
+    # fsync, the atomic idempotent commit, abort and close are inherited.
+    file_suffix = ".parquet"
 
-    def write(self, txn: FileTransaction, batch: pa.RecordBatch) -> None:
-        entry = self._writers.get(txn.staging_name)
-        if entry is None:
-            f = open(self.staging_path(txn), "wb")  # noqa: SIM115 - closed in pre_commit/abort
-            try:
-                writer = pq.ParquetWriter(f, batch.schema, compression=self.compression)
-            except BaseException:
-                f.close()
-                raise
-            entry = self._writers[txn.staging_name] = (f, writer, batch.schema)
-        _, writer, schema = entry
-        if not batch.schema.equals(schema):
-            raise InvalidArgumentError(
-                f"{self.name}: batch schema {batch.schema} differs from the transaction's "
-                f"schema {schema}"
-            )
+    def _open_writer(self, f: IO[bytes], schema: pa.Schema) -> pq.ParquetWriter:
+        return pq.ParquetWriter(f, schema, compression=self.compression)
+
+    def _write_batch(self, writer: Any, batch: pa.RecordBatch) -> None:
         writer.write_batch(batch, row_group_size=self.row_group_size)
-        txn.num_rows += batch.num_rows
-
-    def pre_commit(self, txn: FileTransaction) -> None:
-        entry = self._writers.pop(txn.staging_name, None)
-        txn.checkpoint_id = self.pending_checkpoint_id
-        if entry is None:  # nothing written: nothing to commit
-            txn.part_name = None
-            return
-        f, writer, _ = entry
-        try:
-            writer.close()  # writes the footer; does not close f (ours)
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            f.close()
-        _fsync_dir(self._staging)
-        txn.part_name = f"part-{txn.subtask}-{txn.checkpoint_id}-{txn.seq}-{txn.token}.parquet"
 
     # commit (atomic, idempotent rename) and staging_path: inherited
 

@@ -422,7 +422,9 @@ class Subtask:
             # final one must carry no in-flight data: nothing checkpoints after it, so data in
             # channel state would never reach a committed transaction. Ended sources therefore
             # inject aligned barriers that do not time out.
-            options = dataclasses.replace(options, mode=b.AlignmentMode.ALIGNED, aligned_timeout_ms=0)
+            options = dataclasses.replace(
+                options, mode=b.AlignmentMode.ALIGNED, aligned_timeout_ms=0
+            )
         unaligned = options.mode is b.AlignmentMode.UNALIGNED
         await self._take_snapshot(
             checkpoint_id, timestamp_ms, options, unaligned, 0, max(0, now_ms() - timestamp_ms)
