@@ -37,10 +37,12 @@ RUN set -eux; \
     rm /tmp/requirements.txt
 
 # The project itself.
+# snapflow/ holds the foundation and symbolic links to the layer folders copied next to it.
 COPY snapflow ./snapflow
 COPY coordinator ./coordinator
 COPY worker ./worker
 COPY spark_bridge ./spark_bridge
+COPY cli ./cli
 RUN pip install --no-cache-dir . "pyspark==4.3.0"
 
 COPY docker/healthcheck.py /opt/snapflow/healthcheck.py

@@ -1,11 +1,11 @@
 """Coordinator benchmark: N simulated subtasks acknowledging over real gRPC, real Redis.
 
 The coordinator runs as its own process (``snapflow coordinator``) on a redis-server started
-here; this process hosts the simulated worker agents (``snapflow.testing.SimulatedAgent``) and
+here; this process hosts the simulated worker agents (``snapflow.worker.runtime.simulated_agent.SimulatedAgent``) and
 triggers checkpoints one after another. For each N it reports:
 
 * acks/s: N x checkpoints / the time from the first trigger to the last completion (the
-  agents coalesce their acks per call, ``worker.coordinator_client.AckBatcher``; the unary
+  agents coalesce their acks per call, ``snapflow.worker.runtime.ack_batcher.AckBatcher``; the unary
   rows send one RPC per subtask ack for comparison);
 * completion latency (the target): from the arrival of a checkpoint's last ack at the
   coordinator to its durable commit (``_metadata`` written with fsync, then the fenced Redis
@@ -27,12 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import free_port, start_coordinator, stop_process, write_results
-from coordinator.stats import percentile
+from snapflow.coordinator.stats import percentile
 from snapflow.redis_server import RedisServer
-from snapflow.testing import SimulatedAgent
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 TASK_COUNTS = (64, 256, 1024)
 AGENTS = 4

@@ -75,12 +75,12 @@ from rich.table import Table
 
 from bench.common import free_port, start_coordinator, stop_process, write_results
 from bench.dataplane_ops import DiscardingSink, MarkedGeneratorSource, ThrottledSink
-from coordinator.stats import percentile
+from snapflow.coordinator.stats import percentile
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-from worker.operators import KeyedCount, Map
+from snapflow.worker.api.operators import KeyedCount, Map
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ They are shipped to the worker processes pickled (cloudpickle pickles classes of
 module by reference), so the workers import this module: they run with the repository root
 on ``sys.path``.
 
-* :class:`MarkedGeneratorSource`: a :class:`~worker.sources.GeneratorSource` that, when its
+* :class:`MarkedGeneratorSource`: a :class:`~snapflow.worker.connectors.split_sources.GeneratorSource` that, when its
   split is exhausted, writes a marker file ``<marker_dir>/source-<subtask>`` holding the wall
   time. The benchmark uses the markers to trigger the final checkpoint of a bounded job right
   away (a bounded source only ends once a checkpoint covers its last records, and with
@@ -28,8 +28,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from worker.operators import Operator, OperatorContext
-from worker.sources import GeneratorSource
+from snapflow.worker.connectors.split_sources import GeneratorSource
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:

@@ -5,7 +5,7 @@ The job: ``GeneratorSource`` (bounded, unthrottled) -> ``key_by("key")`` -> ``co
 (two Spark task slots of one barrier stage), aligned checkpoints every 1000 ms into a temporary
 directory, on ``local[4]`` (UI off, ``PYSPARK_PYTHON`` = this interpreter,
 ``spark.stage.maxConsecutiveAttempts=1`` as in the tests: the driver loop owns the restarts).
-The coordinator is embedded (:class:`spark_bridge.runner.EmbeddedCoordinator`: a redis-server
+The coordinator is embedded (:class:`snapflow.coordinator.embedded.EmbeddedCoordinator`: a redis-server
 child and the coordinator on a thread of this process); this benchmark starts one per run and
 passes its address to the job, so that the checkpoint statistics can still be read after the
 job ended (a job's own embedded coordinator stops with the job).
@@ -53,15 +53,16 @@ from rich.table import Table
 import bench.spark_ops
 from bench.common import write_results
 from bench.spark_ops import KillAfterCheckpoints
-from coordinator.stats import percentile
+from snapflow.coordinator.embedded import EmbeddedCoordinator
+from snapflow.coordinator.stats import percentile
 from snapflow.errors import DeadlineExceededError, SnapflowError
 from snapflow.logging import configure_logging
+from snapflow.spark_bridge import FixedDelay, JobResult, JobStatus, Pipeline
+from snapflow.spark_bridge.driver import CoordinatorClient
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from spark_bridge import FixedDelay, JobResult, JobStatus, Pipeline
-from spark_bridge.runner import CoordinatorClient, EmbeddedCoordinator
-from worker.sinks import TransactionalFileSink, read_committed
-from worker.sources import GeneratorSource
+from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
+from snapflow.worker.connectors.split_sources import GeneratorSource
 
 PARALLELISM = 2
 MASTER = "local[4]"
@@ -86,7 +87,9 @@ cloudpickle.register_pickle_by_value(bench.spark_ops)
 
 
 def _now_ms() -> float:
-    return time.time_ns() / 1e6  # the coordinator's clock (coordinator.job_manager.wall_clock_ms)
+    return (
+        time.time_ns() / 1e6
+    )  # the coordinator's clock (snapflow.coordinator.job_manager.wall_clock_ms)
 
 
 # ---------------------------------------------------------------------------------------------

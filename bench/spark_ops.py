@@ -13,7 +13,7 @@ import time
 
 import pyarrow as pa
 
-from worker.operators import Operator, OperatorContext
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 
 
 class KillAfterCheckpoints(Operator):

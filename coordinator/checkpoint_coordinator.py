@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from coordinator.model import (
+from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
     CheckpointConfig,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from coordinator.storage import local_path_from_uri
+from snapflow.coordinator.checkpoint_storage import local_path_from_uri
 from snapflow.errors import ConfigError
 
 ENV_PREFIX = "SNAPFLOW_"

@@ -11,7 +11,8 @@ import re
 import uuid
 from collections.abc import Iterable
 
-from coordinator.model import (
+from snapflow.coordinator.checkpoint_storage import local_path_from_uri
+from snapflow.coordinator.model import (
     DEFAULT_MAX_PARALLELISM,
     JOB_ID_PATTERN,
     AckResult,
@@ -32,7 +33,6 @@ from coordinator.model import (
     SubtaskMetrics,
     TaskState,
 )
-from coordinator.storage import local_path_from_uri
 from snapflow.errors import ConfigError, InvalidArgumentError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.model import ExecutionAttempt, JobGraph, JobState, TaskKey, TaskState
+from snapflow.coordinator.model import ExecutionAttempt, JobGraph, JobState, TaskKey, TaskState
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError, UnknownTaskError
 
 

@@ -15,7 +15,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from coordinator.registration import MalformedRequest
+from snapflow.coordinator.request_parsing import MalformedRequest
 from snapflow.errors import SnapflowError
 
 log = structlog.get_logger("snapflow.coordinator")

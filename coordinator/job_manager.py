@@ -27,8 +27,8 @@ from typing import Any
 import grpc
 import structlog
 
-from coordinator import convert
-from coordinator.checkpoint_coordinator import (
+from snapflow.coordinator import convert
+from snapflow.coordinator.checkpoint_coordinator import (
     Action,
     AllocateCheckpointId,
     CheckpointAborted,
@@ -46,10 +46,11 @@ from coordinator.checkpoint_coordinator import (
     SubtaskAcknowledged,
     TriggerRequest,
 )
-from coordinator.config import CoordinatorSettings
-from coordinator.execution import JobExecution
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.model import (
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.coordinator.config import CoordinatorSettings
+from snapflow.coordinator.execution import JobExecution
+from snapflow.coordinator.metrics import CoordinatorMetrics
+from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
     CheckpointConfig,
@@ -65,9 +66,8 @@ from coordinator.model import (
     TaskKey,
     TaskState,
 )
-from coordinator.stats import CheckpointStatsTracker
-from coordinator.storage import CheckpointStorage
-from coordinator.store import CheckpointStore
+from snapflow.coordinator.redis_store import CheckpointStore
+from snapflow.coordinator.stats import CheckpointStatsTracker
 from snapflow.errors import (
     AlreadyExistsError,
     CheckpointFailedError,

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from coordinator.model import AbortReason, AckResult, JobState, TriggerRefusal
+from snapflow.coordinator.model import AbortReason, AckResult, JobState, TriggerRefusal
 
 # 5 ms .. 10 min
 DURATION_BUCKETS_S: tuple[float, ...] = (

@@ -19,12 +19,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.config import CoordinatorSettings
-from coordinator.job_manager import JobManager
-from coordinator.metrics import CoordinatorMetrics, MetricsServer, start_metrics_server
-from coordinator.registration import add_servicer
-from coordinator.service import CoordinatorServicer
-from coordinator.store import CheckpointStore
+from snapflow.coordinator.config import CoordinatorSettings
+from snapflow.coordinator.job_manager import JobManager
+from snapflow.coordinator.metrics import CoordinatorMetrics, MetricsServer, start_metrics_server
+from snapflow.coordinator.redis_store import CheckpointStore
+from snapflow.coordinator.request_parsing import add_servicer
+from snapflow.coordinator.service import CoordinatorServicer
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import coordinator_pb2
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from coordinator import convert
-from coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
-from coordinator.job_manager import JobManager, JobRunner
-from coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey, TaskState
+from snapflow.coordinator import convert
+from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
+from snapflow.coordinator.job_manager import JobManager, JobRunner
+from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey, TaskState
 from snapflow.errors import InvalidArgumentError, SnapflowError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

@@ -11,7 +11,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from coordinator.model import (
+from snapflow.coordinator.model import (
     CheckpointKind,
     CheckpointStatus,
     CompletedCheckpoint,

@@ -3,8 +3,8 @@
 ::
 
     from spark_bridge import FixedDelay, Pipeline
-    from worker.sinks import TransactionalFileSink
-    from worker.sources import GeneratorSource
+    from snapflow.worker.connectors.file_sink import TransactionalFileSink
+    from snapflow.worker.connectors.split_sources import GeneratorSource
 
     p = Pipeline("counts", parallelism=2)
     (p.source(GeneratorSource(total_records=100_000), name="events")
@@ -13,19 +13,19 @@
     p.checkpointing(interval_ms=500).restart_strategy(FixedDelay(attempts=3, delay_s=1))
     result = p.run(spark)
 
-See :mod:`spark_bridge.pipeline` (the builder), :mod:`spark_bridge.runner` (the driver loop)
+See :mod:`spark_bridge.pipeline` (the builder), :mod:`snapflow.spark_bridge.driver` (the driver loop)
 and :mod:`spark_bridge.restart` (restart strategies, the driver's decisions).
 """
 
-from spark_bridge.pipeline import CheckpointSettings, KeyedStream, Pipeline, Stream
-from spark_bridge.restart import (
+from snapflow.spark_bridge.driver import JobFailedError, JobHandle, JobResult, run, submit
+from snapflow.spark_bridge.pipeline import CheckpointSettings, KeyedStream, Pipeline, Stream
+from snapflow.spark_bridge.restart import (
     ExponentialBackoff,
     FixedDelay,
     JobStatus,
     NoRestart,
     RestartStrategy,
 )
-from spark_bridge.runner import JobFailedError, JobHandle, JobResult, run, submit
 
 __all__ = [
     "CheckpointSettings",

@@ -16,7 +16,7 @@ Translation to a ``snapflow.v1.JobGraph`` (:meth:`Pipeline.job_graph`):
 
 * ``source()`` starts a *source vertex*; ``map``/``filter``/``flat_map`` (row functions over
   ``dict`` rows), ``map_batches``/``filter_batches``/``flat_map_batches`` (functions over
-  ``pyarrow.RecordBatch``), ``transform`` (any :class:`worker.operators.Operator`) and ``sink``
+  ``pyarrow.RecordBatch``), ``transform`` (any :class:`snapflow.worker.runtime.operator.Operator`) and ``sink``
   are chained into the current vertex (Flink's operator chaining: FORWARD, same task).
 * ``key_by(field)`` starts a new vertex behind a HASH edge on ``field`` (by key group); the
   :class:`KeyedStream` it returns offers the keyed operations (``count``, ``reduce``,
@@ -49,9 +49,10 @@ import pyarrow as pa
 from pyspark import cloudpickle
 
 from snapflow.errors import InvalidArgumentError
+from snapflow.spark_bridge.driver import JobHandle, JobResult, run, submit
+from snapflow.spark_bridge.restart import FixedDelay, RestartStrategy
 from snapflow.v1 import common_pb2 as pb
-from spark_bridge.restart import FixedDelay, RestartStrategy
-from worker.operators import (
+from snapflow.worker.api.operators import (
     Aggregate,
     AggregateFunction,
     Filter,
@@ -63,17 +64,14 @@ from worker.operators import (
     KeyedReduce,
     Map,
     MapBatches,
-    Operator,
     RowsFn,
-    SourceOperator,
     TimerFn,
 )
-from worker.windows import WindowAggregate, WindowAssigner
+from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
+from snapflow.worker.runtime.operator import Operator, SourceOperator
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from spark_bridge.runner import JobHandle, JobResult
 
 __all__ = ["CheckpointSettings", "KeyedStream", "Pipeline", "Stream"]
 
@@ -312,19 +310,19 @@ class Stream:
         return self._chain(FlatMapBatches(fn), "flat_map_batches", name)
 
     def transform(self, operator: Operator, *, name: str | None = None) -> Stream:
-        """Chain any :class:`worker.operators.Operator` (Flink's ``transform``)."""
+        """Chain any :class:`snapflow.worker.runtime.operator.Operator` (Flink's ``transform``)."""
         if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
             raise InvalidArgumentError(
-                f"transform needs a worker.operators.Operator that is not a source, got {operator!r:.100}"
+                f"transform needs a snapflow.worker.runtime.operator.Operator that is not a source, got {operator!r:.100}"
             )
         return self._chain(operator, type(operator).__name__, name)
 
     def sink(self, operator: Operator, *, name: str | None = None) -> Pipeline:
-        """End the stream in ``operator`` (e.g. :class:`worker.sinks.TransactionalFileSink`),
+        """End the stream in ``operator`` (e.g. :class:`snapflow.worker.connectors.file_sink.TransactionalFileSink`),
         chained into this vertex. Returns the pipeline."""
         if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
             raise InvalidArgumentError(
-                f"sink needs a worker.operators.Operator (e.g. TransactionalFileSink), got {operator!r:.100}"
+                f"sink needs a snapflow.worker.runtime.operator.Operator (e.g. TransactionalFileSink), got {operator!r:.100}"
             )
         self._chain(operator, "sink", name or type(operator).__name__)
         self._vertex.sunk = True
@@ -423,7 +421,7 @@ class KeyedStream:
         name: str | None = None,
     ) -> Stream:
         """Flink's ``KeyedProcessFunction``: ``fn(key, rows, ctx)`` per distinct key of a batch,
-        with keyed state and event-time timers on ``ctx`` (:class:`worker.operators.KeyedContext`)."""
+        with keyed state and event-time timers on ``ctx`` (:class:`snapflow.worker.api.operators.KeyedContext`)."""
         _check_fn("process", fn)
         if on_timer is not None:
             _check_fn("process on_timer", on_timer)
@@ -439,7 +437,7 @@ class KeyedStream:
         result_type: pa.DataType | None = None,
         name: str | None = None,
     ) -> Stream:
-        """A running aggregation per key with an :class:`worker.operators.AggregateFunction`."""
+        """A running aggregation per key with an :class:`snapflow.worker.api.operators.AggregateFunction`."""
         op = Aggregate(self.key_field, function, value_field, output_field, result_type)
         return self._stream._chain(op, "aggregate", name)
 
@@ -489,10 +487,10 @@ class Pipeline:
     def source(
         self, source: SourceOperator, *, name: str | None = None, parallelism: int | None = None
     ) -> Stream:
-        """A new source vertex reading ``source`` (e.g. :class:`worker.sources.GeneratorSource`)."""
+        """A new source vertex reading ``source`` (e.g. :class:`snapflow.worker.connectors.split_sources.GeneratorSource`)."""
         if not isinstance(source, SourceOperator):
             raise InvalidArgumentError(
-                f"source needs a worker.operators.SourceOperator (e.g. GeneratorSource), got {source!r:.100}"
+                f"source needs a snapflow.worker.runtime.operator.SourceOperator (e.g. GeneratorSource), got {source!r:.100}"
             )
         label = _check_name("source name", name) if name is not None else "source"
         vertex = self._new_vertex(
@@ -614,9 +612,7 @@ class Pipeline:
         coordinator_address: str | None = None,
         **options: Any,
     ) -> JobResult:
-        """Run the job on ``spark`` until it ends; see :func:`spark_bridge.runner.run`."""
-        from spark_bridge.runner import run
-
+        """Run the job on ``spark`` until it ends; see :func:`snapflow.spark_bridge.driver.run`."""
         return run(
             self,
             spark,
@@ -635,8 +631,6 @@ class Pipeline:
     ) -> JobHandle:
         """Submit the job and run it in a background thread; returns its :class:`JobHandle`
         (cancel, stop with a savepoint, wait for the result)."""
-        from spark_bridge.runner import submit
-
         return submit(
             self,
             spark,

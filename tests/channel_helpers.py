@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from snapflow.v1 import common_pb2 as pb
-from worker.frames import CheckpointOptions, DataFrame, Frame
+from snapflow.worker.runtime.frames import CheckpointOptions, DataFrame, Frame
 
 TIMEOUT_S = 5.0
 UNALIGNED = CheckpointOptions(mode=pb.CHECKPOINT_MODE_UNALIGNED)

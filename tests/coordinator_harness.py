@@ -9,8 +9,8 @@ from typing import Any
 
 import grpc
 
-from coordinator.config import load_settings
-from coordinator.server import Coordinator
+from snapflow.coordinator.config import load_settings
+from snapflow.coordinator.server import Coordinator
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.operators import OperatorContext
-from worker.state import OperatorStateBackend
+from snapflow.worker.runtime.operator import OperatorContext
+from snapflow.worker.state.backend import OperatorStateBackend
 
 
 def src_ctx(

@@ -32,13 +32,13 @@ import redis
 from coordinator_harness import Running, running_coordinator, submit, two_vertex_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.config import load_settings
-from coordinator.server import Coordinator
+from snapflow.coordinator.config import load_settings
+from snapflow.coordinator.server import Coordinator
 from snapflow.redis_server import RedisServer
-from snapflow.testing import SimulatedAgent, always_ack
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+from snapflow.worker.runtime.simulated_agent import SimulatedAgent, always_ack
 
 T = 5.0  # deadline of every RPC a test makes (seconds)
 TEST_BUDGET_S = 30.0  # hard limit of one test body

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from worker.barriers import (
+from snapflow.worker.runtime.barriers import (
     AbortCheckpoint,
     AbortReason,
     Action,
@@ -901,7 +901,7 @@ def _is_priority(frame: Frame) -> bool:
 class SimulatedTask:
     """Upstreams write frames into channels; the task reads them as the handler allows.
 
-    Like ``worker.channels``, a channel hands over priority frames (unaligned barriers, cancel
+    Like ``snapflow.worker.runtime.channels``, a channel hands over priority frames (unaligned barriers, cancel
     markers) ahead of the data still queued in it; a blocked channel hands over nothing.
     """
 

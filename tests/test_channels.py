@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from channel_helpers import UNALIGNED, data, ident, run
 
-from worker.channels import (
+from snapflow.worker.runtime.channels import (
     ChannelClosedError,
     ChannelFailedError,
     CreditViolationError,
@@ -16,7 +16,7 @@ from worker.channels import (
     InputGate,
     LocalChannel,
 )
-from worker.frames import (
+from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
     CheckpointOptions,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from coordinator.checkpoint_coordinator import (
+from snapflow.coordinator.checkpoint_coordinator import (
     AllocateCheckpointId,
     BarrierOptions,
     CheckpointAborted,
@@ -30,7 +30,7 @@ from coordinator.checkpoint_coordinator import (
     SubtaskAcknowledged,
     TriggerRequest,
 )
-from coordinator.model import (
+from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
     CheckpointConfig,

@@ -31,11 +31,11 @@ from coordinator_harness import Running, running_coordinator, submit, two_vertex
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from snapflow.cli import build_parser, format_bytes, main
+from snapflow.cli.main import build_parser, format_bytes, main
 from snapflow.logging import configure_logging
 from snapflow.redis_server import RedisServer
-from snapflow.testing import SimulatedAgent
 from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent

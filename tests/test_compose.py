@@ -329,7 +329,7 @@ def test_services_run_snapflow_with_a_subcommand(services: dict[str, dict[str, A
 
 def _cli_parser() -> argparse.ArgumentParser:
     try:
-        import snapflow.cli as cli
+        import snapflow.cli.main as cli
     except ImportError as e:
         pytest.skip(f"snapflow.cli is not importable yet ({e}); CLI checks start once it lands")
     parser = cli.build_parser()
@@ -400,7 +400,7 @@ def test_submitter_runs_the_spark_demo_against_the_cluster(
     )
     args = parser.parse_args(runs[0])
     assert not args.simulated, "the submitter must run the Spark demo, not --simulated"
-    from snapflow.demo import config_from_args
+    from snapflow.cli.demo import config_from_args
 
     config = config_from_args(args)  # the demo's own reading of its flags
 

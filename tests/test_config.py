@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import CoordinatorSettings, load_settings
+from snapflow.coordinator.config import CoordinatorSettings, load_settings
 from snapflow.errors import ConfigError
 
 
@@ -34,7 +34,7 @@ def test_every_field_has_a_docstring() -> None:
     import ast
     import inspect
 
-    import coordinator.config as mod
+    import snapflow.coordinator.config as mod
 
     tree = ast.parse(inspect.getsource(mod))
     cls = next(

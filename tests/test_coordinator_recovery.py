@@ -12,10 +12,10 @@ import pytest
 import redis
 from coordinator_harness import running_coordinator, submit, two_vertex_graph
 
-from coordinator.model import CheckpointKind, PendingCheckpointRecord
-from snapflow.testing import SimulatedAgent
+from snapflow.coordinator.model import CheckpointKind, PendingCheckpointRecord
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 
 async def _start_agents(

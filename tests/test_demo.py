@@ -34,9 +34,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pyspark import cloudpickle
 from source_helpers import src_ctx as _src_ctx
 
-from snapflow import demo
-from snapflow.cli import build_parser
-from worker.nexmark import (
+from snapflow.cli import demo
+from snapflow.cli.main import build_parser
+from snapflow.cli.nexmark import (
     BID_SCHEMA,
     WINDOW_STATS_SCHEMA,
     BidSource,
@@ -44,8 +44,10 @@ from worker.nexmark import (
     expected_window_stats,
     window_stats_rows,
 )
-from worker.operators import MAX_WATERMARK, MIN_WATERMARK, KeyedProcess, OperatorContext
-from worker.state import KeyedStateBackend, OperatorStateBackend
+from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
+from snapflow.worker.api.operators import KeyedProcess
+from snapflow.worker.runtime.operator import OperatorContext
+from snapflow.worker.state.backend import KeyedStateBackend, OperatorStateBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 

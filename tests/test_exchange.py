@@ -16,14 +16,14 @@ from channel_helpers import UNALIGNED, data, ident, run
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from worker.channels import ChannelFailedError, InputChannel, InputGate
-from worker.exchange import (
+from snapflow.worker.runtime.channels import ChannelFailedError, InputChannel, InputGate
+from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
     ChannelRegistry,
     DataExchangeServicer,
     RemoteOutputChannel,
 )
-from worker.frames import (
+from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
     CheckpointOptions,

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from snapflow.errors import InvalidArgumentError
-from worker import keygroups
-from worker.keygroups import (
+from snapflow.worker.state import keygroups
+from snapflow.worker.state.keygroups import (
     MASK64,
     UPPER_BOUND_MAX_PARALLELISM,
     KeyGroupRange,
@@ -158,9 +158,7 @@ def test_golden_key_groups_never_change() -> None:
 
 def test_hash_is_stable_across_processes() -> None:
     keys = ["alpha", "βeta", "", "x" * 100]
-    code = (
-        f"from worker.keygroups import key_group_for_key as k;print([k(x, 4096) for x in {keys!r}])"
-    )
+    code = f"from snapflow.worker.state.keygroups import key_group_for_key as k;print([k(x, 4096) for x in {keys!r}])"
     outputs = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}

@@ -14,8 +14,18 @@ import prometheus_client
 import pytest
 import structlog
 
-from coordinator.metrics import CoordinatorMetrics, start_metrics_server, stop_metrics_server
-from coordinator.model import AbortReason, AckResult, ExecutionAttempt, JobState, TriggerRefusal
+from snapflow.coordinator.metrics import (
+    CoordinatorMetrics,
+    start_metrics_server,
+    stop_metrics_server,
+)
+from snapflow.coordinator.model import (
+    AbortReason,
+    AckResult,
+    ExecutionAttempt,
+    JobState,
+    TriggerRefusal,
+)
 from snapflow.logging import bind_job, configure_logging
 
 # --- logging -----------------------------------------------------------------------------------

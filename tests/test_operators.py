@@ -12,12 +12,10 @@ import pytest
 from pyspark import cloudpickle
 
 from snapflow.errors import InvalidArgumentError
-from worker import keygroups as kgs
-from worker.operators import (
-    MAX_WATERMARK,
+from snapflow.event_time import MAX_WATERMARK
+from snapflow.worker.api.operators import (
     Aggregate,
     AggregateFunction,
-    Chain,
     Filter,
     FilterBatches,
     FlatMap,
@@ -28,11 +26,11 @@ from worker.operators import (
     KeyedReduce,
     Map,
     MapBatches,
-    Operator,
-    OperatorContext,
     fold_and_get,
 )
-from worker.state import KeyedStateBackend, OperatorStateBackend
+from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.backend import KeyedStateBackend, OperatorStateBackend
 
 
 def keyed_ctx(
@@ -219,7 +217,7 @@ def test_keyed_count_snapshot_restore_and_rescale(tmp_path: Any) -> None:
     rng = random.Random(3)
     batches = [kv_batch([rng.randint(0, 99) for _ in range(200)]) for _ in range(6)]
     # two subtasks, fed by key group
-    from worker.partitioners import KeyGroupPartitioner
+    from snapflow.worker.runtime.partitioners import KeyGroupPartitioner
 
     part = KeyGroupPartitioner("key", 128, 2)
     ops = [opened(KeyedCount("key"), keyed_ctx(parallelism=2, index=i)) for i in range(2)]

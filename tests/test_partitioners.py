@@ -10,17 +10,20 @@ import pytest
 from pyspark import cloudpickle
 
 from snapflow.errors import InvalidArgumentError
-from worker import keygroups as kgs
-from worker.partitioners import (
-    AscendingTimestampsWatermarks,
-    BoundedOutOfOrdernessWatermarks,
+from snapflow.event_time import MIN_WATERMARK
+from snapflow.worker.runtime.partitioners import (
     BroadcastPartitioner,
     ForwardPartitioner,
     KeyGroupPartitioner,
     RebalancePartitioner,
     create_partitioner,
 )
-from worker.state import MIN_WATERMARK, KeyedStateBackend
+from snapflow.worker.runtime.watermarks import (
+    AscendingTimestampsWatermarks,
+    BoundedOutOfOrdernessWatermarks,
+)
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.backend import KeyedStateBackend
 
 
 def numbered(keys: list[Any]) -> pa.RecordBatch:
@@ -112,7 +115,7 @@ def test_forward_rebalance_broadcast() -> None:
 
 
 def test_create_partitioner() -> None:
-    from coordinator.model import PartitionerKind
+    from snapflow.coordinator.model import PartitionerKind
 
     assert isinstance(create_partitioner("forward", 1), ForwardPartitioner)
     p = create_partitioner(PartitionerKind.HASH, 4, key_field="k", max_parallelism=64)

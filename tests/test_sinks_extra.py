@@ -19,16 +19,16 @@ from pyspark import cloudpickle
 from test_worker_pipeline import check_exactly_once, expected_counts
 
 from snapflow.errors import InvalidArgumentError, StateError
-from worker.operators import Chain, OperatorContext
-from worker.sinks import SinkCommitError
-from worker.sinks_extra import (
-    RedisSink,
+from snapflow.worker.connectors.parquet_sink import (
     TransactionalParquetSink,
     committed_parquet_files,
     read_committed_parquet,
 )
-from worker.sources import GeneratorSource
-from worker.state import OperatorStateBackend
+from snapflow.worker.connectors.redis_sink import RedisSink
+from snapflow.worker.connectors.split_sources import GeneratorSource
+from snapflow.worker.connectors.two_phase_commit import SinkCommitError
+from snapflow.worker.runtime.operator import Chain, OperatorContext
+from snapflow.worker.state.backend import OperatorStateBackend
 
 # The executors cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -227,7 +227,7 @@ def test_parquet_restore_of_an_earlier_checkpoint_discards_later_data(tmp_path: 
 
 @pytest.mark.spark
 def test_pipeline_on_spark_writes_parquet_spark_reads(spark: Any, tmp_path: Path) -> None:
-    from spark_bridge import JobStatus, Pipeline
+    from snapflow.spark_bridge import JobStatus, Pipeline
 
     out = tmp_path / "out"
     source = GeneratorSource(

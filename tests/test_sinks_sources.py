@@ -17,17 +17,17 @@ from source_helpers import drain
 from source_helpers import src_ctx as _src_ctx
 
 from snapflow.errors import InvalidArgumentError
-from worker.operators import MAX_WATERMARK, MIN_WATERMARK, Chain, OperatorContext
-from worker.sinks import (
-    CollectSink,
-    PrintSink,
-    SinkCommitError,
-    TransactionalFileSink,
-    TwoPhaseCommitSink,
-    read_committed,
+from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
+from snapflow.worker.connectors.debug_sinks import CollectSink, PrintSink
+from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
+from snapflow.worker.connectors.split_sources import (
+    GENERATOR_SCHEMA,
+    GeneratorSource,
+    SequenceSource,
 )
-from worker.sources import GENERATOR_SCHEMA, GeneratorSource, SequenceSource
-from worker.state import OperatorStateBackend
+from snapflow.worker.connectors.two_phase_commit import SinkCommitError, TwoPhaseCommitSink
+from snapflow.worker.runtime.operator import Chain, OperatorContext
+from snapflow.worker.state.backend import OperatorStateBackend
 
 
 def src_ctx(*args: Any, **kwargs: Any) -> OperatorContext:

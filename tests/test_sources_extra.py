@@ -19,15 +19,16 @@ from source_helpers import drain
 from source_helpers import src_ctx as _src_ctx
 
 from snapflow.errors import InvalidArgumentError, StateError
-from worker.operators import MAX_WATERMARK, MIN_WATERMARK, OperatorContext
-from worker.sources_extra import (
+from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
+from snapflow.worker.connectors.file_sources import (
     DataFrameSource,
     FileSource,
-    SocketTextSource,
     list_data_files,
     source_from_dataframe,
 )
-from worker.state import OperatorStateBackend
+from snapflow.worker.connectors.socket_source import SocketTextSource
+from snapflow.worker.runtime.operator import OperatorContext
+from snapflow.worker.state.backend import OperatorStateBackend
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("ts", pa.int64())])
 
@@ -263,7 +264,7 @@ def test_dataframe_source_reads_exactly_once_and_resumes(spark: Any, tmp_path: P
 
 @pytest.mark.spark
 def test_source_from_dataframe_adds_a_source_vertex(spark: Any, tmp_path: Path) -> None:
-    from spark_bridge.pipeline import Pipeline
+    from snapflow.spark_bridge.pipeline import Pipeline
 
     spark.range(10).createOrReplaceTempView("extra_sources_t")
     p = Pipeline("dfsrc", parallelism=2)
@@ -430,8 +431,8 @@ def test_socket_source_other_subtasks_idle_and_connect_failures(server_factory: 
 
 @pytest.mark.spark
 def test_dataframe_source_end_to_end_on_spark(spark: Any, tmp_path: Path) -> None:
-    from spark_bridge.pipeline import Pipeline
-    from worker.sinks import TransactionalFileSink, read_committed
+    from snapflow.spark_bridge.pipeline import Pipeline
+    from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 
     n = 500
     df = spark.range(n).selectExpr("id", "id * 2 AS double_id")

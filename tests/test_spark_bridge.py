@@ -23,8 +23,7 @@ from pyspark import cloudpickle
 from test_worker_pipeline import check_exactly_once, expected_counts
 
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError
-from snapflow.v1 import common_pb2 as pb
-from spark_bridge import (
+from snapflow.spark_bridge import (
     ExponentialBackoff,
     FixedDelay,
     JobFailedError,
@@ -32,18 +31,20 @@ from spark_bridge import (
     NoRestart,
     Pipeline,
 )
-from spark_bridge.restart import (
+from snapflow.spark_bridge.driver import RunOptions, local_slots, summarize_spark_error
+from snapflow.spark_bridge.executor import _host_of
+from snapflow.spark_bridge.restart import (
     Finish,
     RecoveryTracker,
     Resubmit,
     StageOutcome,
     next_action,
 )
-from spark_bridge.runner import RunOptions, _host_of, local_slots, summarize_spark_error
-from worker.operators import Operator, OperatorContext
-from worker.sinks import TransactionalFileSink, read_committed
-from worker.sources import GeneratorSource
-from worker.windows import TumblingEventTimeWindows
+from snapflow.v1 import common_pb2 as pb
+from snapflow.worker.api.windows import TumblingEventTimeWindows
+from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
+from snapflow.worker.connectors.split_sources import GeneratorSource
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 
 # The executors cannot import this test module: ship its classes and functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -554,7 +555,7 @@ def test_run_checks_slots_and_master_before_submitting(monkeypatch: pytest.Monke
         def getConf(self) -> Any:
             return {"spark.task.cpus": "1"}
 
-    from spark_bridge import runner
+    from snapflow.spark_bridge import driver as runner
 
     p = Pipeline("wide", parallelism=3)
     _runnable(p).key_by("key").count().sink(TransactionalFileSink("/tmp/unused"))
@@ -569,8 +570,9 @@ def test_run_checks_slots_and_master_before_submitting(monkeypatch: pytest.Monke
 
 
 def test_embedded_coordinator_serves_the_driver_and_stops_cleanly(tmp_path: Path) -> None:
+    from snapflow.coordinator.embedded import EmbeddedCoordinator
+    from snapflow.spark_bridge.driver import CoordinatorClient
     from snapflow.v1 import coordinator_pb2 as cpb
-    from spark_bridge.runner import CoordinatorClient, EmbeddedCoordinator
 
     p = Pipeline("embedded")
     _runnable(p).key_by("key").count().sink(TransactionalFileSink(str(tmp_path / "out")))

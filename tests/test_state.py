@@ -14,14 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from coordinator.model import StateHandle
+from snapflow.coordinator.model import StateHandle
 from snapflow.errors import SnapflowError, StateError, StorageError
-from worker.keygroups import (
-    KeyGroupRange,
-    key_group_for_key,
-    operator_index_for_key_group,
-)
-from worker.state import (
+from snapflow.worker.state.backend import (
     CorruptStateError,
     IncompatibleStateError,
     KeyedStateBackend,
@@ -31,6 +26,11 @@ from worker.state import (
     StateHandleDict,
     Timer,
     aggregate_batch,
+)
+from snapflow.worker.state.keygroups import (
+    KeyGroupRange,
+    key_group_for_key,
+    operator_index_for_key_group,
 )
 
 MAX_P = 128

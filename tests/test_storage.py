@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.model import (
+from snapflow.coordinator.checkpoint_storage import METADATA_FILE, CheckpointStorage
+from snapflow.coordinator.model import (
     CheckpointKind,
     CompletedCheckpoint,
     ExecutionAttempt,
@@ -19,7 +20,6 @@ from coordinator.model import (
     SubtaskAck,
     SubtaskMetrics,
 )
-from coordinator.storage import METADATA_FILE, CheckpointStorage
 from snapflow.errors import (
     AlreadyExistsError,
     CheckpointNotFoundError,

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from coordinator.model import (
+from snapflow.coordinator.model import (
     CheckpointConfig,
     CheckpointKind,
     CheckpointMode,
@@ -37,7 +37,7 @@ from coordinator.model import (
     SubtaskAck,
     SubtaskMetrics,
 )
-from coordinator.store import CheckpointStore
+from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.errors import (
     AlreadyExistsError,
     InvalidArgumentError,

@@ -10,14 +10,16 @@ import pytest
 from pyspark import cloudpickle
 
 from snapflow.errors import InvalidArgumentError
-from worker.operators import MIN_WATERMARK, Chain, KeyedContext, KeyedProcess, OperatorContext
-from worker.state import KeyedStateBackend
-from worker.windows import (
+from snapflow.event_time import MIN_WATERMARK
+from snapflow.worker.api.operators import KeyedContext, KeyedProcess
+from snapflow.worker.api.windows import (
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
     WindowAggregate,
     WindowAssigner,
 )
+from snapflow.worker.runtime.operator import Chain, OperatorContext
+from snapflow.worker.state.backend import KeyedStateBackend
 
 Row = tuple[Any, int, int, Any]  # key, window_start, window_end, value
 

@@ -24,9 +24,9 @@ from worker_harness import count_graph
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from worker.operators import KeyedCount
-from worker.sinks import TransactionalFileSink, read_committed
-from worker.sources import GeneratorSource
+from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
+from snapflow.worker.connectors.split_sources import GeneratorSource
 
 pytestmark = pytest.mark.slow
 

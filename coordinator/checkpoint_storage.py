@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 import structlog
 
-from coordinator.model import CompletedCheckpoint
+from snapflow.coordinator.model import CompletedCheckpoint
 from snapflow.errors import (
     AlreadyExistsError,
     CheckpointNotFoundError,

@@ -2,15 +2,15 @@
 
 One agent is one process with one asyncio loop; nothing here is thread-safe. A channel
 connects one producer subtask's output to one consumer subtask's input and carries an ordered
-stream of frames (``worker.frames``). The same contract holds in-process
+stream of frames (``snapflow.worker.runtime.frames``). The same contract holds in-process
 (:class:`LocalChannel`, batches handed over as Python objects) and over gRPC
-(``worker.exchange``, Arrow IPC on the wire).
+(``snapflow.worker.runtime.exchange``, Arrow IPC on the wire).
 
 Flow-control contract
 ---------------------
 
 - The consumer's :class:`InputChannel` owns ``buffers_per_channel`` buffers; one buffer holds
-  one :class:`~worker.frames.DataFrame`. It announces every free buffer to the producer as one
+  one :class:`~snapflow.worker.runtime.frames.DataFrame`. It announces every free buffer to the producer as one
   credit. Invariant (checked, a violation fails the channel)::
 
       data frames handed over and not yet taken by the gate + credits held by the producer
@@ -75,7 +75,7 @@ import grpc
 
 from snapflow.errors import SnapflowError
 from snapflow.v1 import common_pb2 as pb
-from worker.frames import (
+from snapflow.worker.runtime.frames import (
     BarrierFrame,
     DataFrame,
     EndOfPartitionFrame,

@@ -125,7 +125,7 @@ or ``AbortCheckpoint``; ``CheckpointCompleteOnInput(n)`` always follows ``Trigge
   ``StopPersistingChannel`` means c's input channel state of n is complete (its barrier
   arrived, or the channel ended).
 * ``PersistOvertakenData(c, n)``: an unaligned barrier is a priority frame (see
-  ``worker.frames.is_priority``): the channel hands it over ahead of the data still queued in
+  ``snapflow.worker.runtime.frames.is_priority``): the channel hands it over ahead of the data still queued in
   that input channel, data that was sent *before* the barrier. That data (possibly none) is
   input channel state of n: write it now. It stays queued and is processed as normal when its
   turn comes (without being written again for n: c no longer persists for n).
@@ -194,7 +194,7 @@ class BarrierOptions:
 
     @property
     def is_unaligned(self) -> bool:
-        """An unaligned barrier: a priority frame on the wire (``worker.frames.is_priority``)."""
+        """An unaligned barrier: a priority frame on the wire (``snapflow.worker.runtime.frames.is_priority``)."""
         return self.mode is AlignmentMode.UNALIGNED
 
     @property

@@ -37,16 +37,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError, StateError
-from worker import keygroups as kgs
-from worker.operators import (
-    MAX_WATERMARK,
-    MIN_WATERMARK,
-    OperatorContext,
-    SourceOperator,
-    arange,
-)
-from worker.partitioners import BoundedOutOfOrdernessWatermarks
-from worker.state import OperatorListState
+from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
+from snapflow.worker.api.operators import arange
+from snapflow.worker.runtime.operator import OperatorContext, SourceOperator
+from snapflow.worker.runtime.watermarks import BoundedOutOfOrdernessWatermarks
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.backend import OperatorListState
 
 __all__ = ["GENERATOR_SCHEMA", "GeneratorSource", "SequenceSource", "SplitSource"]
 

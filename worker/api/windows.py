@@ -38,16 +38,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError
-from worker import keygroups as kgs
-from worker.operators import (
-    MAX_WATERMARK,
-    MIN_WATERMARK,
-    Operator,
-    OperatorContext,
-    arange,
-    fire_timers,
-)
-from worker.state import KeyedStateBackend, ReducingState
+from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
+from snapflow.worker.api.operators import arange
+from snapflow.worker.runtime.operator import Operator, OperatorContext, fire_timers
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.backend import KeyedStateBackend, ReducingState
 
 __all__ = [
     "SlidingEventTimeWindows",

@@ -6,14 +6,14 @@
 
 1. **Coordinator.** With no ``coordinator_address``, an *embedded* coordinator is started for the
    duration of the run: a ``redis-server`` child process (:class:`snapflow.redis_server.RedisServer`)
-   and :class:`coordinator.server.Coordinator` on its own asyncio loop in a background thread,
+   and :class:`snapflow.coordinator.server.Coordinator` on its own asyncio loop in a background thread,
    bound to 127.0.0.1 on a free port. Only a local master's executors can reach it; on a
    cluster, run ``snapflow coordinator`` and pass its address.
 2. **Submit.** ``SubmitJob`` with the pipeline's JobGraph, checkpoint settings and, with
    ``restore_from``, ``RestoreSettings.savepoint_path`` (the parallelism may differ).
 3. **The stage.** ``sc.parallelize(range(n), n).barrier().mapPartitions(run_slot).collect()``
    with ``n`` = the largest vertex parallelism (slot sharing): Spark gang-schedules the ``n``
-   tasks; task ``i`` runs an :class:`worker.agent.Agent` for slot ``i`` (it hosts subtask ``j``
+   tasks; task ``i`` runs an :class:`snapflow.worker.runtime.agent.Agent` for slot ``i`` (it hosts subtask ``j``
    of every vertex where ``j % n == i``). Address exchange and checkpoints go through the
    coordinator; ``BarrierTaskContext.barrier()`` is called at most once, at start-up, and only
    with ``startup_barrier=True`` (it polls about once a second). The stage's Spark job runs in
@@ -21,7 +21,7 @@
 4. **Failover.** A failed task fails the barrier stage (Spark kills the other tasks; with
    ``spark.stage.maxConsecutiveAttempts`` > 1 Spark itself re-runs the stage first, which is a
    restart too). The driver waits (bounded) until the coordinator has seen the deployment fail,
-   asks :func:`spark_bridge.restart.next_action`, waits the restart strategy's delay and
+   asks :func:`snapflow.spark_bridge.restart.next_action`, waits the restart strategy's delay and
    submits the stage again: its tasks register, which starts a new deployment that restores
    from the latest completed checkpoint (the coordinator does that on registration).
 5. **End.** A bounded job ends when its final checkpoint committed: every agent returns, the
@@ -32,25 +32,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import functools
 import os
 import re
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import structlog
 
+from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.errors import (
     AlreadyExistsError,
     CheckpointFailedError,
@@ -62,40 +60,53 @@ from snapflow.errors import (
     SnapflowError,
     UnavailableError,
 )
-from snapflow.v1 import common_pb2 as pb
-from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-from spark_bridge.restart import (
+from snapflow.spark_bridge.executor import SlotConfig, run_slot
+from snapflow.spark_bridge.restart import (
     Finish,
     JobStatus,
     RecoveryTracker,
+    RestartStrategy,
     StageOutcome,
     next_action,
 )
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from coordinator.server import Coordinator
-    from snapflow.redis_server import RedisServer
-    from spark_bridge.pipeline import Pipeline
-
-__all__ = [
-    "EmbeddedCoordinator",
-    "JobFailedError",
-    "JobHandle",
-    "JobResult",
-    "RunOptions",
-    "SlotConfig",
-    "run",
-    "run_slot",
-    "submit",
-]
 
 log = structlog.get_logger("snapflow.spark")
 
+
+class CheckpointConfigSource(Protocol):
+    def to_pb(self) -> pb.CheckpointConfig: ...
+
+
+class JobDefinition(Protocol):
+    """What the driver needs of a job: :class:`snapflow.spark_bridge.pipeline.Pipeline` is one.
+
+    The driver depends on this shape, not on the builder, so the builder can call the driver
+    (``Pipeline.run``) without an import cycle.
+    """
+
+    name: str
+    restart: RestartStrategy
+
+    @property
+    def checkpoint_settings(self) -> CheckpointConfigSource: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    def job_graph(self) -> pb.JobGraph: ...
+
+
 RPC_TIMEOUT_S = 10.0
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -106,11 +117,6 @@ class JobFailedError(SnapflowError):
     def __init__(self, result: JobResult) -> None:
         super().__init__(f"job {result.name!r} ({result.job_id}) failed: {result.failure}")
         self.result = result
-
-
-# ---------------------------------------------------------------------------------------------
-# Options and results
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -201,88 +207,6 @@ class JobResult:
     """What each Spark task of the last successful stage reported."""
 
 
-@dataclass(frozen=True)
-class SlotConfig:
-    """What a Spark task needs to run its slot's agent: plain data, pickled into the closure."""
-
-    coordinator_address: str
-    job_id: str
-    num_slots: int
-    agent_host: str | None
-    source_batch_records: int
-    log_level: str
-    startup_barrier: bool
-
-
-# ---------------------------------------------------------------------------------------------
-# The Spark task: one slot's agent
-# ---------------------------------------------------------------------------------------------
-
-
-def _host_of(address: str) -> str:
-    """``host:port`` or ``[v6]:port`` -> host."""
-    if address.startswith("["):
-        return address[1 : address.index("]")]
-    return address.rsplit(":", 1)[0] if ":" in address else address
-
-
-async def _run_agent(config: SlotConfig, slot: int, host: str) -> str:
-    from worker.agent import Agent
-
-    agent = Agent(
-        config.coordinator_address,
-        config.job_id,
-        slot=slot,
-        num_slots=config.num_slots,
-        host=host,
-        source_batch_records=config.source_batch_records,
-    )
-    await agent.start()
-    try:
-        await agent.run()
-        return "finished"
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # this coroutine itself was cancelled, not the subtasks
-        # The coordinator cancelled this slot's subtasks: the job was cancelled, or another
-        # slot failed (the driver learns which from the coordinator).
-        return "canceled"
-    finally:
-        await agent.stop()
-
-
-def run_slot(config: SlotConfig, partition: Iterable[int]) -> Iterator[dict[str, Any]]:
-    """The barrier stage's partition function: run slot ``partitionId()``'s agent until its
-    subtasks end; yield one small summary. Raises if a subtask failed (which fails the stage)."""
-    from pyspark import BarrierTaskContext
-
-    from snapflow.logging import configure_logging
-
-    for _ in partition:  # one element per partition; consuming it keeps Spark's contract
-        pass
-    ctx = BarrierTaskContext.get()
-    slot = ctx.partitionId()
-    if config.startup_barrier:
-        ctx.barrier()  # once: every slot is launched before any registers
-    host = config.agent_host or _host_of(ctx.getTaskInfos()[slot].address)
-    configure_logging(config.log_level, "json")
-    started = time.monotonic()
-    status = asyncio.run(_run_agent(config, slot, host))
-    yield {
-        "slot": slot,
-        "status": status,
-        "host": host,
-        "pid": os.getpid(),
-        "stage_id": ctx.stageId(),
-        "duration_s": round(time.monotonic() - started, 3),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Coordinator access
-# ---------------------------------------------------------------------------------------------
-
 _STATUS_ERRORS: dict[grpc.StatusCode, type[SnapflowError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
@@ -335,110 +259,6 @@ class CoordinatorClient:
         return self.call("GetCheckpointStats", cpb.GetCheckpointStatsRequest(job_id=job_id))
 
 
-# ---------------------------------------------------------------------------------------------
-# Embedded coordinator
-# ---------------------------------------------------------------------------------------------
-
-
-class EmbeddedCoordinator:
-    """Redis + coordinator for one run, on an asyncio loop in a background thread.
-
-    ``storage_root``: where checkpoints go when the job's settings name no storage (default: a
-    temporary directory removed by :meth:`stop`)."""
-
-    def __init__(self, storage_root: str | None = None, host: str = "127.0.0.1") -> None:
-        self.host = host
-        self._storage_root = storage_root
-        self._own_root: str | None = None
-        self._redis: RedisServer | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._coordinator: Coordinator | None = None
-        self.address = ""
-
-    def start(self, timeout_s: float = 30.0) -> EmbeddedCoordinator:
-        from coordinator.config import load_settings
-        from coordinator.server import Coordinator
-        from snapflow.redis_server import RedisServer
-
-        try:
-            self._redis = RedisServer().start()
-            root = self._storage_root
-            if root is None:
-                root = self._own_root = tempfile.mkdtemp(prefix="snapflow-checkpoints-")
-            settings = load_settings(
-                overrides={
-                    "host": self.host,
-                    "port": 0,
-                    "metrics_port": -1,
-                    "redis_url": self._redis.url,
-                    "storage_root": root,
-                    "shutdown_grace_s": 0.5,
-                },
-                environ={},
-            )
-            loop = self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(
-                target=loop.run_forever, name="snapflow-embedded-coordinator", daemon=True
-            )
-            self._thread.start()
-
-            async def start() -> Coordinator:
-                coordinator = Coordinator(settings)
-                await coordinator.start()
-                return coordinator
-
-            self._coordinator = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout_s)
-            self.address = f"{self.host}:{self._coordinator.port}"
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        loop, self._loop = self._loop, None
-        coordinator, self._coordinator = self._coordinator, None
-        try:
-            if loop is not None and self._thread is not None:
-                if coordinator is not None:
-                    with contextlib.suppress(Exception):
-                        asyncio.run_coroutine_threadsafe(coordinator.stop(), loop).result(timeout_s)
-
-                async def drain() -> None:
-                    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                    for t in tasks:
-                        t.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                    await loop.shutdown_asyncgens()
-                    await loop.shutdown_default_executor()
-
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(drain(), loop).result(timeout_s)
-                loop.call_soon_threadsafe(loop.stop)
-                self._thread.join(timeout_s)
-                if not self._thread.is_alive():
-                    loop.close()
-            self._thread = None
-        finally:
-            redis, self._redis = self._redis, None
-            if redis is not None:
-                redis.stop()
-            root, self._own_root = self._own_root, None
-            if root is not None:
-                shutil.rmtree(root, ignore_errors=True)
-
-    def __enter__(self) -> EmbeddedCoordinator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-# ---------------------------------------------------------------------------------------------
-# Spark helpers
-# ---------------------------------------------------------------------------------------------
-
-
 def _spark_context(spark: Any) -> SparkContext:
     from pyspark import SparkContext
 
@@ -484,11 +304,6 @@ def summarize_spark_error(error: BaseException, limit: int = 800) -> str:
         lines = text.strip().splitlines()
         parts.append(lines[0] if lines else type(error).__name__)
     return " | ".join(parts)[:limit]
-
-
-# ---------------------------------------------------------------------------------------------
-# Driver loop
-# ---------------------------------------------------------------------------------------------
 
 
 class JobHandle:
@@ -920,13 +735,8 @@ def _abs_dir(path: str | os.PathLike[str]) -> str:
     return text if text.startswith("file://") else os.path.abspath(text)
 
 
-# ---------------------------------------------------------------------------------------------
-# Entry points
-# ---------------------------------------------------------------------------------------------
-
-
 def submit(
-    pipeline: Pipeline,
+    pipeline: JobDefinition,
     spark: SparkSession | SparkContext,
     *,
     coordinator_address: str | None = None,
@@ -1014,7 +824,7 @@ def submit(
 
 
 def run(
-    pipeline: Pipeline,
+    pipeline: JobDefinition,
     spark: SparkSession | SparkContext,
     coordinator_address: str | None = None,
     *,

@@ -1,11 +1,11 @@
 """``snapflow demo`` (what ``make run`` runs): an exactly-once streaming job on Spark, a task
 killed mid-run, and a batch Spark check of the result.
 
-The job (:func:`build_pipeline`): a NexMark-style bid stream (:class:`worker.nexmark.BidSource`,
+The job (:func:`build_pipeline`): a NexMark-style bid stream (:class:`snapflow.cli.nexmark.BidSource`,
 bounded, rate-limited) keyed by auction into tumbling event-time windows with the number of
 bids, the sum and the maximum of their prices per auction and window
-(:class:`worker.nexmark.PriceStatsWindow`), written by the exactly-once
-:class:`worker.sinks.TransactionalFileSink`. It runs as one barrier-mode Spark stage
+(:class:`snapflow.cli.nexmark.PriceStatsWindow`), written by the exactly-once
+:class:`snapflow.worker.connectors.file_sink.TransactionalFileSink`. It runs as one barrier-mode Spark stage
 (:mod:`spark_bridge`) with a checkpoint every ``--interval-ms``.
 
 By default everything is embedded: a ``redis-server`` child process from the Python
@@ -23,7 +23,7 @@ the same bids (generated on the executors from the source's scalar definition), 
 says whether the result is exactly-once (exit code 0) or not (1).
 
 ``--simulated`` runs the older, Spark-free demo: the coordinator with simulated worker agents
-(:class:`snapflow.testing.SimulatedAgent`: real gRPC and state files, no operators).
+(:class:`snapflow.worker.runtime.simulated_agent.SimulatedAgent`: real gRPC and state files, no operators).
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from worker.operators import Operator, OperatorContext
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from snapflow.cli.nexmark import BidSource, WindowRow
+    from snapflow.spark_bridge import JobHandle, Pipeline
     from snapflow.v1 import coordinator_pb2 as cpb
-    from spark_bridge import JobHandle, Pipeline
-    from worker.nexmark import BidSource, WindowRow
 
 __all__ = [
     "SIZES",
@@ -144,7 +144,7 @@ class DemoConfig:
         return max(1.0, round(0.4 * self.records / self.rate_per_s, 1))
 
     def source(self) -> BidSource:
-        from worker.nexmark import BidSource
+        from snapflow.cli.nexmark import BidSource
 
         return BidSource(
             total_records=self.records,
@@ -299,9 +299,9 @@ class KillOnce(Operator):
 
 def build_pipeline(config: DemoConfig) -> Pipeline:
     """bids -> [kill once] -> key_by(auction) -> tumbling event-time window stats -> file sink."""
-    from spark_bridge import FixedDelay, Pipeline
-    from worker.nexmark import WINDOW_STATS_SCHEMA, PriceStatsWindow
-    from worker.sinks import TransactionalFileSink
+    from snapflow.cli.nexmark import WINDOW_STATS_SCHEMA, PriceStatsWindow
+    from snapflow.spark_bridge import FixedDelay, Pipeline
+    from snapflow.worker.connectors.file_sink import TransactionalFileSink
 
     p = Pipeline("nexmark-bid-stats", parallelism=config.parallelism, max_parallelism=128)
     bids = p.source(config.source(), name="bids")
@@ -476,7 +476,7 @@ class _BatchCheck:
         self._thread.start()
 
     def _run(self) -> None:
-        from worker.nexmark import batch_window_stats, bids_dataframe
+        from snapflow.cli.nexmark import batch_window_stats, bids_dataframe
 
         started = time.monotonic()
         c = self._config
@@ -512,8 +512,8 @@ def _watch(
     """Print the job's progress until it ends; what was seen (checkpoints, kill, restore).
     ``on_running`` is called once the job runs (or ended)."""
     from snapflow.errors import SnapflowError
+    from snapflow.spark_bridge import JobStatus
     from snapflow.v1 import common_pb2 as pb
-    from spark_bridge import JobStatus
 
     completed: dict[int, tuple[int, int]] = {}  # id -> (trigger ms, completion ms)
     state = JobStatus.CREATED
@@ -598,9 +598,9 @@ def run_spark_demo(
 ) -> DemoSummary:
     """Run the demo (see the module docstring) on ``spark`` (None: a session made for the run
     and stopped after it)."""
-    from spark_bridge import JobFailedError
-    from worker.nexmark import window_stats_rows
-    from worker.sinks import read_committed
+    from snapflow.cli.nexmark import window_stats_rows
+    from snapflow.spark_bridge import JobFailedError
+    from snapflow.worker.connectors.file_sink import read_committed
 
     console = console or _console()
     started = time.monotonic()
@@ -818,13 +818,13 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from coordinator.config import load_settings
-    from coordinator.server import Coordinator
+    from snapflow.coordinator.config import load_settings
+    from snapflow.coordinator.server import Coordinator
     from snapflow.redis_server import RedisServer
-    from snapflow.testing import SimulatedAgent
     from snapflow.v1 import common_pb2 as pb
     from snapflow.v1 import coordinator_pb2 as cpb
     from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+    from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
     console = Console()
     if args.tasks < 2:

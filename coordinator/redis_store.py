@@ -12,7 +12,7 @@ Key                                     Type        Content
                                                     INCRs it once at start (:meth:`acquire_epoch`)
                                                     and every mutation checks it.
 ``{ns}:jobs``                           set         Ids of all jobs.
-``{ns}:job:{job}``                      string      :class:`~coordinator.model.JobRecord` JSON.
+``{ns}:job:{job}``                      string      :class:`~snapflow.coordinator.model.JobRecord` JSON.
 ``{ns}:job:{job}:checkpoint-id``        string/int  Checkpoint id counter (INCR). The last id
                                                     handed out; strictly increasing per job, across
                                                     coordinator restarts.
@@ -53,7 +53,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from coordinator.model import CompletedCheckpoint, JobRecord, PendingCheckpointRecord
+from snapflow.coordinator.model import CompletedCheckpoint, JobRecord, PendingCheckpointRecord
 from snapflow.errors import (
     AlreadyExistsError,
     InvalidArgumentError,

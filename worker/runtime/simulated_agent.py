@@ -21,7 +21,7 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from worker.coordinator_client import AckBatcher
+from snapflow.worker.runtime.ack_batcher import AckBatcher
 
 AckPolicy = Callable[[pb.TaskAttempt, int], str]
 """Decides per (task, checkpoint id): "ack", "decline" or "ignore"."""

@@ -1,7 +1,7 @@
 """A subtask: one parallel instance of a vertex's operator chain (Flink's StreamTask).
 
 The task is the thin shell around the pure pieces: it takes frames from its ``InputGate``,
-feeds barrier events into the barrier handler (``worker.barriers``) and executes the actions
+feeds barrier events into the barrier handler (``snapflow.worker.runtime.barriers``) and executes the actions
 it returns, runs data through the operator chain, partitions the output onto its output
 channels, and takes snapshots.
 
@@ -37,10 +37,11 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
+from snapflow.event_time import MAX_WATERMARK
 from snapflow.v1 import common_pb2 as pb
-from worker import barriers as b
-from worker.channels import InputGate, OutputChannel
-from worker.frames import (
+from snapflow.worker.runtime import barriers as b
+from snapflow.worker.runtime.channels import InputGate, OutputChannel
+from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
     CheckpointOptions,
@@ -49,13 +50,16 @@ from worker.frames import (
     LatencyMarkerFrame,
     WatermarkFrame,
 )
-from worker.operators import Chain, Operator, OperatorContext, SourceOperator
-from worker.partitioners import Partitioner
-from worker.state import KeyedStateBackend, OperatorStateBackend, SnapshotInProgress
+from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext, SourceOperator
+from snapflow.worker.runtime.partitioners import Partitioner
+from snapflow.worker.state.backend import (
+    KeyedStateBackend,
+    OperatorStateBackend,
+    SnapshotInProgress,
+)
 
 log = structlog.get_logger("snapflow.worker")
 
-MAX_WATERMARK = 2**63 - 1
 SOURCE_BATCH_RECORDS = 65_536
 BACKPRESSURE_POLL_S = 0.005  # how often a task blocked on output looks for priority events
 CHANNEL_INPUT = "channel_input"

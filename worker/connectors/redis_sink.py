@@ -1,25 +1,4 @@
-"""More sinks: an exactly-once transactional Parquet sink (read by ``spark.read.parquet``), and
-an idempotent Redis hash sink (at-least-once delivery, exact final state for upserts).
-
-TransactionalParquetSink
-    :class:`~worker.sinks.TransactionalFileSink`'s two-phase commit, with Parquet files
-    (``pyarrow.parquet``) instead of Arrow IPC files. A transaction is a staging file
-    ``<dir>/_staging/<vertex>-<subtask>-<attempt>-<seq>-<token>.parquet``, created on the first
-    write; pre-commit closes the Parquet writer (writing the footer), flushes and fsyncs it.
-    Commit is an atomic ``os.rename`` to ``<dir>/part-<subtask>-<checkpoint>-<seq>-<token>
-    .parquet``, idempotent (a target that exists while the staging file is gone was committed
-    before); a restore re-commits the pending transactions of the restored state and aborts
-    (deletes) the restored current one -- all inherited from the base classes.
-
-    Visibility: Spark's file listing skips every file and directory whose name starts with
-    ``_`` or ``.``, so ``spark.read.parquet(directory)`` (and any reader that follows the same
-    Hadoop convention, e.g. ``pyarrow.dataset`` with its default ``ignore_prefixes``) sees only
-    committed part files, each a complete Parquet file. A directory without any committed file
-    yet has no schema for Spark to infer: pass ``schema=`` to ``spark.read`` or wait for the
-    first commit. All batches of a transaction must have the same schema; every transaction of
-    a job should have the same schema for the directory to read as one table.
-    :func:`read_committed_parquet` reads the committed rows with pyarrow, in (subtask,
-    checkpoint, seq) order.
+"""An idempotent Redis hash sink (at-least-once delivery, exact final state for upserts).
 
 RedisSink
     Upserts every row into a Redis hash: ``HSET <key_prefix><key> <field> <value>`` for each
@@ -56,99 +35,14 @@ RedisSink
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Sequence
 from contextlib import suppress
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from snapflow.errors import InvalidArgumentError, StateError
-from worker.operators import Operator, OperatorContext
-from worker.sinks import TransactionalFileSink
-
-__all__ = [
-    "RedisSink",
-    "TransactionalParquetSink",
-    "committed_parquet_files",
-    "read_committed_parquet",
-]
-
-_SAFE = re.compile(r"[^A-Za-z0-9_.]+")
-_PARQUET_PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)-([0-9a-f]+)\.parquet$")
-
-
-# ---------------------------------------------------------------------------------------------
-# Transactional Parquet sink
-# ---------------------------------------------------------------------------------------------
-
-
-class TransactionalParquetSink(TransactionalFileSink):
-    """Exactly-once Parquet files in ``directory``, readable by ``spark.read.parquet`` (see the
-    module docstring). ``compression`` and ``row_group_size`` go to ``pyarrow.parquet``."""
-
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        compression: str = "snappy",
-        row_group_size: int | None = None,
-    ) -> None:
-        super().__init__(directory)
-        if row_group_size is not None and row_group_size <= 0:
-            raise InvalidArgumentError(f"row_group_size must be > 0, got {row_group_size}")
-        self.compression = compression
-        self.row_group_size = row_group_size
-
-    # Only the file format differs from TransactionalFileSink: transactions, pre-commit with
-    # fsync, the atomic idempotent commit, abort and close are inherited.
-    file_suffix = ".parquet"
-
-    def _open_writer(self, f: IO[bytes], schema: pa.Schema) -> pq.ParquetWriter:
-        return pq.ParquetWriter(f, schema, compression=self.compression)
-
-    def _write_batch(self, writer: Any, batch: pa.RecordBatch) -> None:
-        writer.write_batch(batch, row_group_size=self.row_group_size)
-
-    # commit (atomic, idempotent rename) and staging_path: inherited
-
-    # abort and close: inherited. The base class keeps (file, writer, schema) per staging name
-    # in ``_writers`` and closes them the same way whether the writer is Arrow IPC or Parquet.
-
-
-def committed_parquet_files(directory: str | os.PathLike[str]) -> list[str]:
-    """The committed part files of a :class:`TransactionalParquetSink` directory, ordered by
-    (subtask, checkpoint, seq, token)."""
-    directory = os.fspath(directory)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    parts = []
-    for name in names:
-        m = _PARQUET_PART.match(name)
-        if m:
-            parts.append(((int(m[1]), int(m[2]), int(m[3]), m[4]), name))
-    parts.sort()
-    return [os.path.join(directory, name) for _, name in parts]
-
-
-def read_committed_parquet(
-    directory: str | os.PathLike[str], schema: pa.Schema | None = None
-) -> pa.Table:
-    """Every committed row of a :class:`TransactionalParquetSink` directory as one table (part
-    files in (subtask, checkpoint, seq) order); an empty table (of ``schema``) if none."""
-    tables = [pq.read_table(path) for path in committed_parquet_files(directory)]
-    if not tables:
-        return schema.empty_table() if schema is not None else pa.table({})
-    return pa.concat_tables(tables)
-
-
-# ---------------------------------------------------------------------------------------------
-# Redis hash sink (idempotent upserts)
-# ---------------------------------------------------------------------------------------------
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 
 
 def _redis_value(value: Any) -> str | bytes:

@@ -14,7 +14,7 @@ Record ``i`` of split ``s`` (:meth:`BidSource.record` is the scalar definition;
     price   = min_price + (g >> 32) mod price_range       # cents
     ts      = start_ms + i * interval_ms - (g >> 8) mod (max_out_of_orderness_ms + 1)
 
-Like every split source (:mod:`worker.sources`), the records are split over the source's
+Like every split source (:mod:`snapflow.worker.connectors.split_sources`), the records are split over the source's
 initial parallelism, replay exactly from a checkpointed position, and the watermark (bounded
 out-of-orderness with the same bound) never makes a bid late.
 
@@ -35,9 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError
-from worker import keygroups as kgs
-from worker.operators import KeyedContext, arange
-from worker.sources import SplitSource
+from snapflow.worker.api.operators import KeyedContext, arange
+from snapflow.worker.connectors.split_sources import SplitSource
+from snapflow.worker.state import keygroups as kgs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -116,7 +116,7 @@ class BidSource(SplitSource):
 
     ``total_records`` None: unbounded; otherwise split over the initial parallelism.
     ``rate_per_s``: the total rate of the source (None: as fast as possible; see
-    :class:`worker.sources.SplitSource`). ``interval_ms``: event time between consecutive bids
+    :class:`snapflow.worker.connectors.split_sources.SplitSource`). ``interval_ms``: event time between consecutive bids
     of one split.
     """
 

@@ -4,7 +4,7 @@ This is Flink's ``HashMapStateBackend`` (keyed state on the heap) plus its
 ``OperatorStateBackend`` (list and union list state), in Python.
 
 Keyed state
-    :class:`KeyedStateBackend` owns one contiguous :class:`~worker.keygroups.KeyGroupRange` of
+    :class:`KeyedStateBackend` owns one contiguous :class:`~snapflow.worker.state.keygroups.KeyGroupRange` of
     a vertex's ``max_parallelism`` key groups. Each registered state (:class:`ValueState`,
     :class:`ListState`, :class:`MapState`, :class:`ReducingState`, :class:`AggregatingState`)
     stores, per key group, a dict ``key -> value``. Record-at-a-time operators call
@@ -95,8 +95,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapflow.errors import StateError, StorageError
-from worker import keygroups as kgs
-from worker.keygroups import KEY_HASH_VERSION, KeyGroupRange
+from snapflow.event_time import MIN_WATERMARK
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.keygroups import KEY_HASH_VERSION, KeyGroupRange
 
 __all__ = [
     "FORMAT_VERSION",
@@ -124,7 +125,6 @@ T = TypeVar("T")
 
 FORMAT_VERSION = 1
 FORMAT_NAME = "snapflow-state"
-MIN_WATERMARK = -(1 << 63)  # Flink's Long.MIN_VALUE: no watermark yet
 
 
 # ---------------------------------------------------------------------------------------------

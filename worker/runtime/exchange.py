@@ -13,7 +13,7 @@ Protocol (``protos/snapflow/v1/worker.proto``)
    buffers, i.e. ``buffers_per_channel`` on a fresh channel). Every later grant adds the
    buffers freed since the previous one (grants are coalesced while a write is pending).
 4. The producer sends ``frame`` messages in stream order under the credit rules of
-   ``worker.channels``: a data batch spends one credit, events are free. Batches whose Arrow
+   ``snapflow.worker.runtime.channels``: a data batch spends one credit, events are free. Batches whose Arrow
    IPC encoding would exceed ``max_message_bytes`` (minus an envelope allowance) are split by
    rows before encoding; every chunk is a batch of its own and spends one credit.
 5. After ``end_of_partition`` the producer half-closes; the consumer finishes the call with OK.
@@ -21,11 +21,11 @@ Protocol (``protos/snapflow/v1/worker.proto``)
 Failures: a stream that ends without end of partition, breaks, is cancelled, or carries a
 protocol violation (data without credit, undecodable frame) fails the consumer's input channel
 (its task fails on the next ``InputGate.next``). The producer's next ``send`` (or a waiting
-one) raises :class:`~worker.channels.ChannelFailedError` when the call fails, including when the
+one) raises :class:`~snapflow.worker.runtime.channels.ChannelFailedError` when the call fails, including when the
 consumer's server stops or its task releases the channel (ABORTED).
 
 The same flow-control contract and the same guarantees for unaligned checkpoints hold as for
-in-process channels (see ``worker.channels``): ``RemoteOutputChannel.send_priority`` overtakes
+in-process channels (see ``snapflow.worker.runtime.channels``): ``RemoteOutputChannel.send_priority`` overtakes
 frames still in its output queue, which are not yet written to the stream; frames already
 written are in the consumer's input channel or in transit, and the consumer-side input channel
 lets priority frames overtake what it holds.
@@ -45,14 +45,14 @@ import grpc.aio
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from worker.channels import (
+from snapflow.worker.runtime.channels import (
     DEFAULT_OUTPUT_QUEUE,
     ChannelError,
     ChannelFailedError,
     InputChannel,
     OutputChannel,
 )
-from worker.frames import (
+from snapflow.worker.runtime.frames import (
     DataFrame,
     EndOfPartitionFrame,
     Frame,
@@ -365,7 +365,7 @@ class _ConsumerStream:
 
 class RemoteOutputChannel(OutputChannel):
     """Producer side of a channel over an ``Exchange`` stream; same contract as
-    ``worker.channels.OutputChannel``.
+    ``snapflow.worker.runtime.channels.OutputChannel``.
 
     Create with ``await RemoteOutputChannel.connect(stub, channel_id)``. Batches are split (to
     ``max_message_bytes`` minus ``ENVELOPE_BYTES`` of IPC bytes per message) and encoded in

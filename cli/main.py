@@ -3,7 +3,7 @@
 ``snapflow coordinator`` runs the coordinator service. The client commands (``jobs``, ``job``,
 ``checkpoints list|show``, ``trigger``, ``savepoint``, ``stop``, ``cancel``,
 ``dispose-savepoint``) call its gRPC API with a deadline (``--timeout``) and print tables, or
-the raw response with ``--json``. ``snapflow demo`` runs the demo (``snapflow.demo``).
+the raw response with ``--json``. ``snapflow demo`` runs the demo (``snapflow.cli.demo``).
 
 Exit codes: 0 success; 1 the server refused or failed the call (``error: CODE: details`` on
 stderr), or the coordinator failed to start; 2 bad usage or configuration.
@@ -554,8 +554,8 @@ COORDINATOR_FLAGS = (
 def cmd_coordinator(args: argparse.Namespace) -> int:
     import asyncio
 
-    from coordinator.config import load_settings
-    from coordinator.server import serve
+    from snapflow.coordinator.config import load_settings
+    from snapflow.coordinator.server import serve
     from snapflow.errors import ConfigError, SnapflowError
     from snapflow.logging import configure_logging, get_logger
 
@@ -586,9 +586,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import importlib
 
     try:
-        demo = importlib.import_module("snapflow.demo")
+        demo = importlib.import_module("snapflow.cli.demo")
     except ModuleNotFoundError as e:
-        if e.name != "snapflow.demo":
+        if e.name != "snapflow.cli.demo":
             raise
         print("demo is not available yet", file=sys.stderr)
         return 2
@@ -689,7 +689,7 @@ def _add_worker(sub: Any) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from snapflow.logging import configure_logging
-    from worker.agent import Agent
+    from snapflow.worker.runtime.agent import Agent
 
     configure_logging(args.log_level, "auto")
     address = args.coordinator or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
@@ -715,7 +715,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: Any) -> None:
-    from snapflow import demo
+    from snapflow.cli import demo
 
     p = sub.add_parser(
         "demo",
@@ -929,7 +929,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

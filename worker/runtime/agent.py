@@ -39,25 +39,25 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from worker import barriers as b
-from worker.channels import InputChannel, InputGate, LocalChannel, OutputChannel
-from worker.coordinator_client import AckBatcher
-from worker.exchange import (
+from snapflow.worker.runtime import barriers as b
+from snapflow.worker.runtime.ack_batcher import AckBatcher
+from snapflow.worker.runtime.channels import InputChannel, InputGate, LocalChannel, OutputChannel
+from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
     ChannelRegistry,
     DataExchangeServicer,
     RemoteOutputChannel,
     exchange_grpc_options,
 )
-from worker.operators import Operator
-from worker.partitioners import (
+from snapflow.worker.runtime.operator import Operator
+from snapflow.worker.runtime.partitioners import (
     BroadcastPartitioner,
     ForwardPartitioner,
     KeyGroupPartitioner,
     Partitioner,
     RebalancePartitioner,
 )
-from worker.task import (
+from snapflow.worker.runtime.task import (
     _KIND_FROM_PB,
     _MODE_FROM_PB,
     OutputEdge,

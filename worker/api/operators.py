@@ -1,4 +1,4 @@
-"""Operators: the user-visible processing steps of a vertex, and the chain that runs them.
+"""Operators: the user-visible processing steps of a vertex.
 
 A vertex runs a chain of operators in one task (Flink's operator chaining). Records travel as
 ``pyarrow.RecordBatch``; the batch API (:class:`MapBatches`, :class:`FilterBatches`,
@@ -6,350 +6,32 @@ A vertex runs a chain of operators in one task (Flink's operator chaining). Reco
 the primary, vectorised path. The record API (:class:`Map`, :class:`FlatMap`, :class:`Filter`,
 :class:`KeyedProcess`, :class:`Aggregate`) wraps Python functions over ``dict`` rows.
 
-Life cycle (driven by the task, ``worker.task``)::
-
-    op = pickle.loads(payload)          # operators are shipped pickled (cloudpickle)
-    op.open(ctx)                        # ctx: OperatorContext; state already restored into
-                                        # ctx.keyed_state / ctx.operator_state
-    op.process_batch(batch) -> [batch, ...]
-    op.process_watermark(wm_ms) -> [batch, ...]     # e.g. windows fire
-    op.snapshot_state(checkpoint_id)    # synchronously, right before the backends snapshot
-    op.notify_checkpoint_complete(id) / op.notify_checkpoint_aborted(id)
-    op.end_input() -> [batch, ...]      # bounded input ended: flush
-    op.close()
-
-Conventions
-    * Outputs never contain empty batches: a batch with no rows is dropped, and an operator that
-      has nothing to emit returns ``[]``.
-    * State names are prefixed with the operator's ``operator_id`` (``"<operator_id>/<name>"``),
-      so operators chained in one task may share the task's backends. ``operator_id`` must
-      therefore be stable across restarts of a job (it is the JobGraph's id of the operator).
-    * Keyed operators (``ctx.keyed_state`` set) only ever see keys of their subtask's key-group
-      range: the upstream edge is hash-partitioned by :class:`worker.partitioners.KeyGroupPartitioner`
-      on the same key field and max parallelism.
-    * Operators are picklable before :meth:`Operator.open`; the functions they wrap must be
-      picklable by cloudpickle (lambdas and closures are).
+The life cycle and conventions every operator follows are in :mod:`snapflow.worker.runtime.operator`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import operator as _op
 import threading
-import weakref
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError, StateError
-from worker import keygroups as kgs
-from worker.state import (
-    MIN_WATERMARK,
+from snapflow.event_time import MAX_WATERMARK
+from snapflow.worker.runtime.operator import Operator, OperatorContext, fire_timers
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.backend import (
     AggregatingState,
     KeyedStateBackend,
     ListState,
     MapState,
-    OperatorStateBackend,
     ReducingState,
-    Timer,
     ValueState,
     aggregate_batch,
 )
-
-__all__ = [
-    "MAX_WATERMARK",
-    "MIN_WATERMARK",
-    "Aggregate",
-    "AggregateFunction",
-    "Chain",
-    "Filter",
-    "FilterBatches",
-    "FlatMap",
-    "FlatMapBatches",
-    "KeyedContext",
-    "KeyedCount",
-    "KeyedProcess",
-    "KeyedReduce",
-    "Map",
-    "MapBatches",
-    "Operator",
-    "OperatorContext",
-    "SourceOperator",
-    "arange",
-    "fire_timers",
-    "fold_and_get",
-    "rows_to_batch",
-]
-
-#: Flink's ``Long.MAX_VALUE`` watermark: end of event time (a finished source emits it).
-MAX_WATERMARK = (1 << 63) - 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Context and base classes
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class OperatorContext:
-    """What the task hands to :meth:`Operator.open`. Built by the task, one per operator.
-
-    ``keyed_state`` is set for keyed operators (those after a HASH edge, ``key_field`` given);
-    both backends already hold the restored state when ``open`` runs
-    (``restored_checkpoint_id`` > 0), or are empty on a fresh start (0).
-    """
-
-    vertex_id: str = "vertex"
-    operator_id: str = "op"
-    subtask_index: int = 0
-    parallelism: int = 1
-    max_parallelism: int = kgs.DEFAULT_MAX_PARALLELISM
-    attempt: int = 0
-    keyed_state: KeyedStateBackend | None = None
-    operator_state: OperatorStateBackend = field(default_factory=OperatorStateBackend)
-    key_field: str | None = None
-    restored_checkpoint_id: int = 0
-
-    @property
-    def is_restored(self) -> bool:
-        return self.restored_checkpoint_id > 0
-
-    def state_name(self, name: str) -> str:
-        """The backend name of this operator's state ``name``: ``"<operator_id>/<name>"``."""
-        return f"{self.operator_id}/{name}"
-
-    def require_keyed_state(self, who: str) -> KeyedStateBackend:
-        if self.keyed_state is None:
-            raise InvalidArgumentError(
-                f"{who} is a keyed operator: it needs keyed state (a HASH edge with a key "
-                f"field before vertex {self.vertex_id!r}), but the context has none"
-            )
-        return self.keyed_state
-
-
-class Operator:
-    """Base class of every operator. Subclasses override what they need; the defaults do
-    nothing and emit nothing (``process_batch`` forwards its input)."""
-
-    ctx: OperatorContext | None = None
-    #: attributes that exist only while running (set in open); never pickled
-    _runtime_fields: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
-    def open(self, ctx: OperatorContext) -> None:
-        self.ctx = ctx
-
-    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return [batch] if batch.num_rows else []
-
-    def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
-        return []
-
-    def snapshot_state(self, checkpoint_id: int) -> None:
-        """Called synchronously right before the task snapshots the state backends: put
-        positions, buffers and pending transactions into (operator or keyed) state now."""
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        pass
-
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        pass
-
-    def end_input(self) -> list[pa.RecordBatch]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-    def _context(self) -> OperatorContext:
-        if self.ctx is None:
-            raise StateError(f"operator {self.name} is not open (call open(ctx) first)")
-        return self.ctx
-
-    def __getstate__(self) -> dict[str, Any]:
-        # An opened operator holds live backends; ship only the configuration.
-        state = self.__dict__.copy()
-        state.pop("ctx", None)
-        for name in self._runtime_fields:
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-
-class SourceOperator(Operator):
-    """The head of a source vertex's chain.
-
-    ``poll_batch(max_records)`` returns the next batch (at most ``max_records`` rows), a batch
-    with 0 rows when nothing is available right now, or ``None`` once a bounded source is
-    finished. The position lives in operator (list) state: written in ``snapshot_state``, read
-    back in ``open`` from ``ctx.operator_state``. ``current_watermark()`` is the source's event
-    time watermark (``MIN_WATERMARK`` before any, ``MAX_WATERMARK`` once finished).
-    """
-
-    def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
-        raise NotImplementedError
-
-    def current_watermark(self) -> int:
-        return MIN_WATERMARK
-
-
-class Chain:
-    """The operators of one vertex, run back to back: the outputs of operator i are the input
-    of operator i + 1. Watermarks, ``end_input`` and checkpoint notifications go through every
-    operator in order; what operator i emits on a watermark (or on ``end_input``) reaches
-    operator i + 1 *before* that operator sees the watermark (or ``end_input``) itself.
-
-    ``open(ctx)`` gives operator i a copy of ``ctx`` with its own ``operator_id`` (the
-    backends are shared). An empty chain passes batches through unchanged (a vertex that is
-    only a source, run as ``Chain(operators[1:])``). When the head is a
-    :class:`SourceOperator`, :meth:`poll_batch` polls it and runs the rest of the chain.
-    """
-
-    def __init__(self, operators: Sequence[Operator]) -> None:
-        ops = list(operators)
-        for op in ops:
-            if not isinstance(op, Operator):
-                raise InvalidArgumentError(f"not an operator: {op!r:.100}")
-        for op in ops[1:]:
-            if isinstance(op, SourceOperator):
-                raise InvalidArgumentError("a source can only be the head of a chain")
-        self.operators = ops
-
-    @property
-    def head(self) -> Operator | None:
-        return self.operators[0] if self.operators else None
-
-    @property
-    def is_source(self) -> bool:
-        return bool(self.operators) and isinstance(self.operators[0], SourceOperator)
-
-    def __len__(self) -> int:
-        return len(self.operators)
-
-    def open(self, ctx: OperatorContext, operator_ids: Sequence[str] | None = None) -> None:
-        """Open every operator with a copy of ``ctx`` whose ``operator_id`` is
-        ``operator_ids[i]`` (e.g. the JobGraph's ``OperatorSpec.operator_id``), by default
-        ``"<ctx.operator_id>.<i>"``. The ids must be distinct and stable across restarts."""
-        if operator_ids is None:
-            ids = [f"{ctx.operator_id}.{i}" for i in range(len(self.operators))]
-        else:
-            ids = list(operator_ids)
-            if len(ids) != len(self.operators) or len(set(ids)) != len(ids):
-                raise InvalidArgumentError(
-                    f"need {len(self.operators)} distinct operator ids, got {ids!r}"
-                )
-        for op, op_id in zip(self.operators, ids, strict=True):
-            op.open(dataclasses.replace(ctx, operator_id=op_id))
-
-    def _push(self, batches: Iterable[pa.RecordBatch], start: int) -> list[pa.RecordBatch]:
-        current = [b for b in batches if b.num_rows]
-        for op in self.operators[start:]:
-            if not current:
-                return []
-            nxt: list[pa.RecordBatch] = []
-            for b in current:
-                nxt.extend(o for o in op.process_batch(b) if o.num_rows)
-            current = nxt
-        return current
-
-    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Run ``batch`` through the chain (from operator 1 when the head is a source)."""
-        return self._push((batch,), 1 if self.is_source else 0)
-
-    def poll_batch(self, max_records: int) -> list[pa.RecordBatch] | None:
-        """Source chains: poll the head and run the batch through the rest. ``None`` when the
-        source is finished, ``[]`` when nothing came (or everything was filtered out)."""
-        head = self.head
-        if not isinstance(head, SourceOperator):
-            raise InvalidArgumentError("poll_batch() needs a chain whose head is a source")
-        batch = head.poll_batch(max_records)
-        if batch is None:
-            return None
-        return self._push((batch,), 1)
-
-    def current_watermark(self) -> int:
-        head = self.head
-        return head.current_watermark() if isinstance(head, SourceOperator) else MIN_WATERMARK
-
-    def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
-        out: list[pa.RecordBatch] = []
-        for i, op in enumerate(self.operators):
-            fired = op.process_watermark(watermark_ms)
-            if fired:
-                out.extend(self._push(fired, i + 1))
-        return out
-
-    def end_input(self) -> list[pa.RecordBatch]:
-        out: list[pa.RecordBatch] = []
-        for i, op in enumerate(self.operators):
-            flushed = op.end_input()
-            if flushed:
-                out.extend(self._push(flushed, i + 1))
-        return out
-
-    def snapshot_state(self, checkpoint_id: int) -> None:
-        for op in self.operators:
-            op.snapshot_state(checkpoint_id)
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        for op in self.operators:
-            op.notify_checkpoint_complete(checkpoint_id)
-
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        for op in self.operators:
-            op.notify_checkpoint_aborted(checkpoint_id)
-
-    def close(self) -> None:
-        """Close every operator (all of them, even if one fails); re-raise the first error."""
-        error: BaseException | None = None
-        for op in self.operators:
-            try:
-                op.close()
-            except BaseException as e:
-                if error is None:
-                    error = e
-        if error is not None:
-            raise error
-
-
-# ---------------------------------------------------------------------------------------------
-# Timers shared by the keyed operators of one backend
-# ---------------------------------------------------------------------------------------------
-
-# backend -> {owner operator id: timers fired but not yet taken by their operator}
-_FIRED: weakref.WeakKeyDictionary[KeyedStateBackend, dict[Any, list[Timer]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def fire_timers(backend: KeyedStateBackend, watermark_ms: int, owner: str) -> list[Timer]:
-    """Advance ``backend``'s timer service to ``watermark_ms`` and return the due timers of
-    operator ``owner``, in timestamp order.
-
-    Keyed operators chained in one task share one backend and so one timer service; every
-    operator registers its timers with a namespace ``(owner, ...)`` (its ``operator_id``
-    first). Advancing the watermark returns the timers of all operators: those of the others
-    are kept here until their operator asks (the chain hands the watermark to every operator).
-    """
-    fired = backend.timer_service.advance_watermark(watermark_ms)
-    buckets = _FIRED.get(backend)
-    if not fired and not buckets:
-        return []
-    if buckets is None:
-        buckets = _FIRED[backend] = {}
-    for timer in fired:
-        ns = timer.namespace
-        if isinstance(ns, tuple) and ns:  # timers of no operator (other namespaces) are dropped
-            buckets.setdefault(ns[0], []).append(timer)
-    return buckets.pop(owner, [])
 
 
 class _Arange:
@@ -376,11 +58,6 @@ class _Arange:
 
 
 arange = _Arange()
-
-
-# ---------------------------------------------------------------------------------------------
-# Rows <-> batches
-# ---------------------------------------------------------------------------------------------
 
 
 def _has_null_type(schema: pa.Schema) -> bool:
@@ -429,11 +106,6 @@ def _check_batch_output(out: Any, who: str) -> pa.RecordBatch | None:
     if not isinstance(out, pa.RecordBatch):
         raise InvalidArgumentError(f"{who}: the function must return a pyarrow.RecordBatch")
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Batch API
-# ---------------------------------------------------------------------------------------------
 
 
 class MapBatches(Operator):
@@ -487,11 +159,6 @@ class FlatMapBatches(Operator):
         if out is None:
             return []
         return _one(_check_batch_output(b, self.name) for b in out)
-
-
-# ---------------------------------------------------------------------------------------------
-# Record API
-# ---------------------------------------------------------------------------------------------
 
 
 class Map(Operator):
@@ -560,11 +227,6 @@ class Filter(Operator):
         fn = self.fn
         mask = [bool(fn(row)) for row in batch.to_pylist()]
         return _one([batch.filter(pa.array(mask, pa.bool_()))])
-
-
-# ---------------------------------------------------------------------------------------------
-# Keyed operators
-# ---------------------------------------------------------------------------------------------
 
 
 def _key_column(batch: pa.RecordBatch, key_field: str, who: str) -> pa.Array:
@@ -836,6 +498,8 @@ class KeyedContext:
 
 
 RowsFn = Callable[[Any, list[dict[str, Any]], KeyedContext], Iterable[dict[str, Any]] | None]
+
+
 TimerFn = Callable[[int, Any, KeyedContext], Iterable[dict[str, Any]] | None]
 
 

@@ -1,0 +1,93 @@
+"""What runs on the Spark executors: one barrier-stage task hosts one slot's worker agent.
+
+:func:`run_slot` is the partition function of the job's barrier stage. Slot ``i`` runs an
+:class:`snapflow.worker.runtime.agent.Agent` that hosts subtask ``j`` of every vertex where
+``j % num_slots == i`` (slot sharing). Address exchange and checkpoints go through the
+coordinator; ``BarrierTaskContext.barrier()`` is called at most once, at start-up, and only with
+``startup_barrier=True`` (it polls about once a second). Nothing here imports the driver side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass(frozen=True)
+class SlotConfig:
+    """What a Spark task needs to run its slot's agent: plain data, pickled into the closure."""
+
+    coordinator_address: str
+    job_id: str
+    num_slots: int
+    agent_host: str | None
+    source_batch_records: int
+    log_level: str
+    startup_barrier: bool
+
+
+def _host_of(address: str) -> str:
+    """``host:port`` or ``[v6]:port`` -> host."""
+    if address.startswith("["):
+        return address[1 : address.index("]")]
+    return address.rsplit(":", 1)[0] if ":" in address else address
+
+
+async def _run_agent(config: SlotConfig, slot: int, host: str) -> str:
+    from snapflow.worker.runtime.agent import Agent
+
+    agent = Agent(
+        config.coordinator_address,
+        config.job_id,
+        slot=slot,
+        num_slots=config.num_slots,
+        host=host,
+        source_batch_records=config.source_batch_records,
+    )
+    await agent.start()
+    try:
+        await agent.run()
+        return "finished"
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this coroutine itself was cancelled, not the subtasks
+        # The coordinator cancelled this slot's subtasks: the job was cancelled, or another
+        # slot failed (the driver learns which from the coordinator).
+        return "canceled"
+    finally:
+        await agent.stop()
+
+
+def run_slot(config: SlotConfig, partition: Iterable[int]) -> Iterator[dict[str, Any]]:
+    """The barrier stage's partition function: run slot ``partitionId()``'s agent until its
+    subtasks end; yield one small summary. Raises if a subtask failed (which fails the stage)."""
+    from pyspark import BarrierTaskContext
+
+    from snapflow.logging import configure_logging
+
+    for _ in partition:  # one element per partition; consuming it keeps Spark's contract
+        pass
+    ctx = BarrierTaskContext.get()
+    slot = ctx.partitionId()
+    if config.startup_barrier:
+        ctx.barrier()  # once: every slot is launched before any registers
+    host = config.agent_host or _host_of(ctx.getTaskInfos()[slot].address)
+    configure_logging(config.log_level, "json")
+    started = time.monotonic()
+    status = asyncio.run(_run_agent(config, slot, host))
+    yield {
+        "slot": slot,
+        "status": status,
+        "host": host,
+        "pid": os.getpid(),
+        "stage_id": ctx.stageId(),
+        "duration_s": round(time.monotonic() - started, 3),
+    }
