@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 import structlog
-from coordinator_harness import Running, running_coordinator, submit, two_vertex_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
 
 from snapflow.cli.main import build_parser, format_bytes, main
 from snapflow.logging import configure_logging
@@ -38,7 +38,7 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 T = TypeVar("T")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CALL_TIMEOUT_S = 15.0
 
 

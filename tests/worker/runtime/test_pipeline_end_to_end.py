@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
-from coordinator_harness import running_coordinator
-from worker_harness import count_graph
+from kit.coordinator import running_coordinator
+from kit.workers import check_exactly_once, count_graph, expected_counts
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -20,34 +17,6 @@ from snapflow.worker.runtime.agent import Agent
 
 RECORDS = 200_000
 KEYS = 500
-
-
-def expected_counts(source: GeneratorSource, parallelism: int) -> Counter[int]:
-    """The true count per key, from the generator's scalar record definition."""
-    assert source.total_records is not None
-    base, rest = divmod(source.total_records, parallelism)
-    counts: Counter[int] = Counter()
-    for split in range(parallelism):
-        for i in range(base + (1 if split < rest else 0)):
-            counts[source.record(split, i)["key"]] += 1
-    return counts
-
-
-def check_exactly_once(table: pa.Table, expected: Counter[int]) -> None:
-    """Committed running counts: per key strictly increasing in commit order (a replayed
-    record that was committed twice would repeat or lower a count), ending at the true count
-    (a lost record would end below it)."""
-    by_key: dict[int, list[int]] = {}
-    for key, count in zip(
-        table.column("key").to_pylist(), table.column("count").to_pylist(), strict=True
-    ):
-        by_key.setdefault(key, []).append(count)
-    for key, counts in by_key.items():
-        assert all(a < b for a, b in itertools.pairwise(counts)), (
-            f"key {key}: {counts} not strictly increasing"
-        )
-    finals = {key: counts[-1] for key, counts in by_key.items()}
-    assert finals == dict(expected), "final counts differ from the true counts"
 
 
 def test_bounded_pipeline_two_agents_exactly_once(redis_url: str, tmp_path: Path) -> None:

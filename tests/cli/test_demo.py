@@ -31,8 +31,8 @@ import pyarrow as pa
 import pytest
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kit.sources import src_ctx as _src_ctx
 from pyspark import cloudpickle
-from source_helpers import src_ctx as _src_ctx
 
 from snapflow.cli import demo
 from snapflow.cli.main import build_parser
@@ -49,7 +49,7 @@ from snapflow.worker.api.operators import KeyedProcess
 from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.backend import KeyedStateBackend, OperatorStateBackend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def src_ctx(*args: Any, **kwargs: Any) -> OperatorContext:

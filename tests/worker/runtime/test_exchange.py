@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pyarrow as pa
 import pytest
-from channel_helpers import UNALIGNED, data, ident, run
+from kit.channels import UNALIGNED, data, ident, run
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb

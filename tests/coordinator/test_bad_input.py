@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 import redis
-from coordinator_harness import Running, running_coordinator, submit, two_vertex_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
 
 from snapflow.coordinator.config import load_settings
 from snapflow.coordinator.server import Coordinator

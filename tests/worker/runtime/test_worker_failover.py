@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from coordinator_harness import running_coordinator
-from test_worker_pipeline import check_exactly_once, expected_counts
-from worker_harness import count_graph
+from kit.coordinator import running_coordinator
+from kit.workers import check_exactly_once, count_graph, expected_counts
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

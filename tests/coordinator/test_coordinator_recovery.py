@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
-from coordinator_harness import running_coordinator, submit, two_vertex_graph
+from kit.coordinator import running_coordinator, submit, two_vertex_graph
 
 from snapflow.coordinator.model import CheckpointKind, PendingCheckpointRecord
 from snapflow.v1 import common_pb2 as pb

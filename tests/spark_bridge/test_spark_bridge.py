@@ -19,8 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from kit.workers import check_exactly_once, expected_counts
 from pyspark import cloudpickle
-from test_worker_pipeline import check_exactly_once, expected_counts
 
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError
 from snapflow.spark_bridge import (

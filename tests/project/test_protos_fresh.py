@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROTO_ROOT = ROOT / "protos"
 PROTO_DIR = PROTO_ROOT / "snapflow" / "v1"
 GENERATED_DIR = ROOT / "snapflow" / "v1"

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from kit.workers import check_exactly_once, expected_counts
 from pyspark import cloudpickle
-from test_worker_pipeline import check_exactly_once, expected_counts
 
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.worker.connectors.parquet_sink import (

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from typing import Any
 
+import pyarrow as pa
 from pyspark import cloudpickle
 
 from snapflow.v1 import common_pb2 as pb
+from snapflow.worker.connectors.split_sources import GeneratorSource
 
 
 def op_spec(operator_id: str, operator: Any, kind: str = "") -> pb.OperatorSpec:
@@ -50,3 +54,31 @@ def count_graph(
             )
         ],
     )
+
+
+def expected_counts(source: GeneratorSource, parallelism: int) -> Counter[int]:
+    """The true count per key, from the generator's scalar record definition."""
+    assert source.total_records is not None
+    base, rest = divmod(source.total_records, parallelism)
+    counts: Counter[int] = Counter()
+    for split in range(parallelism):
+        for i in range(base + (1 if split < rest else 0)):
+            counts[source.record(split, i)["key"]] += 1
+    return counts
+
+
+def check_exactly_once(table: pa.Table, expected: Counter[int]) -> None:
+    """Committed running counts: per key strictly increasing in commit order (a replayed
+    record that was committed twice would repeat or lower a count), ending at the true count
+    (a lost record would end below it)."""
+    by_key: dict[int, list[int]] = {}
+    for key, count in zip(
+        table.column("key").to_pylist(), table.column("count").to_pylist(), strict=True
+    ):
+        by_key.setdefault(key, []).append(count)
+    for key, counts in by_key.items():
+        assert all(a < b for a, b in itertools.pairwise(counts)), (
+            f"key {key}: {counts} not strictly increasing"
+        )
+    finals = {key: counts[-1] for key, counts in by_key.items()}
+    assert finals == dict(expected), "final counts differ from the true counts"

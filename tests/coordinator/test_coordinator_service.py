@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
-from coordinator_harness import running_coordinator, submit
+from kit.coordinator import running_coordinator, submit
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from kit.sources import drain
+from kit.sources import src_ctx as _src_ctx
 from pyspark import cloudpickle
-from source_helpers import drain
-from source_helpers import src_ctx as _src_ctx
 
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK

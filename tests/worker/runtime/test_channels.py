@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-from channel_helpers import UNALIGNED, data, ident, run
+from kit.channels import UNALIGNED, data, ident, run
 
 from snapflow.worker.runtime.channels import (
     ChannelClosedError,
