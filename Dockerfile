@@ -3,7 +3,7 @@
 # job submitter.
 #
 # The Spark version must equal the pyspark version the project is tested with
-# (tests/test_compose.py checks both the FROM tag and the pyspark pin below).
+# (tests/project/test_compose.py checks both the FROM tag and the pyspark pin below).
 FROM apache/spark:4.3.0-python3
 
 USER root
@@ -43,7 +43,7 @@ COPY coordinator ./coordinator
 COPY worker ./worker
 COPY spark_bridge ./spark_bridge
 COPY cli ./cli
-RUN pip install --no-cache-dir . "pyspark==4.3.0"
+RUN pip install --no-cache-dir ".[s3]" "pyspark==4.3.0"
 
 COPY docker/healthcheck.py /opt/snapflow/healthcheck.py
 

@@ -60,7 +60,7 @@ coordinator: install
 	$(BIN)/snapflow coordinator $(ARGS)
 
 proto: install
-	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. protos/snapflow/v1/*.proto
+	$(BIN)/python protos/generate.py
 
 # Generated code (snapflow/v1) is excluded in pyproject.toml ([tool.ruff], [tool.mypy]).
 # All three checks run; the target fails if any of them failed.

@@ -75,6 +75,8 @@ from rich.table import Table
 
 from bench.common import free_port, start_coordinator, stop_process, write_results
 from bench.dataplane_ops import DiscardingSink, MarkedGeneratorSource, ThrottledSink
+from snapflow import wire
+from snapflow.checkpointing import CheckpointMode
 from snapflow.coordinator.stats import percentile
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
@@ -109,7 +111,6 @@ TARGET_OVERHEAD_100MS_PCT = 15.0
 TARGET_CHECKPOINT_P99_MS = 250.0
 TARGET_UNALIGNED_FACTOR = 3.0
 
-MODES = {"aligned": pb.CHECKPOINT_MODE_ALIGNED, "unaligned": pb.CHECKPOINT_MODE_UNALIGNED}
 SLOW = (0,)  # the sink subtasks that sleep in the main backpressure runs: one of the two
 BP_RUNS = (  # key, mode, aligned timeout ms, sink sleep per batch, sleeping sink subtasks
     ("aligned", "aligned", 0, BP_SLEEP_S, SLOW),
@@ -128,7 +129,7 @@ class RunSpec:
     total_records: int
     interval_ms: int = 0
     mode: str = "aligned"
-    aligned_timeout_ms: int = 0
+    aligned_checkpoint_timeout_ms: int = 0
     rate_per_s: float | None = None
     min_batch_ms: float = 0.0
     batch_size: int = BATCH
@@ -199,7 +200,8 @@ class RunResult:
             "total_records": s.total_records,
             "interval_ms": s.interval_ms,
             "mode": s.mode,
-            "aligned_timeout_ms": s.aligned_timeout_ms,
+            # the recorded results' key, kept so older result files stay comparable
+            "aligned_timeout_ms": s.aligned_checkpoint_timeout_ms,
             "rate_per_s": s.rate_per_s,
             "batch_size": s.batch_size,
             "record_api": s.record_api,
@@ -294,8 +296,8 @@ def _graph(spec: RunSpec, marker_dir: str, stats_dir: str) -> pb.JobGraph:
 def _config(spec: RunSpec) -> pb.CheckpointConfig:
     return pb.CheckpointConfig(
         interval_ms=spec.interval_ms,
-        mode=MODES[spec.mode],  # type: ignore[arg-type]
-        aligned_checkpoint_timeout_ms=spec.aligned_timeout_ms,
+        mode=wire.CHECKPOINT_MODE.to_pb(CheckpointMode(spec.mode)),
+        aligned_checkpoint_timeout_ms=spec.aligned_checkpoint_timeout_ms,
         timeout_ms=30_000,
         # A failed checkpoint is counted and reported; it must not end the measurement.
         tolerable_failures_unlimited=True,
@@ -416,7 +418,7 @@ def _summary(s: cpb.CheckpointSummary) -> dict[str, Any]:
 
 
 async def run_job(
-    stub: cgrpc.CoordinatorServiceStub,
+    stub: cgrpc.CoordinatorServiceAsyncStub,
     address: str,
     spec: RunSpec,
     workdir: Path,
@@ -644,7 +646,7 @@ class Runner:
         self.other_pids = other_pids
         self.results: list[RunResult] = []
 
-    async def run(self, stub: cgrpc.CoordinatorServiceStub, spec: RunSpec) -> RunResult:
+    async def run(self, stub: cgrpc.CoordinatorServiceAsyncStub, spec: RunSpec) -> RunResult:
         spec.name = f"{len(self.results) + 1:02d}-{spec.name}"
         started = time.perf_counter()
         result = await run_job(
@@ -724,7 +726,7 @@ async def _run_all(runner: Runner, repeats: int) -> dict[str, Any]:
                 stub,
                 RunSpec(
                     f"bp-{key.replace('_', '-')}", total, 100, mode=mode,
-                    aligned_timeout_ms=timeout_ms, batch_size=BP_BATCH, sink_sleep_s=sleep_s,
+                    aligned_checkpoint_timeout_ms=timeout_ms, batch_size=BP_BATCH, sink_sleep_s=sleep_s,
                     sleeping_subtasks=slow, details=True,
                     timeout_s=_timeout(total, drain_rate * 0.5),
                 ),
@@ -860,8 +862,8 @@ def _label(s: RunSpec) -> str:
     parts.append(f"{s.interval_ms}ms" if s.interval_ms else "off")
     if s.interval_ms:
         parts.append({"aligned": "al", "unaligned": "unal"}[s.mode])
-        if s.aligned_timeout_ms:
-            parts[-1] += f"+{s.aligned_timeout_ms}ms"
+        if s.aligned_checkpoint_timeout_ms:
+            parts[-1] += f"+{s.aligned_checkpoint_timeout_ms}ms"
     if s.rate_per_s:
         parts.append(f"@{s.rate_per_s / 1e3:.0f}k/s")
     if s.sink_sleep_s:

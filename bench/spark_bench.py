@@ -19,10 +19,10 @@ Runs, in order:
    the final checkpoint included); ``checkpoint_p50_ms``/``checkpoint_p99_ms`` = the
    coordinator's summary of ``end_to_end_duration_ms`` (trigger to the last acknowledgement)
    over the run's completed checkpoints, the final one of the bounded job included;
-4. ``KILL_RUNS`` kill runs: an operator chained behind the source (``bench.spark_ops``) kills
-   its Python worker (``os._exit(1)``) in deployment 1, subtask 0, once
-   ``KILL_AFTER_CHECKPOINTS`` checkpoints completed, after writing the kill's wall-clock time
-   to a file. ``recovery_s`` = from that kill to the completion of the first checkpoint
+4. ``KILL_RUNS`` kill runs: a fault-injection operator chained behind the source
+   (:class:`snapflow.worker.api.fault_injection.FailAt`) kills its Python worker
+   (``os._exit(1)``) in deployment 1, subtask 0, once ``KILL_AFTER_CHECKPOINTS`` checkpoints
+   completed, after writing the kill's wall-clock time to its marker file. ``recovery_s`` = from that kill to the completion of the first checkpoint
    triggered after the restart (a checkpoint of the new deployment), on the wall clock the
    coordinator's statistics use. ``JobResult.recovery_times_s`` measures something else (the
    driver noticing the failed stage -> every task running again) and is reported beside it.
@@ -46,21 +46,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
-from pyspark import cloudpickle
 from rich.console import Console
 from rich.table import Table
 
-import bench.spark_ops
 from bench.common import write_results
-from bench.spark_ops import KillAfterCheckpoints
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.coordinator.stats import percentile
 from snapflow.errors import DeadlineExceededError, SnapflowError
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge import FixedDelay, JobResult, JobStatus, Pipeline
 from snapflow.spark_bridge.driver import CoordinatorClient
+from snapflow.spark_bridge.session import local_session
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.worker.api.fault_injection import FailAt, read_marker
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
 
@@ -81,9 +80,6 @@ RUN_TIMEOUT_S = 120.0
 BUDGET_S = 240.0  # no further kill run starts after this long (the third is optional)
 POLL_S = 0.05
 TARGET_RECOVERY_S = 20.0
-
-# The executors cannot import the bench package: ship its operators by value.
-cloudpickle.register_pickle_by_value(bench.spark_ops)
 
 
 def _now_ms() -> float:
@@ -288,9 +284,10 @@ def _run(spark: Any, tmp: Path, kind: str, records: int, kill: bool = False) -> 
         name="events",
     )
     if kill:
-        events = events.transform(
-            KillAfterCheckpoints(str(stamp), KILL_AFTER_CHECKPOINTS), name="kill"
-        )
+        kill_op = FailAt(
+            how="exit", after_checkpoints=KILL_AFTER_CHECKPOINTS, marker=str(stamp)
+        )  # deployment 1, subtask 0
+        events = events.transform(kill_op, name="kill")
     events.key_by("key").count().sink(TransactionalFileSink(str(out)))
     p.checkpointing(interval_ms=INTERVAL_MS, storage=run_dir / "cp")
     p.restart_strategy(FixedDelay(attempts=2, delay_s=RESTART_DELAY_S))
@@ -343,10 +340,10 @@ def _run(spark: Any, tmp: Path, kind: str, records: int, kill: bool = False) -> 
 
 def _recovery(stamp: Path, watcher: _Watcher, result: JobResult) -> dict[str, float]:
     """Phases of the recovery after the kill, in seconds from the kill (wall clock)."""
-    if not stamp.exists():
+    marker = read_marker(str(stamp))
+    if marker is None:
         raise RuntimeError("the kill operator did not fire (the job ended first?)")
-    fields = stamp.read_text().split()
-    kill_ms = int(fields[0]) / 1e6
+    kill_ms = int(marker["at_ns"]) / 1e6
     before = [c for c in watcher.completed.values() if c.completed_ms <= kill_ms]
     if watcher.restore is None:
         raise RuntimeError("the job was not restored from a checkpoint after the kill")
@@ -381,7 +378,7 @@ def _recovery(stamp: Path, watcher: _Watcher, result: JobResult) -> dict[str, fl
 
     return {
         "checkpoints_before_kill": float(len(before)),
-        "operator_saw_completed": float(fields[1]),
+        "operator_saw_completed": float(marker["checkpoints_completed"]),
         "restored_checkpoint_id": float(watcher.restore.checkpoint_id),
         "coordinator_restarting_s": s(restarting),
         "driver_noticed_s": s(running - tracker * 1000.0),
@@ -403,23 +400,8 @@ def _recovery(stamp: Path, watcher: _Watcher, result: JobResult) -> dict[str, fl
 
 @contextlib.contextmanager
 def _spark() -> Iterator[Any]:
-    """A local SparkSession configured like the tests' (tests/conftest.py); stopped at the end."""
-    for var in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
-        os.environ[var] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master(MASTER)
-        .appName("snapflow-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.stage.maxConsecutiveAttempts", "1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    """The local SparkSession the tests use too (spark_bridge.session); stopped at the end."""
+    session = local_session(MASTER, "snapflow-bench")
     try:
         yield session
     finally:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -43,11 +42,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from snapflow.worker.runtime.operator import Operator, OperatorContext
+from snapflow.spark_bridge.session import is_local_master, session_builder
+from snapflow.worker.api.fault_injection import FailAt, read_marker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,9 +59,9 @@ __all__ = [
     "SIZES",
     "DemoConfig",
     "DemoSummary",
-    "KillOnce",
     "build_pipeline",
     "config_from_args",
+    "kill_operator",
     "parse_size",
     "run_demo",
     "run_spark_demo",
@@ -243,53 +242,18 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-class KillOnce(Operator):
-    """Passes batches through. In deployment ``deployment``, subtask ``subtask``, once a
-    checkpoint completed and ``after_s`` passed since it opened, it writes ``marker`` (a JSON
-    line with the wall-clock time) and kills its Python worker with ``os._exit(1)``, as a
-    crashed executor process would. It never kills twice (the marker exists)."""
-
-    _runtime_fields = ("_opened", "_checkpointed", "_seen")
-
-    def __init__(self, after_s: float, marker: str, deployment: int = 1, subtask: int = 0) -> None:
-        self.after_s = after_s
-        self.marker = marker
-        self.deployment = deployment
-        self.subtask = subtask
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self._opened = time.monotonic()
-        self._checkpointed = False
-        self._seen = 0
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self._checkpointed = True
-
-    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        self._seen += batch.num_rows
-        ctx = self._context()
-        if (
-            self._checkpointed
-            and ctx.attempt == self.deployment
-            and ctx.subtask_index == self.subtask
-            and time.monotonic() - self._opened >= self.after_s
-            and not os.path.exists(self.marker)
-        ):
-            with open(self.marker, "w") as f:
-                record = {
-                    "killed_at_ms": int(time.time() * 1000),
-                    "pid": os.getpid(),
-                    "vertex": ctx.vertex_id,
-                    "subtask": ctx.subtask_index,
-                    "deployment": ctx.attempt,
-                    "records_seen": self._seen,
-                }
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os._exit(1)
-        return [batch] if batch.num_rows else []
+def kill_operator(config: DemoConfig) -> FailAt:
+    """The demo's failure: in deployment 1, subtask 0, once a checkpoint completed and
+    ``kill_after`` seconds passed, write ``kill.json`` and kill the Python worker
+    (``os._exit(1)``), as a crashed executor process would. The marker makes it kill once."""
+    return FailAt(
+        how="exit",
+        subtask=0,
+        attempts=(1,),
+        after_checkpoints=1,
+        after_s=config.kill_after,
+        marker=config.kill_file,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +270,7 @@ def build_pipeline(config: DemoConfig) -> Pipeline:
     p = Pipeline("nexmark-bid-stats", parallelism=config.parallelism, max_parallelism=128)
     bids = p.source(config.source(), name="bids")
     if config.failure:
-        bids = bids.transform(KillOnce(config.kill_after, config.kill_file), name="kill-once")
+        bids = bids.transform(kill_operator(config), name="kill-once")
     window = PriceStatsWindow(config.window_ms)
     (
         bids.key_by("auction")
@@ -354,10 +318,6 @@ def _console() -> Console:
     return Console(highlight=False, width=None if tty or "COLUMNS" in os.environ else 120)
 
 
-def _is_local(master: str) -> bool:
-    return master == "local" or master.startswith(("local[", "local-cluster["))
-
-
 def _spark_log_level(config: DemoConfig) -> str:
     return "WARN" if config.verbose else "FATAL"
 
@@ -379,28 +339,13 @@ logger.nativecode.level = error
 
 
 def create_spark_session(config: DemoConfig) -> SparkSession:
-    """The demo's SparkSession: no UI, quiet logs, Python workers on this interpreter, and no
-    stage retries by Spark (the Snapflow driver loop owns restarts)."""
-    local = _is_local(config.spark_master)
-    if local:
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    else:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master(config.spark_master)
-        .appName("snapflow-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.stage.maxConsecutiveAttempts", "1")
-        .config("spark.sql.shuffle.partitions", str(max(2, config.parallelism)))
+    """The demo's SparkSession: Snapflow's settings (spark_bridge.session: no UI, Python workers
+    on this interpreter, no stage retries by Spark), quiet logs, the user's --spark-conf last."""
+    builder = session_builder(
+        config.spark_master,
+        "snapflow-demo",
+        {"spark.sql.shuffle.partitions": str(max(2, config.parallelism))},
     )
-    if local:
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
-            "spark.driver.host", "127.0.0.1"
-        )
     user_keys = {key for key, _ in config.spark_conf}
     log4j: str | None = None
     if not config.verbose and "spark.driver.extraJavaOptions" not in user_keys:
@@ -430,14 +375,14 @@ def _wait_for_executors(
     job's slots: a barrier stage submitted before is refused for lack of slots and only
     retried after 15 s."""
     sc = spark.sparkContext
-    if _is_local(sc.master or ""):
+    if is_local_master(sc.master or ""):
         return
     deadline = time.monotonic() + timeout_s
     said = False
     while True:
         executors = 0
         with contextlib.suppress(Exception):
-            jsc = sc._jsc.sc()  # type: ignore[union-attr]
+            jsc = sc._jsc.sc()
             executors = len(jsc.statusTracker().getExecutorInfos()) - 1  # minus the driver
             # defaultParallelism: the registered executors' cores (at least 2)
             if executors >= 1 and int(jsc.defaultParallelism()) >= slots:
@@ -530,7 +475,7 @@ def _watch(
         if kill is not None and not kill_said:
             kill_said = True
             console.print(
-                f"[dim]\\[{kill['killed_at_ms'] / 1000 - t0_wall:5.1f}s][/dim] "
+                f"[dim]\\[{kill['at_ms'] / 1000 - t0_wall:5.1f}s][/dim] "
                 f"[bold red]killed[/bold red] {_kill_text(kill)}",
                 highlight=False,
             )
@@ -574,16 +519,10 @@ def _watch(
 
 
 def _read_kill(config: DemoConfig) -> dict[str, Any] | None:
-    """What :class:`KillOnce` wrote when it killed its worker (None: no kill yet)."""
+    """What the kill operator wrote when it killed its worker (None: no kill yet)."""
     if not config.failure:
         return None
-    try:
-        with open(config.kill_file) as f:
-            kill: dict[str, Any] = json.loads(f.read())
-        int(kill["killed_at_ms"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not there, or not written completely yet
-    return kill
+    return read_marker(config.kill_file)  # written atomically: whole or absent
 
 
 def _kill_text(kill: dict[str, Any]) -> str:
@@ -607,7 +546,7 @@ def run_spark_demo(
     summary = DemoSummary(records=config.records)
     if config.mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {config.mode!r}")
-    if spark is None and not _is_local(config.spark_master) and not config.coordinator:
+    if spark is None and not is_local_master(config.spark_master) and not config.coordinator:
         raise ValueError(
             f"--spark-master {config.spark_master} needs --coordinator HOST:PORT (a "
             f"`snapflow coordinator` its executors can reach): the embedded coordinator "
@@ -687,7 +626,7 @@ def run_spark_demo(
             summary.running_again_s = result.recovery_times_s[0]
         kill = _read_kill(config)
         if kill is not None:
-            kill_ms = int(kill["killed_at_ms"])
+            kill_ms = int(kill["at_ms"])
             summary.killed_at_s = kill_ms / 1000 - t0_wall
             summary.killed_what = _kill_text(kill)
             after = [done for trigger, done in seen["completed"].values() if trigger >= kill_ms]
@@ -818,9 +757,7 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from snapflow.coordinator.config import load_settings
-    from snapflow.coordinator.server import Coordinator
-    from snapflow.redis_server import RedisServer
+    from snapflow.coordinator.embedded import EmbeddedCoordinator
     from snapflow.v1 import common_pb2 as pb
     from snapflow.v1 import coordinator_pb2 as cpb
     from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -836,27 +773,20 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
     except ValueError as e:
         console.print(f"[red]snapflow demo: {e}[/red]")
         return 2
-    redis_server = await asyncio.to_thread(
-        RedisServer(data_dir=os.path.join(storage_root, "redis")).start
+    # The coordinator on its own loop thread; the simulated agents run on this loop.
+    coordinator = EmbeddedCoordinator(
+        storage_root=os.path.join(storage_root, "checkpoints"),
+        port=args.port,
+        redis_data_dir=os.path.join(storage_root, "redis"),
     )
-    settings = load_settings(
-        overrides={
-            "host": "127.0.0.1",
-            "port": args.port,
-            "metrics_port": -1,
-            "redis_url": redis_server.url,
-            "storage_root": os.path.join(storage_root, "checkpoints"),
-        },
-        environ={},
-    )
-    coordinator = Coordinator(settings)
+    await asyncio.to_thread(coordinator.start)
     agents: list[SimulatedAgent] = []
     try:
-        await coordinator.start()
-        address = f"127.0.0.1:{coordinator.port}"
+        address = coordinator.address
+        redis_server = coordinator.redis
         console.print(
             f"[bold]Snapflow demo (simulated agents)[/bold]: redis-server pid {redis_server.pid} "
-            f"at {redis_server.url}, coordinator at {address}, storage {settings.storage_root}"
+            f"at {redis_server.url}, coordinator at {address}, storage {coordinator.storage_root}"
         )
         sources = max(1, args.tasks // 4)
         maps = args.tasks - sources
@@ -937,8 +867,7 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
     finally:
         for agent in agents:
             await agent.stop()
-        await coordinator.stop()
-        await asyncio.to_thread(redis_server.stop)
+        await asyncio.to_thread(coordinator.stop)
 
 
 def _print_simulated_summary(

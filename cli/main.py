@@ -1,4 +1,4 @@
-"""The ``snapflow`` command line (DESIGN.md section 6).
+"""The ``snapflow`` command line (README.md, "The CLI against a running coordinator").
 
 ``snapflow coordinator`` runs the coordinator service. The client commands (``jobs``, ``job``,
 ``checkpoints list|show``, ``trigger``, ``savepoint``, ``stop``, ``cancel``,

@@ -2,9 +2,10 @@
 
 Events go in (trigger requests, acks, declines, ticks of an injected clock, task changes, the
 outcome of asynchronous I/O the shell performed) and *actions* come out: plain dataclasses that
-the shell in ``coordinator.job_manager`` executes in order (Redis, storage, gRPC). There are no
+the shell (``coordinator.job_runner``) executes in order (Redis, storage, gRPC). There are no
 sockets, no Redis, no clocks and no threads in here, so every behaviour can be pinned down with
-exact event sequences.
+exact event sequences. Only events change the state: the shell reads it through the queries
+below and never writes it, so ``check_invariants`` covers every path.
 
 Recovery contract (what the shell relies on):
 
@@ -31,10 +32,12 @@ from typing import Protocol
 from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
+    BarrierOptions,
     CheckpointConfig,
     CheckpointKind,
     CheckpointMode,
     CompletedCheckpoint,
+    DeclineReason,
     ExecutionAttempt,
     JobGraph,
     OperatorSubtaskState,
@@ -42,6 +45,7 @@ from snapflow.coordinator.model import (
     SubtaskMetrics,
     TriggerRefusal,
 )
+from snapflow.coordinator.restore_point import RestoreDecision, RestorePlan, choose_restore_point
 
 # How many ids of ended checkpoints to remember for classifying late acks (Flink keeps 16).
 RECENT_CHECKPOINTS_REMEMBERED = 16
@@ -70,12 +74,22 @@ class TriggerRequest:
         return self.kind.is_savepoint
 
 
-@dataclass(frozen=True)
-class BarrierOptions:
-    kind: CheckpointKind
-    mode: CheckpointMode
-    aligned_checkpoint_timeout_ms: int
-    target_location: str
+def abort_reason_for_decline(reason: DeclineReason) -> AbortReason:
+    """The decline policy: declines that say nothing about the checkpoint's health (the task
+    was not ready, a newer barrier overtook it, alignment was canceled) abort with a reason that
+    the failure manager does not count, as Flink's CheckpointFailureManager does; every other
+    decline is ``DECLINED`` and counts."""
+    match reason:
+        case DeclineReason.TASK_NOT_READY:
+            return AbortReason.TASK_NOT_READY
+        case DeclineReason.SUBSUMED:
+            return AbortReason.SUBSUMED
+        case DeclineReason.ALIGNMENT_CANCELED:
+            return AbortReason.ALIGNMENT_CANCELED
+        case DeclineReason.UNSPECIFIED | DeclineReason.SNAPSHOT_FAILED | DeclineReason.IO_ERROR:
+            return AbortReason.DECLINED
+        case _:
+            raise AssertionError(f"unknown decline reason {reason!r}")
 
 
 def _queue_rank(request: TriggerRequest) -> int:
@@ -290,22 +304,80 @@ class CheckpointCoordinator:
     # --- recovery --------------------------------------------------------------------------
 
     def restore_completed(
-        self, completed: list[CompletedCheckpoint], savepoints: list[CompletedCheckpoint]
+        self,
+        completed: list[CompletedCheckpoint],
+        savepoints: list[CompletedCheckpoint],
+        *,
+        highest_id: int = 0,
+        job_ended: bool = False,
     ) -> None:
-        """Load what Redis holds after a coordinator restart or a job resubmission."""
+        """Load what Redis holds after a coordinator restart or a job resubmission.
+
+        ``highest_id``: ids up to it were handed out already (pending checkpoints lost in a
+        restart, a restored savepoint), so late acks for them are ``DISCARDED``.
+        ``job_ended``: the job is terminal; the coordinator starts shut down.
+        """
         self.completed = sorted(completed, key=lambda c: c.checkpoint_id)
         self.savepoints = sorted(savepoints, key=lambda c: c.checkpoint_id)
         ids = [c.checkpoint_id for c in self.completed + self.savepoints]
-        if ids:
-            self.highest_id = max(self.highest_id, *ids)
+        self.highest_id = max(self.highest_id, highest_id, *ids)
         if self.completed:
             self.failure_manager.on_success(self.completed[-1].checkpoint_id)
+        if job_ended:
+            self.shutdown = True
+            self.next_periodic_ms = None
         self._recompute_referenced()
+
+    def on_deployment_started(self) -> None:
+        """A new deployment chose its restore point: a coordinator shut down by a completed
+        stop-with-savepoint accepts requests again (its pending checkpoints were aborted by
+        ``on_tasks_not_running`` first)."""
+        self.shutdown = False
+
+    def on_savepoint_disposed(self, checkpoint_id: int) -> None:
+        """The savepoint was disposed (its files and Redis record are gone): forget it."""
+        self.savepoints = [s for s in self.savepoints if s.checkpoint_id != checkpoint_id]
+        self._recompute_referenced()
+
+    # --- queries ---------------------------------------------------------------------------
 
     def latest_completed(self) -> CompletedCheckpoint | None:
         return self.completed[-1] if self.completed else None
 
-    # --- queries ---------------------------------------------------------------------------
+    def last_recorded_savepoint(self) -> CompletedCheckpoint | None:
+        """The savepoint recorded last: the latest completion in this incarnation, else the
+        highest id loaded at recovery (savepoints may complete out of id order)."""
+        return self.savepoints[-1] if self.savepoints else None
+
+    def find_snapshot(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        """The retained checkpoint or recorded savepoint with this id."""
+        for c in self.completed + self.savepoints:
+            if c.checkpoint_id == checkpoint_id:
+                return c
+        return None
+
+    def retained_ids(self) -> list[int]:
+        return [c.checkpoint_id for c in self.completed + self.savepoints]
+
+    def is_pending(self, checkpoint_id: int) -> bool:
+        return checkpoint_id in self.pending
+
+    def pending_count(self) -> int:
+        return len(self.pending)
+
+    def savepoint_dirs(self) -> list[str]:
+        """Directories of recorded and pending savepoints: acks may hold state inside them."""
+        return [s.external_path for s in self.savepoints] + [
+            p.external_path for p in self.pending.values() if p.kind.is_savepoint
+        ]
+
+    def snapshot_dirs(self) -> list[str]:
+        """Directories of retained checkpoints and recorded savepoints."""
+        return [c.external_path for c in self.completed + self.savepoints]
+
+    def choose_restore_point(self, plan: RestorePlan) -> RestoreDecision:
+        """Where a new deployment restores from (see ``restore_point``)."""
+        return choose_restore_point(plan, self.job_id, self.completed, self.savepoints)
 
     def next_deadline_ms(self) -> int | None:
         """The earliest time ``on_tick`` has something to do (None: nothing scheduled)."""
@@ -336,6 +408,16 @@ class CheckpointCoordinator:
             or self.failure_manager.consecutive_failures <= tolerable
         ), "failure count over the limit without failing the job"
         assert all(r is not self.triggering for r in self.queue)
+        retained = self.retained_ids()
+        assert len(retained) == len(set(retained)), "snapshot id recorded twice"
+        assert all(i <= self.highest_id for i in retained), "snapshot id never handed out"
+        assert self._referenced_paths == {
+            path for c in self.completed + self.savepoints for path in c.state_paths()
+        }, "protected paths out of date"
+        assert not self.stopping_with_savepoint or all(r.kind.is_savepoint for r in self.queue), (
+            "checkpoint queued behind a stop-with-savepoint"
+        )
+        assert not self.shutdown or self.next_periodic_ms is None, "periodic timer while shut down"
 
     # --- triggering ------------------------------------------------------------------------
 
@@ -542,7 +624,7 @@ class CheckpointCoordinator:
         paths = [h.path for s in operator_states for h in s.handles]
         pending = self.pending.get(checkpoint_id)
         if pending is None:
-            completed = self._find_completed(checkpoint_id)
+            completed = self.find_snapshot(checkpoint_id)
             if completed is not None and any(
                 a.attempt == attempt for a in completed.subtask_states
             ):
@@ -582,15 +664,21 @@ class CheckpointCoordinator:
         checkpoint_id: int,
         message: str,
         now_ms: int,
-        reason: AbortReason = AbortReason.DECLINED,
+        reason: DeclineReason = DeclineReason.UNSPECIFIED,
     ) -> list[Action]:
-        """A task declined: the checkpoint aborts (if it is pending and the attempt expected)."""
+        """A task declined: the checkpoint aborts (if it is pending and the attempt expected)
+        with the reason of ``abort_reason_for_decline``. No actions: the decline was ignored."""
         pending = self.pending.get(checkpoint_id)
         if pending is None or pending.finalizing:
             return []
         if attempt not in pending.not_yet_acknowledged and attempt not in pending.acknowledged:
             return []
-        return self._abort(pending, reason, f"declined by {attempt}: {message}", now_ms)
+        return self._abort(
+            pending,
+            abort_reason_for_decline(reason),
+            f"declined by {attempt}: {message}",
+            now_ms,
+        )
 
     def _completed_candidate(self, p: PendingCheckpoint, now_ms: int) -> CompletedCheckpoint:
         return CompletedCheckpoint(
@@ -737,12 +825,6 @@ class CheckpointCoordinator:
         return actions
 
     # --- helpers ---------------------------------------------------------------------------
-
-    def _find_completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
-        for c in self.completed + self.savepoints:
-            if c.checkpoint_id == checkpoint_id:
-                return c
-        return None
 
     def _discard(self, paths: list[str], why: str) -> list[Action]:
         keep = [p for p in paths if p not in self._referenced_paths]

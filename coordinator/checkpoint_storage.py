@@ -1,6 +1,6 @@
 """Checkpoint storage on a local or shared (mounted) file system.
 
-Layout (DESIGN.md section 5)::
+Layout (docs/coordinator.md, "Storage layout")::
 
     <root>/<job_id>/chk-<id>/            task state files of checkpoint <id> and its _metadata
     <root>/<job_id>/shared/              state shared between checkpoints (incremental)
@@ -41,6 +41,7 @@ from urllib.parse import unquote, urlsplit
 import structlog
 
 from snapflow.coordinator.model import CompletedCheckpoint
+from snapflow.durable_files import fsync_dir
 from snapflow.errors import (
     AlreadyExistsError,
     CheckpointNotFoundError,
@@ -108,19 +109,6 @@ def _is_relative_to(path: str, root: str) -> bool:
     if path == root:
         return False
     return os.path.commonpath([path, root]) == root
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
 
 
 class CheckpointStorage:
@@ -253,7 +241,7 @@ class CheckpointStorage:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except OSError as e:
             raise StorageError(f"cannot write checkpoint metadata {target}: {e}") from e
         log.debug(

@@ -11,16 +11,17 @@ import re
 import uuid
 from collections.abc import Iterable
 
+from snapflow import wire
 from snapflow.coordinator.checkpoint_storage import local_path_from_uri
 from snapflow.coordinator.model import (
     DEFAULT_MAX_PARALLELISM,
     JOB_ID_PATTERN,
     AckResult,
     CheckpointConfig,
-    CheckpointKind,
     CheckpointMode,
     CheckpointStatus,
     CompletedCheckpoint,
+    DeclineReason,
     ExecutionAttempt,
     JobEdge,
     JobGraph,
@@ -43,21 +44,6 @@ MAX_ID_LENGTH = 200
 MIN_INTERVAL_MS = 10  # Flink's minimum checkpoint interval and timeout
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
-_MODE_TO_PB = {
-    CheckpointMode.ALIGNED: pb.CHECKPOINT_MODE_ALIGNED,
-    CheckpointMode.UNALIGNED: pb.CHECKPOINT_MODE_UNALIGNED,
-    CheckpointMode.AT_LEAST_ONCE: pb.CHECKPOINT_MODE_AT_LEAST_ONCE,
-}
-_MODE_FROM_PB = {v: k for k, v in _MODE_TO_PB.items()} | {
-    pb.CHECKPOINT_MODE_UNSPECIFIED: CheckpointMode.ALIGNED
-}
-_KIND_TO_PB = {
-    CheckpointKind.CHECKPOINT: pb.CHECKPOINT_KIND_CHECKPOINT,
-    CheckpointKind.SAVEPOINT: pb.CHECKPOINT_KIND_SAVEPOINT,
-    CheckpointKind.SAVEPOINT_SUSPEND: pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND,
-    CheckpointKind.SAVEPOINT_TERMINATE: pb.CHECKPOINT_KIND_SAVEPOINT_TERMINATE,
-}
-_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 _PARTITIONER_TO_PB = {
     PartitionerKind.FORWARD: pb.PARTITIONER_KIND_FORWARD,
     PartitionerKind.HASH: pb.PARTITIONER_KIND_HASH,
@@ -92,14 +78,6 @@ ACK_RESULT_TO_PB = {
     AckResult.UNKNOWN: cpb.ACK_RESULT_UNKNOWN,
     AckResult.DISCARDED: cpb.ACK_RESULT_DISCARDED,
 }
-
-
-def kind_to_pb(kind: CheckpointKind) -> int:
-    return _KIND_TO_PB[kind]
-
-
-def mode_to_pb(mode: CheckpointMode) -> int:
-    return _MODE_TO_PB[mode]
 
 
 # --- ids -----------------------------------------------------------------------------------
@@ -261,7 +239,7 @@ def graph_to_pb(g: JobGraph, include_payloads: bool = True) -> pb.JobGraph:
             pb.JobEdge(
                 source_vertex_id=e.source_vertex_id,
                 target_vertex_id=e.target_vertex_id,
-                partitioner=_PARTITIONER_TO_PB[e.partitioner],  # type: ignore[arg-type]
+                partitioner=_PARTITIONER_TO_PB[e.partitioner],
                 key_field=e.key_field,
             )
             for e in g.edges
@@ -289,11 +267,7 @@ def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
         raise InvalidArgumentError(
             f"checkpoint_config.timeout_ms {msg.timeout_ms} is below the minimum of {MIN_INTERVAL_MS} ms"
         )
-    if msg.mode not in _MODE_FROM_PB:
-        raise InvalidArgumentError(
-            f"checkpoint_config.mode {msg.mode} is not a known CheckpointMode"
-        )
-    mode = _MODE_FROM_PB[msg.mode]
+    mode = wire.CHECKPOINT_MODE.from_pb(msg.mode, field="checkpoint_config.mode")
     if msg.aligned_checkpoint_timeout_ms and mode is not CheckpointMode.ALIGNED:
         raise InvalidArgumentError(
             "checkpoint_config.aligned_checkpoint_timeout_ms applies only to ALIGNED mode"
@@ -329,7 +303,7 @@ def config_to_pb(c: CheckpointConfig) -> pb.CheckpointConfig:
         timeout_ms=c.timeout_ms,
         min_pause_ms=c.min_pause_ms,
         max_concurrent=c.max_concurrent,
-        mode=_MODE_TO_PB[c.mode],  # type: ignore[arg-type]
+        mode=wire.CHECKPOINT_MODE.to_pb(c.mode),
         aligned_checkpoint_timeout_ms=c.aligned_checkpoint_timeout_ms,
         tolerable_failures=c.tolerable_failures or 0,
         tolerable_failures_unlimited=c.tolerable_failures is None,
@@ -432,3 +406,8 @@ def task_restore_to_pb(cp: CompletedCheckpoint | None, vertex_id: str) -> cpb.Ta
             if a.attempt.vertex_id == vertex_id
         ],
     )
+
+
+def decline_reason_from_pb(value: int) -> DeclineReason:
+    """Unknown values (a newer task) are ``UNSPECIFIED``: the decline still aborts and counts."""
+    return wire.DECLINE_REASON.from_pb_or(value, DeclineReason.UNSPECIFIED)

@@ -14,21 +14,53 @@ import contextlib
 import shutil
 import tempfile
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from snapflow.coordinator.config import CoordinatorSettings
     from snapflow.coordinator.server import Coordinator
     from snapflow.redis_server import RedisServer
+
+
+def local_settings(
+    redis_url: str, storage_root: str, host: str = "127.0.0.1", **overrides: Any
+) -> CoordinatorSettings:
+    """Settings of a coordinator for this machine only: ``host`` (127.0.0.1), a free port, no
+    metrics endpoint, a short shutdown grace, nothing read from the environment; ``overrides``
+    win (e.g. ``port``, ``redis_namespace``)."""
+    from snapflow.coordinator.config import load_settings
+
+    return load_settings(
+        overrides={
+            "host": host,
+            "port": 0,
+            "metrics_port": -1,
+            "redis_url": redis_url,
+            "storage_root": storage_root,
+            "shutdown_grace_s": 0.5,
+            **overrides,
+        },
+        environ={},
+    )
 
 
 class EmbeddedCoordinator:
     """Redis + coordinator for one run, on an asyncio loop in a background thread.
 
     ``storage_root``: where checkpoints go when the job's settings name no storage (default: a
-    temporary directory removed by :meth:`stop`)."""
+    temporary directory removed by :meth:`stop`). ``port``: the gRPC port (0: a free one).
+    ``redis_data_dir``: where Redis keeps its files (default: its own temporary directory)."""
 
-    def __init__(self, storage_root: str | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        storage_root: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        redis_data_dir: str | None = None,
+    ) -> None:
         self.host = host
+        self.port = port
+        self._redis_data_dir = redis_data_dir
         self._storage_root = storage_root
         self._own_root: str | None = None
         self._redis: RedisServer | None = None
@@ -38,26 +70,15 @@ class EmbeddedCoordinator:
         self.address = ""
 
     def start(self, timeout_s: float = 30.0) -> EmbeddedCoordinator:
-        from snapflow.coordinator.config import load_settings
         from snapflow.coordinator.server import Coordinator
         from snapflow.redis_server import RedisServer
 
         try:
-            self._redis = RedisServer().start()
+            self._redis = RedisServer(data_dir=self._redis_data_dir).start()
             root = self._storage_root
             if root is None:
                 root = self._own_root = tempfile.mkdtemp(prefix="snapflow-checkpoints-")
-            settings = load_settings(
-                overrides={
-                    "host": self.host,
-                    "port": 0,
-                    "metrics_port": -1,
-                    "redis_url": self._redis.url,
-                    "storage_root": root,
-                    "shutdown_grace_s": 0.5,
-                },
-                environ={},
-            )
+            settings = local_settings(self._redis.url, root, self.host, port=self.port)
             loop = self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(
                 target=loop.run_forever, name="snapflow-embedded-coordinator", daemon=True
@@ -75,6 +96,20 @@ class EmbeddedCoordinator:
             self.stop()
             raise
         return self
+
+    @property
+    def redis(self) -> RedisServer:
+        """The running ``redis-server`` child (after :meth:`start`)."""
+        if self._redis is None:
+            raise RuntimeError("the embedded coordinator is not running")
+        return self._redis
+
+    @property
+    def storage_root(self) -> str:
+        """The default checkpoint storage (after :meth:`start`)."""
+        if self._coordinator is None:
+            raise RuntimeError("the embedded coordinator is not running")
+        return str(self._coordinator.settings.storage_root)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         loop, self._loop = self._loop, None

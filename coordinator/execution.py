@@ -3,11 +3,13 @@
 A *deployment* is one run of the job's whole graph (the Spark bridge runs it as one barrier
 stage). Every subtask of deployment ``n`` has attempt number ``n``: a failure anywhere ends the
 deployment, and the next registration starts deployment ``n + 1`` (Flink's full-restart
-failover, which is also what Spark's barrier mode does). No I/O and no clock: callers pass time.
+failover, which is also what Spark's barrier mode does). No I/O and no clock. Only the events
+(``register``, ``update``, ``end``) change the state; ``check_invariants`` guards it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from snapflow.coordinator.model import ExecutionAttempt, JobGraph, JobState, TaskKey, TaskState
@@ -16,6 +18,8 @@ from snapflow.errors import FailedPreconditionError, InvalidArgumentError, Unkno
 
 @dataclass
 class TaskRecord:
+    """One subtask of the current deployment."""
+
     attempt: ExecutionAttempt
     state: TaskState
     address: str
@@ -24,6 +28,8 @@ class TaskRecord:
 
 @dataclass(frozen=True)
 class Registration:
+    """The outcome of ``JobExecution.register``."""
+
     attempt: ExecutionAttempt
     new_deployment: bool
     """True when this registration started a new deployment (a restart of the whole graph)."""
@@ -31,6 +37,8 @@ class Registration:
 
 @dataclass(frozen=True)
 class TaskTransition:
+    """The outcome of ``JobExecution.update``: the task and the job state around the change."""
+
     task: TaskRecord
     job_state_before: JobState
     job_state_after: JobState
@@ -39,12 +47,19 @@ class TaskTransition:
 class JobExecution:
     """Subtasks of the current deployment and the job state derived from them."""
 
-    def __init__(self, graph: JobGraph, state: JobState = JobState.CREATED, deployment: int = 0):
+    def __init__(
+        self,
+        graph: JobGraph,
+        state: JobState = JobState.CREATED,
+        deployment: int = 0,
+        restarts: int = 0,
+        failure: str = "",
+    ) -> None:
         self.graph = graph
         self.state = state
         self.deployment = deployment
-        self.restarts = 0
-        self.failure = ""
+        self.restarts = restarts
+        self.failure = failure
         self.tasks: dict[TaskKey, TaskRecord] = {}
         # The next registration starts a new deployment: at first, and after a task failed.
         self._next_registration_redeploys = True
@@ -73,6 +88,39 @@ class JobExecution:
 
     def address_of(self, attempt: ExecutionAttempt) -> str:
         return self.tasks[attempt.key].address
+
+    def group_by_address(
+        self, attempts: Iterable[ExecutionAttempt]
+    ) -> dict[str, list[ExecutionAttempt]]:
+        """The current ones among ``attempts``, grouped by their agent's address (one RPC per
+        agent); attempts of an older deployment are left out."""
+        grouped: dict[str, list[ExecutionAttempt]] = {}
+        for attempt in attempts:
+            record = self.tasks.get(attempt.key)
+            if record is not None and record.attempt == attempt:
+                grouped.setdefault(record.address, []).append(attempt)
+        return grouped
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (used by tests after each step)."""
+        assert self.deployment >= 0
+        assert 0 <= self.restarts <= max(0, self.deployment - 1), "more restarts than redeploys"
+        assert set(self.tasks) <= self._all_keys, "task outside the graph"
+        for key, task in self.tasks.items():
+            assert task.attempt.key == key, "task filed under another key"
+            assert task.attempt.attempt == self.deployment, "task of another deployment"
+            assert task.address, "task without an address"
+        if self.state is JobState.RUNNING:
+            assert len(self.tasks) == len(self._all_keys), "RUNNING before every task registered"
+            assert all(t.state is not TaskState.DEPLOYING for t in self.tasks.values()), (
+                "RUNNING before every task ran"
+            )
+        if self.state in (JobState.CANCELED, JobState.FAILED):
+            assert all(t.state.is_terminal for t in self.tasks.values()), "ended with live tasks"
+        if self.state is JobState.CREATED and self.tasks:
+            assert self.deployment == 1, "CREATED after a redeployment"
+        if self.state is JobState.RUNNING:
+            assert not self._next_registration_redeploys, "RUNNING after a failure"
 
     def require_current(self, attempt: ExecutionAttempt) -> TaskRecord:
         """The task record if ``attempt`` is the current attempt of a known subtask."""

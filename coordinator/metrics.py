@@ -1,4 +1,4 @@
-"""Prometheus metrics of the coordinator (DESIGN.md section 6).
+"""Prometheus metrics of the coordinator (docs/coordinator.md, "Metrics").
 
 Every coordinator owns a :class:`CoordinatorMetrics` with its own ``CollectorRegistry`` (not
 the process-global one), so several coordinators in one process (tests) do not clash.

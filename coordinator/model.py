@@ -1,4 +1,4 @@
-"""The coordinator's domain model: typed IDs, enums and records.
+"""The coordinator's domain model: enums and records.
 
 Everything here is plain data. The pure checkpoint coordinator works on these types, the Redis
 store serialises them to JSON (``to_dict`` / ``from_dict``), and ``coordinator.convert`` maps
@@ -10,36 +10,17 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, NewType
+from typing import Any
 
-JobId = NewType("JobId", str)
-CheckpointId = NewType("CheckpointId", int)
-VertexId = NewType("VertexId", str)
+# The checkpoint vocabulary shared with the workers lives in the foundation
+# (snapflow.checkpointing); the coordinator's modules take it from here like the rest.
+from snapflow.checkpointing import BarrierOptions as BarrierOptions
+from snapflow.checkpointing import CheckpointKind as CheckpointKind
+from snapflow.checkpointing import CheckpointMode as CheckpointMode
+from snapflow.checkpointing import DeclineReason as DeclineReason
 
 JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 DEFAULT_MAX_PARALLELISM = 128
-
-
-class CheckpointMode(enum.Enum):
-    ALIGNED = "aligned"
-    UNALIGNED = "unaligned"
-    AT_LEAST_ONCE = "at_least_once"
-
-
-class CheckpointKind(enum.Enum):
-    CHECKPOINT = "checkpoint"
-    SAVEPOINT = "savepoint"
-    SAVEPOINT_SUSPEND = "savepoint_suspend"  # stop-with-savepoint
-    SAVEPOINT_TERMINATE = "savepoint_terminate"  # stop-with-savepoint --drain
-
-    @property
-    def is_savepoint(self) -> bool:
-        return self is not CheckpointKind.CHECKPOINT
-
-    @property
-    def is_synchronous(self) -> bool:
-        """Stop-with-savepoint: the job ends once this savepoint completes."""
-        return self in (CheckpointKind.SAVEPOINT_SUSPEND, CheckpointKind.SAVEPOINT_TERMINATE)
 
 
 class CheckpointStatus(enum.Enum):

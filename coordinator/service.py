@@ -12,7 +12,8 @@ import grpc
 
 from snapflow.coordinator import convert
 from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
-from snapflow.coordinator.job_manager import JobManager, JobRunner
+from snapflow.coordinator.job_manager import JobManager
+from snapflow.coordinator.job_runner import JobRunner
 from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey, TaskState
 from snapflow.errors import InvalidArgumentError, SnapflowError
 from snapflow.v1 import common_pb2 as pb
@@ -140,7 +141,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         states = convert.operator_states_from_pb(request.operator_states)
         metrics = convert.metrics_from_pb(request.metrics)
         result = runner.acknowledge(attempt, checkpoint_id, states, metrics, request.input_ended)
-        return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT_TO_PB[result])  # type: ignore[arg-type]
+        return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT_TO_PB[result])
 
     @grpc_errors
     async def AcknowledgeCheckpoints(
@@ -165,7 +166,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
                 code, message = status_for(error)
                 outcomes.append(cpb.AckOutcome(error_code=code.value[0], error_message=message))
             else:
-                outcomes.append(cpb.AckOutcome(result=convert.ACK_RESULT_TO_PB[result]))  # type: ignore[arg-type]
+                outcomes.append(cpb.AckOutcome(result=convert.ACK_RESULT_TO_PB[result]))
         return cpb.AcknowledgeCheckpointsResponse(outcomes=outcomes)
 
     @grpc_errors
@@ -175,7 +176,8 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         runner = self._runner(request.job_id)
         attempt = convert.attempt_from_pb(request.attempt)
         checkpoint_id = convert.checkpoint_id_from_pb(request.checkpoint_id)
-        runner.decline(attempt, checkpoint_id, request.reason, request.message)
+        reason = convert.decline_reason_from_pb(request.reason)
+        runner.decline(attempt, checkpoint_id, reason, request.message)
         return cpb.DeclineCheckpointResponse()
 
     # --- checkpoints (user side) ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Structured logging for every Snapflow process (DESIGN.md section 6).
+"""Structured logging for every Snapflow process (docs/coordinator.md, "Log events").
 
 ``configure_logging`` sets up structlog: context variables merged into every event (bind
 ``job_id``, ``checkpoint_id`` and ``task`` with :func:`bind_job`), the level, an ISO-8601 UTC

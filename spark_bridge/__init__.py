@@ -2,7 +2,7 @@
 
 ::
 
-    from spark_bridge import FixedDelay, Pipeline
+    from snapflow.spark_bridge import FixedDelay, Pipeline
     from snapflow.worker.connectors.file_sink import TransactionalFileSink
     from snapflow.worker.connectors.split_sources import GeneratorSource
 

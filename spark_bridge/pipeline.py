@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark import cloudpickle
 
+from snapflow import wire
+from snapflow.checkpointing import CheckpointMode
 from snapflow.errors import InvalidArgumentError
 from snapflow.spark_bridge.driver import JobHandle, JobResult, run, submit
 from snapflow.spark_bridge.restart import FixedDelay, RestartStrategy
@@ -78,11 +80,8 @@ __all__ = ["CheckpointSettings", "KeyedStream", "Pipeline", "Stream"]
 MAX_PARALLELISM_LIMIT = 32_768  # Flink's bound on key groups (the coordinator's too)
 MIN_INTERVAL_MS = 10  # the coordinator's minimum checkpoint interval and timeout
 
-CHECKPOINT_MODES: dict[str, int] = {
-    "aligned": pb.CHECKPOINT_MODE_ALIGNED,
-    "unaligned": pb.CHECKPOINT_MODE_UNALIGNED,
-    "at_least_once": pb.CHECKPOINT_MODE_AT_LEAST_ONCE,
-}
+CHECKPOINT_MODES = tuple(m.value for m in CheckpointMode)
+"""The ``mode`` names: the values of ``snapflow.checkpointing.CheckpointMode``."""
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
@@ -120,8 +119,8 @@ class CheckpointSettings:
 
     ``interval_ms``: periodic checkpoints (>= 10; required: a bounded job ends with a final
     checkpoint). ``mode``: ``"aligned"`` (exactly once), ``"unaligned"`` (exactly once, barriers
-    overtake in-flight data) or ``"at_least_once"``. ``aligned_timeout_ms``: aligned only,
-    switch a checkpoint to unaligned after this long (0: never). ``timeout_ms``: expire a
+    overtake in-flight data) or ``"at_least_once"``. ``aligned_checkpoint_timeout_ms``: aligned
+    only, switch a checkpoint to unaligned after this long (0: never). ``timeout_ms``: expire a
     checkpoint after this long. ``retained``: completed checkpoints kept. ``storage``: an
     absolute path or ``file://`` URI every executor sees (empty: the coordinator's root).
     """
@@ -129,7 +128,7 @@ class CheckpointSettings:
     interval_ms: int = 1000
     mode: str = "aligned"
     timeout_ms: int = 600_000
-    aligned_timeout_ms: int = 0
+    aligned_checkpoint_timeout_ms: int = 0
     min_pause_ms: int = 0
     max_concurrent: int = 1
     tolerable_failures: int = 0
@@ -139,7 +138,7 @@ class CheckpointSettings:
     def __post_init__(self) -> None:
         _check_int("interval_ms", self.interval_ms, MIN_INTERVAL_MS)
         _check_int("timeout_ms", self.timeout_ms, MIN_INTERVAL_MS)
-        _check_int("aligned_timeout_ms", self.aligned_timeout_ms, 0)
+        _check_int("aligned_checkpoint_timeout_ms", self.aligned_checkpoint_timeout_ms, 0)
         _check_int("min_pause_ms", self.min_pause_ms, 0)
         _check_int("max_concurrent", self.max_concurrent, 1)
         _check_int("tolerable_failures", self.tolerable_failures, 0)
@@ -148,9 +147,9 @@ class CheckpointSettings:
             raise InvalidArgumentError(
                 f"mode must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, got {self.mode!r}"
             )
-        if self.aligned_timeout_ms and self.mode != "aligned":
+        if self.aligned_checkpoint_timeout_ms and self.mode != "aligned":
             raise InvalidArgumentError(
-                f"aligned_timeout_ms applies only to mode 'aligned', not {self.mode!r}"
+                f"aligned_checkpoint_timeout_ms applies only to mode 'aligned', not {self.mode!r}"
             )
         storage = self.storage
         if isinstance(storage, os.PathLike):
@@ -171,8 +170,8 @@ class CheckpointSettings:
             timeout_ms=self.timeout_ms,
             min_pause_ms=self.min_pause_ms,
             max_concurrent=self.max_concurrent,
-            mode=CHECKPOINT_MODES[self.mode],  # type: ignore[arg-type]
-            aligned_checkpoint_timeout_ms=self.aligned_timeout_ms,
+            mode=wire.CHECKPOINT_MODE.to_pb(CheckpointMode(self.mode)),
+            aligned_checkpoint_timeout_ms=self.aligned_checkpoint_timeout_ms,
             tolerable_failures=self.tolerable_failures,
             retained=self.retained,
             storage_uri=self.storage,
@@ -505,7 +504,7 @@ class Pipeline:
         mode: str = "aligned",
         *,
         timeout_ms: int = 600_000,
-        aligned_timeout_ms: int = 0,
+        aligned_checkpoint_timeout_ms: int = 0,
         min_pause_ms: int = 0,
         max_concurrent: int = 1,
         tolerable_failures: int = 0,
@@ -517,7 +516,7 @@ class Pipeline:
             interval_ms=interval_ms,
             mode=mode,
             timeout_ms=timeout_ms,
-            aligned_timeout_ms=aligned_timeout_ms,
+            aligned_checkpoint_timeout_ms=aligned_checkpoint_timeout_ms,
             min_pause_ms=min_pause_ms,
             max_concurrent=max_concurrent,
             tolerable_failures=tolerable_failures,

@@ -1,6 +1,6 @@
 """Restart strategies and the driver loop's decisions: pure (no Spark, no I/O, no clock).
 
-The driver runs a job's whole graph as one barrier-mode Spark stage (DESIGN.md section 2). When
+The driver runs a job's whole graph as one barrier-mode Spark stage (docs/spark_bridge.md). When
 the stage ends, :func:`next_action` decides from what happened (did ``collect()`` return, what
 the coordinator says about the job, how many restarts were made, the restart strategy, whether
 the user cancelled) whether the job is over (:class:`Finish`) or the stage must be submitted

@@ -7,16 +7,19 @@ Sections (add new fixtures to the matching section, or start a new one):
 
 1. Redis: a real ``redis-server`` process for the whole session (``snapflow/redis_server.py``).
 2. Spark: a local ``SparkSession`` for the whole session (tests marked ``spark``).
+3. S3: moto's S3 server on 127.0.0.1 for the whole session, reached through the ``AWS_*``
+   variables (set for this process and the processes it starts); a fresh bucket per test.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kit.s3 import S3Server, create_bucket, s3_server
 
 from snapflow.redis_server import RedisServer
 
@@ -52,30 +55,47 @@ def redis_url(redis_server: RedisServer) -> str:
 def spark() -> Iterator[Any]:
     """A local ``SparkSession`` (``local[4]``) shared by the session; stopped at the end.
 
-    Python workers run this interpreter (``PYSPARK_PYTHON``); the driver binds 127.0.0.1 (no UI,
+    Built by :func:`snapflow.spark_bridge.session.local_session`: Python workers run this
+    interpreter (``PYSPARK_PYTHON``); the driver binds 127.0.0.1 (no UI,
     no console progress bars); a failed barrier stage is not retried by Spark
     (``spark.stage.maxConsecutiveAttempts=1``), so the Spark bridge's driver loop owns retries.
     Tests using it are marked ``@pytest.mark.spark``. No warning filter is needed: with pyspark
     4.3.0 nothing warns at start, during the tests or at stop (checked with ``filterwarnings =
     error`` and under ``python -X dev``); add targeted ones here if a Spark upgrade starts to.
     """
-    for var in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
-        os.environ[var] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from snapflow.spark_bridge.session import local_session
 
-    session = (
-        SparkSession.builder.master("local[4]")
-        .appName("snapflow-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.stage.maxConsecutiveAttempts", "1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("local[4]", "snapflow-tests")
     try:
         yield session
     finally:
         session.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. S3
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """moto's S3 server for the session; ``AWS_*`` point at it while the session runs."""
+    with s3_server() as server:
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield server
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3: S3Server) -> str:
+    """A new, empty bucket on the session's S3 server; its name."""
+    name = f"snapflow-{uuid.uuid4().hex[:12]}"
+    create_bucket(s3, name)
+    return name

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 import structlog
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
+from kit.coordinator import Running, is_serving, running_coordinator, submit, two_vertex_graph
+from kit.polling import wait_until
 
 from snapflow.cli.main import build_parser, format_bytes, main
 from snapflow.logging import configure_logging
@@ -357,22 +357,6 @@ def test_format_bytes() -> None:
 # --- snapflow coordinator ---------------------------------------------------------------------------
 
 
-def _wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while True:
-            assert proc.poll() is None, f"coordinator exited with {proc.returncode}"
-            try:
-                response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if response.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            assert time.monotonic() < deadline, "the coordinator did not become SERVING"
-            time.sleep(0.1)
-
-
 def _list_services(address: str) -> list[str]:
     with grpc.insecure_channel(address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
@@ -421,7 +405,13 @@ def test_coordinator_command_serves_and_stops_gracefully_on_sigterm(
             cwd=tmp_path,
         )
     try:
-        _wait_serving(address, proc)
+        wait_until(
+            lambda: is_serving(address),
+            "the coordinator SERVING",
+            timeout_s=20,
+            interval_s=0.1,
+            procs=[proc],
+        )
         assert "snapflow.v1.CoordinatorService" in _list_services(address)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pyarrow as pa
 import pytest
 import structlog
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kit.coordinator import is_serving
+from kit.polling import wait_until
 from kit.sources import src_ctx as _src_ctx
 from pyspark import cloudpickle
 
@@ -97,14 +97,19 @@ def test_bounded_source_splits_and_watermarks() -> None:
     assert src.current_watermark() == MAX_WATERMARK
 
 
+def _no_sleep(seconds: float) -> None:
+    raise AssertionError(f"the source slept {seconds} s")
+
+
 def test_rate_limit_emits_whole_batches_without_sleeping() -> None:
     src = BidSource(None, rate_per_s=2000)
     src.open(src_ctx(0, 2))  # 1000 bids/s for this subtask, in batches of at least 20 ms worth
     started = time.monotonic()
-    first = src.poll_batch(1 << 20)
+    with pytest.MonkeyPatch.context() as patch:  # an empty batch at once: the source never sleeps
+        patch.setattr(time, "sleep", _no_sleep)
+        first = src.poll_batch(1 << 20)
     assert first is not None and first.num_rows == 0
-    assert time.monotonic() - started < 0.004  # an empty batch at once, no sleep
-    time.sleep(0.12)
+    time.sleep(0.12)  # the rate limit's clock advances: bids come due
     batch = src.poll_batch(1 << 20)
     elapsed = time.monotonic() - started
     assert batch is not None and 100 <= batch.num_rows <= 1000 * elapsed + 1
@@ -128,7 +133,7 @@ def test_source_resumes_exactly_after_restore(tmp_path: Path) -> None:
     again = cloudpickle.loads(cloudpickle.dumps(BidSource(None, batch_size=64, seed=9)))
     again.open(src_ctx(backend=restored, restored=1))
     assert again.splits == [(0, 250, None)]
-    assert [r for _ in range(4) for r in again.poll_batch(64).to_pylist()] == lost  # type: ignore[union-attr]
+    assert [r for _ in range(4) for r in again.poll_batch(64).to_pylist()] == lost
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,30 +329,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_for(
-    what: str, check: Any, procs: list[subprocess.Popen[bytes]], timeout_s: float
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        for proc in procs:
-            assert proc.poll() is None, f"{proc.args[:3]} exited with {proc.returncode} ({what})"
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
-        time.sleep(0.2)
-
-
 def _log_has(path: Path, text: str) -> bool:
     return path.is_file() and text in path.read_text(errors="replace")
-
-
-def _serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=1
-            )
-        except grpc.RpcError:
-            return False
-    return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -402,8 +385,12 @@ def test_demo_on_a_standalone_spark_cluster_with_a_coordinator_service(
              "--port", str(coordinator_port), "--metrics-port", "-1", "--redis-url", redis_url,
              "--storage-root", str(tmp_path / "coordinator-root"), "--log-format", "json"],
         )  # fmt: skip
-        _wait_for(
-            "the master elected", lambda: _log_has(logs["master"], "New state: ALIVE"), procs, 60
+        wait_until(
+            lambda: _log_has(logs["master"], "New state: ALIVE"),
+            "the master elected",
+            timeout_s=60,
+            interval_s=0.2,
+            procs=procs,
         )
         start(
             "worker",
@@ -412,7 +399,13 @@ def test_demo_on_a_standalone_spark_cluster_with_a_coordinator_service(
              "--webui-port", str(_free_port())],
         )  # fmt: skip
         address = f"127.0.0.1:{coordinator_port}"
-        _wait_for("the coordinator serving", lambda: _serving(address), procs, 30)
+        wait_until(
+            lambda: is_serving(address),
+            "the coordinator serving",
+            timeout_s=30,
+            interval_s=0.2,
+            procs=procs,
+        )
         # The demo waits (bounded) for the worker's executor itself: no wait here.
         run = subprocess.run(
             [sys.executable, "-m", "snapflow.cli", "demo", "--coordinator", address,

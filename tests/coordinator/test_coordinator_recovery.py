@@ -11,6 +11,7 @@ import grpc
 import pytest
 import redis
 from kit.coordinator import running_coordinator, submit, two_vertex_graph
+from kit.polling import holds_for_async, wait_until_async
 
 from snapflow.coordinator.model import CheckpointKind, PendingCheckpointRecord
 from snapflow.v1 import common_pb2 as pb
@@ -34,15 +35,6 @@ async def _start_agents(
 async def _stop_all(agents: list[SimulatedAgent]) -> None:
     for agent in agents:
         await agent.stop()
-
-
-async def _wait_for(predicate, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 def test_restart_recovers_jobs_aborts_pending_and_continues_ids(
@@ -172,21 +164,29 @@ def test_savepoint_stop_with_savepoint_and_restore_with_new_parallelism(
                 )
                 assert sp.kind == pb.CHECKPOINT_KIND_SAVEPOINT
                 assert sp.external_path.startswith(target + "/savepoint-" + job_id[:6])
-                await asyncio.sleep(0.1)
                 # an intermediate savepoint does not notify tasks (no side-effect commits)
-                assert all(a.completed == [1] for a in agents)
+                await holds_for_async(
+                    lambda: all(a.completed == [1] for a in agents),
+                    "no task notified of the savepoint",
+                    0.1,
+                )
                 cp = await c.stub.TriggerCheckpoint(
                     cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
                 )
                 assert cp.checkpoint_id == 3
                 # a savepoint survives retention (retained=1) and subsumption
                 assert os.path.exists(os.path.join(sp.external_path, "_metadata"))
-                await _wait_for(lambda: not os.path.exists(os.path.join(root, job_id, "chk-1")))
+                await wait_until_async(
+                    lambda: not os.path.exists(os.path.join(root, job_id, "chk-1")),
+                    "chk-1 deleted",
+                )
                 stop = await c.stub.StopWithSavepoint(
                     cpb.StopWithSavepointRequest(job_id=job_id, target_directory=target), timeout=10
                 )
                 assert stop.kind == pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND
-                await _wait_for(lambda: all(4 in a.completed for a in agents))
+                await wait_until_async(
+                    lambda: all(4 in a.completed for a in agents), "checkpoint 4 notified"
+                )
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await c.stub.TriggerCheckpoint(
                         cpb.TriggerCheckpointRequest(job_id=job_id), timeout=5
@@ -256,11 +256,21 @@ def test_declines_fail_the_job_past_tolerable_failures(redis_url: str, tmp_path:
                         )
                     assert err.value.code() == grpc.StatusCode.ABORTED
                     assert "DECLINED" in (err.value.details() or "")
-                    await asyncio.sleep(0.05)
+
+                    async def in_state(state: int = expected_state) -> bool:
+                        job = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+                        return bool(job.state == state)
+
+                    if expected_state == pb.JOB_STATE_RUNNING:  # below the threshold: it stays up
+                        await holds_for_async(in_state, "the job still RUNNING", 0.05)
+                    else:
+                        await wait_until_async(in_state, f"job {pb.JobState.Name(expected_state)}")
                     info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
                     assert info.state == expected_state
                 assert "tolerable failure threshold" in info.failure
-                await _wait_for(lambda: sum(a.canceled for a in agents) == 4)
+                await wait_until_async(
+                    lambda: sum(a.canceled for a in agents) == 4, "all 4 tasks canceled"
+                )
                 stats = await c.stub.GetCheckpointStats(
                     cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
                 )

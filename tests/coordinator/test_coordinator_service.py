@@ -10,6 +10,7 @@ import grpc
 import pytest
 import redis
 from kit.coordinator import running_coordinator, submit
+from kit.polling import wait_until_async
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -21,15 +22,6 @@ async def _agents(address: str, job_id: str, n: int = 2) -> list[SimulatedAgent]
     for agent in agents:
         await agent.start()
     return agents
-
-
-async def _wait_for(predicate, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 def test_manual_checkpoint_completes_end_to_end(redis_url: str, tmp_path: Path) -> None:
@@ -52,7 +44,9 @@ def test_manual_checkpoint_completes_end_to_end(redis_url: str, tmp_path: Path) 
             assert os.path.exists(os.path.join(summary.external_path, "_metadata"))
             assert summary.external_path == str(tmp_path / "cp" / job_id / "chk-1")
             # triggers went to the agents hosting sources; notifications to all tasks
-            await _wait_for(lambda: all(a.completed == [1] for a in agents))
+            await wait_until_async(
+                lambda: all(a.completed == [1] for a in agents), "checkpoint 1 notified"
+            )
             assert all(a.triggered == [1] for a in agents)
             stats = await c.stub.GetCheckpointStats(
                 cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
@@ -86,7 +80,7 @@ def test_periodic_checkpoints_and_retention(redis_url: str, tmp_path: Path) -> N
             agents = await _agents(c.address, job_id)
             for a in agents:
                 await a.register_all()
-            await _wait_for(lambda: len(agents[0].completed) >= 4)
+            await wait_until_async(lambda: len(agents[0].completed) >= 4, "4 checkpoints completed")
             for a in agents:
                 await a.stop()
             stats = await c.stub.GetCheckpointStats(
@@ -94,12 +88,21 @@ def test_periodic_checkpoints_and_retention(redis_url: str, tmp_path: Path) -> N
             )
             latest = stats.latest_completed.checkpoint_id
             assert latest >= 4
-            await asyncio.sleep(0.2)
-            dirs = sorted(
-                p.name for p in (tmp_path / "cp" / job_id).iterdir() if p.name.startswith("chk-")
-            )
+
             # only the retained completed checkpoints (plus at most one in progress) are on disk
             kept = {f"chk-{i}" for i in range(1, latest + 3)}
+
+            def retained() -> set[str] | None:
+                dirs = {
+                    p.name
+                    for p in (tmp_path / "cp" / job_id).iterdir()
+                    if p.name.startswith("chk-")
+                }
+                return dirs if dirs <= kept and f"chk-{latest - 2}" not in dirs else None
+
+            # subsumed checkpoints are deleted after the completion: wait for that clean-up
+            dirs = await wait_until_async(retained, f"chk-{latest - 2} deleted by retention")
+            assert dirs is not None  # for the type checker: wait_until_async returns a truthy value
             assert set(dirs) <= kept
             assert f"chk-{latest}" in dirs and f"chk-{latest - 1}" in dirs
             assert f"chk-{latest - 2}" not in dirs
@@ -136,19 +139,24 @@ def test_task_failure_aborts_pending_reports_to_watchers_and_restores(
                 )
 
             trigger = asyncio.create_task(trigger_checkpoint())
-            await _wait_for(lambda: 2 in agents[0].triggered)
+            await wait_until_async(lambda: 2 in agents[0].triggered, "checkpoint 2 triggered")
             await agents[1].set_state(pb.TASK_STATE_FAILED, "boom", only=("map", 1))
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await trigger
             assert err.value.code() == grpc.StatusCode.ABORTED
             assert "TASK_FAILURE" in (err.value.details() or "")
-            await _wait_for(lambda: any(e.HasField("task_failed") for e in events))
+            await wait_until_async(
+                lambda: any(e.HasField("task_failed") for e in events), "a task_failed event"
+            )
             failed = next(e for e in events if e.HasField("task_failed"))
             assert (
                 failed.task_failed.attempt.vertex_id == "map"
                 and failed.task_failed.message == "boom"
             )
-            await _wait_for(lambda: any(e.HasField("checkpoint_failed") for e in events))
+            await wait_until_async(
+                lambda: any(e.HasField("checkpoint_failed") for e in events),
+                "a checkpoint_failed event",
+            )
             info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
             assert info.state == pb.JOB_STATE_RESTARTING
             # the failure does not count against tolerable checkpoint failures: the job redeploys

@@ -8,11 +8,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from snapflow.v1 import common_pb2 as pb
-from snapflow.worker.runtime.frames import CheckpointOptions, DataFrame, Frame
+from snapflow.checkpointing import BarrierOptions, CheckpointMode
+from snapflow.worker.runtime.frames import DataFrame, Frame
 
 TIMEOUT_S = 5.0
-UNALIGNED = CheckpointOptions(mode=pb.CHECKPOINT_MODE_UNALIGNED)
+UNALIGNED = BarrierOptions(mode=CheckpointMode.UNALIGNED)
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from snapflow.coordinator.config import load_settings
+from snapflow.coordinator.embedded import local_settings
 from snapflow.coordinator.server import Coordinator
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -19,7 +20,7 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 @dataclass
 class Running:
     coordinator: Coordinator
-    stub: cgrpc.CoordinatorServiceStub
+    stub: cgrpc.CoordinatorServiceAsyncStub
     channel: grpc.aio.Channel
     address: str
 
@@ -28,19 +29,8 @@ class Running:
 async def running_coordinator(
     redis_url: str, storage_root: str, **overrides: Any
 ) -> AsyncIterator[Running]:
-    settings = load_settings(
-        overrides={
-            "host": "127.0.0.1",
-            "port": 0,
-            "metrics_port": -1,
-            "redis_url": redis_url,
-            "storage_root": storage_root,
-            "shutdown_grace_s": 0.5,
-            **overrides,
-        },
-        environ={},
-    )
-    coordinator = Coordinator(settings)
+    # On this test's loop (its objects are reachable), with the settings of an embedded one.
+    coordinator = Coordinator(local_settings(redis_url, storage_root, **overrides))
     await coordinator.start()
     address = f"127.0.0.1:{coordinator.port}"
     channel = grpc.aio.insecure_channel(address)
@@ -79,7 +69,7 @@ def two_vertex_graph(sources: int = 2, maps: int = 2, name: str = "test-job") ->
 
 
 async def submit(
-    stub: cgrpc.CoordinatorServiceStub, graph: pb.JobGraph | None = None, **config: Any
+    stub: cgrpc.CoordinatorServiceAsyncStub, graph: pb.JobGraph | None = None, **config: Any
 ) -> str:
     response = await stub.SubmitJob(
         cpb.SubmitJobRequest(
@@ -88,3 +78,15 @@ async def submit(
         timeout=10,
     )
     return str(response.job.job_id)
+
+
+def is_serving(address: str) -> bool:
+    """Whether the gRPC health service at ``address`` answers SERVING (False while unreachable)."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+    return bool(response.status == health_pb2.HealthCheckResponse.SERVING)

@@ -1,8 +1,12 @@
 """Static checks of docker-compose.yml, the Dockerfile and the container health check.
 
-No Docker engine is needed: the files are parsed and cross-checked against the repository and
-the installed packages (the pyspark version, the ``snapflow`` CLI parser). The health check
-script is run against a real in-process gRPC health server.
+No Docker engine is needed. docker-compose.yml is read with PyYAML (which applies the YAML merge
+keys the file uses, as Compose does) and validated by ``compose-spec``, a spec-compliant Compose
+parser (unknown keys, bad durations, conditions or port syntax fail there); the tests then check
+what matters across files: the services and their dependencies, health checks, the image build
+(the Dockerfile's base and pyspark pin against the installed pyspark), the commands against the
+real ``snapflow`` CLI parser and the coordinator's default settings, and the volumes that must be
+shared. The health check script is run against a real in-process gRPC health server.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import ipaddress
+import json
 import re
 import shlex
 import subprocess
@@ -22,7 +27,10 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from compose_spec import PyCompose
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from snapflow.coordinator.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -37,8 +45,10 @@ EXPECTED_SERVICES = {
     "submitter",
 }
 SPARK_WORKERS = ("spark-worker-1", "spark-worker-2")
-DEFAULT_GRPC_PORT = 50051
-DEFAULT_METRICS_PORT = 9464
+# What the coordinator listens on when its command line names no port.
+_DEFAULTS = load_settings(environ={})
+DEFAULT_GRPC_PORT = _DEFAULTS.port
+DEFAULT_METRICS_PORT = _DEFAULTS.metrics_port
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
 
 
@@ -48,8 +58,13 @@ SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
     assert COMPOSE_FILE.is_file(), f"{COMPOSE_FILE} does not exist"
-    data = yaml.safe_load(COMPOSE_FILE.read_text())
-    assert isinstance(data, dict), "docker-compose.yml must be a mapping"
+    loaded = yaml.safe_load(COMPOSE_FILE.read_text())  # merge keys (<<: *anchor) applied
+    assert isinstance(loaded, dict), "docker-compose.yml must be a mapping"
+    try:
+        # The Compose specification's own validation, on the merged document.
+        data = PyCompose.from_json(json.dumps(loaded)).to_dict()
+    except ValueError as e:
+        raise AssertionError(f"docker-compose.yml is not a valid Compose file: {e}") from None
     assert isinstance(data.get("services"), dict), "docker-compose.yml has no 'services' mapping"
     for name, service in data["services"].items():
         assert isinstance(service, dict), f"service {name!r} is not a mapping"

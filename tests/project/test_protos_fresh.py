@@ -1,8 +1,7 @@
 """The generated code in snapflow/v1 is checked in; it must match protos/ exactly.
 
-The generation command is the one of ``make proto`` (same working directory, include path,
-flags and file arguments); only the output directory differs (a temporary one), and it does
-not appear in the generated code.
+The generation command is the one of ``make proto``: both run protos/generate.py, here into a
+temporary output directory, which does not appear in the generated code.
 """
 
 from __future__ import annotations
@@ -17,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROTO_ROOT = ROOT / "protos"
 PROTO_DIR = PROTO_ROOT / "snapflow" / "v1"
 GENERATED_DIR = ROOT / "snapflow" / "v1"
-# What protoc writes per .proto with --python_out, --pyi_out and --grpc_python_out.
-GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+GENERATE = PROTO_ROOT / "generate.py"
+# What protos/generate.py writes per .proto (its GENERATED_SUFFIXES).
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 STALE_HINT = "run `make proto` and commit the regenerated files in snapflow/v1"
 
 
@@ -38,27 +38,16 @@ def _checked_in_generated() -> set[str]:
 def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """snapflow/v1 regenerated from protos/ into a temporary directory."""
     out = tmp_path_factory.mktemp("protoc")
-    protos = [str(p.relative_to(ROOT)) for p in _protos()]
-    assert protos, f"no .proto files found in {PROTO_DIR}"
+    assert _protos(), f"no .proto files found in {PROTO_DIR}"
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            "-I",
-            "protos",
-            f"--python_out={out}",
-            f"--pyi_out={out}",
-            f"--grpc_python_out={out}",
-            *protos,
-        ],
+        [sys.executable, str(GENERATE), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
     assert result.returncode == 0, (
-        f"grpc_tools.protoc failed (exit {result.returncode}):\n{result.stdout}{result.stderr}"
+        f"protos/generate.py failed (exit {result.returncode}):\n{result.stdout}{result.stderr}"
     )
     return out / "snapflow" / "v1"
 

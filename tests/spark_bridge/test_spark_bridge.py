@@ -15,7 +15,7 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pytest
@@ -41,10 +41,11 @@ from snapflow.spark_bridge.restart import (
     next_action,
 )
 from snapflow.v1 import common_pb2 as pb
+from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.api.windows import TumblingEventTimeWindows
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.runtime.operator import Operator, OperatorContext
+from snapflow.worker.runtime.operator import Operator
 
 # The executors cannot import this test module: ship its classes and functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -61,50 +62,8 @@ def _source() -> GeneratorSource:
     )
 
 
-class CrashOnce(Operator):
-    """Passes batches through; in the deployments ``attempts``, in subtask 0, once a checkpoint
-    completed (if ``after_checkpoint``) and ``after_records`` went through, it kills its Python
-    worker (``os._exit``, as a killed executor would) or raises."""
-
-    _runtime_fields = ("_seen", "_checkpointed")
-
-    def __init__(
-        self,
-        after_records: int,
-        how: str = "exit",
-        attempts: tuple[int, ...] = (1,),
-        after_checkpoint: bool = True,
-    ) -> None:
-        self.after_records = after_records
-        self.how = how
-        self.attempts = attempts
-        self.after_checkpoint = after_checkpoint
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self._seen = 0
-        self._checkpointed = False
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self._checkpointed = True
-
-    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        self._seen += batch.num_rows
-        ctx = self._context()
-        if (
-            ctx.attempt in self.attempts
-            and ctx.subtask_index == 0
-            and (self._checkpointed or not self.after_checkpoint)
-            and self._seen >= self.after_records
-        ):
-            if self.how == "exit":
-                os._exit(1)
-            raise RuntimeError(f"injected failure in deployment {ctx.attempt}")
-        return [batch] if batch.num_rows else []
-
-
 def _pipeline(
-    out: Path, storage: Path, parallelism: int = 2, crash: CrashOnce | None = None
+    out: Path, storage: Path, parallelism: int = 2, crash: FailAt | None = None
 ) -> Pipeline:
     p = Pipeline("keyed-count", parallelism=parallelism, max_parallelism=128)
     events = p.source(_source(), name="events")
@@ -173,9 +132,10 @@ def _key_counts(item: tuple[str, bytes]) -> list[tuple[int, int]]:
 @pytest.mark.spark
 @pytest.mark.parametrize("how", ["exit", "raise"])
 def test_killed_task_resubmits_the_stage_without_loss_or_duplicates(
-    spark: Any, tmp_path: Path, how: str
+    spark: Any, tmp_path: Path, how: Literal["exit", "raise"]
 ) -> None:
-    crash = CrashOnce(after_records=30_000, how=how)  # deployment 1, after a checkpoint
+    # deployment 1, subtask 0, after a checkpoint and 30,000 records
+    crash = FailAt(how=how, after_records=30_000, after_checkpoints=1)
     p = _pipeline(tmp_path / "out", tmp_path / "cp", crash=crash)
     result = p.run(spark, timeout_s=RUN_TIMEOUT_S)
     assert result.state is JobStatus.FINISHED
@@ -197,7 +157,7 @@ def test_progress_line_on_stderr(spark: Any, tmp_path: Path, capfd: Any) -> None
 
 @pytest.mark.spark
 def test_restarts_are_bounded_by_the_restart_strategy(spark: Any, tmp_path: Path) -> None:
-    always = CrashOnce(after_records=0, how="raise", attempts=(1, 2, 3), after_checkpoint=False)
+    always = FailAt(how="raise", attempts=(1, 2, 3))  # every deployment, at once
     p = _pipeline(tmp_path / "out", tmp_path / "cp", crash=always)
     p.restart_strategy(FixedDelay(attempts=1, delay_s=0))
     with pytest.raises(JobFailedError, match="injected failure in deployment 2") as failed:
@@ -294,7 +254,7 @@ def test_exponential_backoff() -> None:
         (lambda: FixedDelay(delay_s=float("nan")), "delay_s"),
         (lambda: ExponentialBackoff(initial_s=2, max_s=1), "max_s"),
         (lambda: ExponentialBackoff(multiplier=0.5), "multiplier"),
-        (lambda: ExponentialBackoff(attempts=True), "attempts"),  # type: ignore[arg-type]
+        (lambda: ExponentialBackoff(attempts=True), "attempts"),
     ],
 )
 def test_restart_strategy_validation(make: Any, message: str) -> None:
@@ -330,9 +290,9 @@ def test_next_action() -> None:
     assert isinstance(odd, Resubmit) and "not FINISHED" in odd.reason
     # Cancelled or failed by the coordinator: over, no restart.
     assert (
-        next_action(_outcome(False, JobStatus.CANCELED), restarts_done=0, strategy=fixed).status
+        next_action(_outcome(False, JobStatus.CANCELED), restarts_done=0, strategy=fixed).status  # type: ignore[union-attr]
         is JobStatus.CANCELED
-    )  # type: ignore[union-attr]
+    )
     assert next_action(
         _outcome(False, JobStatus.RESTARTING),
         restarts_done=0,
@@ -485,17 +445,20 @@ def _runnable(p: Pipeline) -> Any:
         (lambda: _runnable(Pipeline("x")).map(42), "callable"),
         (lambda: _runnable(Pipeline("x")).key_by(""), "key_by"),
         (lambda: _runnable(Pipeline("x")).key_by("k", parallelism=-1), "parallelism"),
-        (lambda: _runnable(Pipeline("x")).sink("out"), "sink needs"),  # type: ignore[arg-type]
-        (lambda: _runnable(Pipeline("x")).transform(lambda b: b), "transform needs"),  # type: ignore[arg-type]
+        (lambda: _runnable(Pipeline("x")).sink("out"), "sink needs"),
+        (lambda: _runnable(Pipeline("x")).transform(lambda b: b), "transform needs"),
         (lambda: Pipeline("x").checkpointing(interval_ms=0), "interval_ms"),
         (lambda: Pipeline("x").checkpointing(interval_ms=1.5), "interval_ms"),  # type: ignore[arg-type]
         (lambda: Pipeline("x").checkpointing(mode="exactly_once"), "mode"),
-        (lambda: Pipeline("x").checkpointing(mode="unaligned", aligned_timeout_ms=5), "aligned"),
+        (
+            lambda: Pipeline("x").checkpointing(mode="unaligned", aligned_checkpoint_timeout_ms=5),
+            "aligned",
+        ),
         (lambda: Pipeline("x").checkpointing(retained=0), "retained"),
         (lambda: Pipeline("x").checkpointing(storage="s3://bucket/cp"), "storage"),
         (lambda: Pipeline("x").restart_strategy("fixed"), "restart_strategy"),  # type: ignore[arg-type]
         (lambda: _runnable(Pipeline("x")).key_by("k").reduce("v", agg="median"), "agg"),
-        (lambda: _runnable(Pipeline("x")).key_by("k").window(42, "ts", "v"), "window assigner"),  # type: ignore[arg-type]
+        (lambda: _runnable(Pipeline("x")).key_by("k").window(42, "ts", "v"), "window assigner"),
         (lambda: RunOptions(executor_log_level="loud"), "executor_log_level"),
         (lambda: RunOptions(job_id="nope"), "job_id"),
         (lambda: RunOptions(settle_timeout_s=0), "settle_timeout_s"),

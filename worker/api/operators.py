@@ -465,23 +465,23 @@ class KeyedContext:
         return state
 
     def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
-        return self._cached("value", name, lambda n: self._backend.get_value_state(n, default))  # type: ignore[no-any-return]
+        return self._cached("value", name, lambda n: self._backend.get_value_state(n, default))
 
     def get_list_state(self, name: str) -> ListState[Any]:
-        return self._cached("list", name, self._backend.get_list_state)  # type: ignore[no-any-return]
+        return self._cached("list", name, self._backend.get_list_state)
 
     def get_map_state(self, name: str) -> MapState:
-        return self._cached("map", name, self._backend.get_map_state)  # type: ignore[no-any-return]
+        return self._cached("map", name, self._backend.get_map_state)
 
     def get_reducing_state(
         self, name: str, reduce_fn: Callable[[Any, Any], Any]
     ) -> ReducingState[Any]:
-        return self._cached(  # type: ignore[no-any-return]
+        return self._cached(
             "reducing", name, lambda n: self._backend.get_reducing_state(n, reduce_fn)
         )
 
     def get_aggregating_state(self, name: str, fn: AggregateFunction) -> AggregatingState[Any]:
-        return self._cached(  # type: ignore[no-any-return]
+        return self._cached(
             "aggregating",
             name,
             lambda n: self._backend.get_aggregating_state(

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
+from snapflow.durable_files import fsync_dir
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.worker.connectors.two_phase_commit import SinkCommitError, TwoPhaseCommitSink
 from snapflow.worker.runtime.operator import OperatorContext
@@ -48,15 +49,6 @@ _PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)(?:-([0-9a-f]+))?\.arrow$")
 
 
 STAGING_DIR = "_staging"
-
-
-def _fsync_dir(path: str) -> None:
-    with suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
@@ -139,7 +131,7 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
             os.fsync(f.fileno())
         finally:
             f.close()
-        _fsync_dir(self._staging)
+        fsync_dir(self._staging)
         txn.part_name = (
             f"part-{txn.subtask}-{txn.checkpoint_id}-{txn.seq}-{txn.token}{self.file_suffix}"
         )
@@ -162,7 +154,7 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
                 f"{staging} nor the committed file {target} exists"
             )
         os.rename(staging, target)
-        _fsync_dir(self._dir)
+        fsync_dir(self._dir)
 
     def abort(self, txn: FileTransaction) -> None:
         entry = self._writers.pop(txn.staging_name, None)

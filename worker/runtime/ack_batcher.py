@@ -34,7 +34,7 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 class AckBatcher:
     def __init__(
         self,
-        stub: cgrpc.CoordinatorServiceStub,
+        stub: cgrpc.CoordinatorServiceAsyncStub,
         linger_s: float = DEFAULT_LINGER_S,
         max_batch: int = DEFAULT_MAX_BATCH,
         timeout_s: float = 10.0,

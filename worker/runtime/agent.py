@@ -27,19 +27,19 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import structlog
 from pyspark import cloudpickle
 
+from snapflow import wire
+from snapflow.checkpointing import CheckpointMode, DeclineReason
 from snapflow.errors import FailedPreconditionError, SnapflowError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from snapflow.worker.runtime import barriers as b
 from snapflow.worker.runtime.ack_batcher import AckBatcher
 from snapflow.worker.runtime.channels import InputChannel, InputGate, LocalChannel, OutputChannel
 from snapflow.worker.runtime.exchange import (
@@ -58,8 +58,8 @@ from snapflow.worker.runtime.partitioners import (
     RebalancePartitioner,
 )
 from snapflow.worker.runtime.task import (
-    _KIND_FROM_PB,
-    _MODE_FROM_PB,
+    AckFn,
+    DeclineFn,
     OutputEdge,
     RestoreData,
     SnapshotReport,
@@ -71,14 +71,6 @@ log = structlog.get_logger("snapflow.worker")
 DEPLOY_TIMEOUT_S = 60.0
 RPC_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-_DECLINE_REASONS = {
-    "SNAPSHOT_FAILED": cpb.DECLINE_REASON_SNAPSHOT_FAILED,
-    "SUBSUMED": cpb.DECLINE_REASON_SUBSUMED,
-    "ALIGNMENT_CANCELED": cpb.DECLINE_REASON_ALIGNMENT_CANCELED,
-    "TASK_NOT_READY": cpb.DECLINE_REASON_TASK_NOT_READY,
-    "IO_ERROR": cpb.DECLINE_REASON_IO_ERROR,
-}
 
 
 @dataclass
@@ -146,7 +138,7 @@ class Agent:
         self.hosted: dict[tuple[str, int], _Hosted] = {}
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
-        self._stub: cgrpc.CoordinatorServiceStub | None = None
+        self._stub: cgrpc.CoordinatorServiceAsyncStub | None = None
         self._batcher: AckBatcher | None = None
         self._peer_channels: dict[str, grpc.aio.Channel] = {}
         self._log = log.bind(job_id=job_id, slot=slot)
@@ -181,7 +173,7 @@ class Agent:
             await self._channel.close(grace=None)
 
     @property
-    def stub(self) -> cgrpc.CoordinatorServiceStub:
+    def stub(self) -> cgrpc.CoordinatorServiceAsyncStub:
         assert self._stub is not None, "start() first"
         return self._stub
 
@@ -207,7 +199,8 @@ class Agent:
             timeout=RPC_TIMEOUT_S,
         )
         graph = info.graph
-        mode = _MODE_FROM_PB.get(info.checkpoint_config.mode, b.AlignmentMode.ALIGNED)
+        # As before the shared vocabulary: a mode this worker does not know runs aligned.
+        mode = wire.CHECKPOINT_MODE.from_pb_or(info.checkpoint_config.mode, CheckpointMode.ALIGNED)
         vertices = {v.vertex_id: v for v in graph.vertices}
         for v in graph.vertices:
             for i in range(v.parallelism):
@@ -400,7 +393,7 @@ class Agent:
 
     # --- checkpoint messages to the coordinator ------------------------------------------------
 
-    def _ack_fn(self, attempt: pb.TaskAttempt) -> Any:
+    def _ack_fn(self, attempt: pb.TaskAttempt) -> AckFn:
         async def ack(report: SnapshotReport) -> None:
             request = cpb.AcknowledgeCheckpointRequest(
                 job_id=self.job_id,
@@ -446,15 +439,15 @@ class Agent:
 
         return ack
 
-    def _decline_fn(self, attempt: pb.TaskAttempt) -> Any:
-        async def decline(checkpoint_id: int, reason: str, message: str) -> None:
+    def _decline_fn(self, attempt: pb.TaskAttempt) -> DeclineFn:
+        async def decline(checkpoint_id: int, reason: DeclineReason, message: str) -> None:
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.stub.DeclineCheckpoint(
                     cpb.DeclineCheckpointRequest(
                         job_id=self.job_id,
                         attempt=attempt,
                         checkpoint_id=checkpoint_id,
-                        reason=_DECLINE_REASONS.get(reason, cpb.DECLINE_REASON_SNAPSHOT_FAILED),  # type: ignore[arg-type]
+                        reason=wire.DECLINE_REASON.to_pb(reason),
                         message=message,
                     ),
                     timeout=RPC_TIMEOUT_S,
@@ -493,13 +486,7 @@ class _ControlServicer(wgrpc.WorkerControlServiceServicer):
         self, request: wpb.TriggerTaskCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerAck:
         await self._check_epoch(request.coordinator_epoch, context)
-        o = request.options
-        options = b.BarrierOptions(
-            kind=_KIND_FROM_PB.get(o.kind, b.SnapshotKind.CHECKPOINT),
-            mode=_MODE_FROM_PB.get(o.mode, b.AlignmentMode.ALIGNED),
-            aligned_timeout_ms=o.aligned_checkpoint_timeout_ms,
-            target_location=o.target_location,
-        )
+        options = wire.barrier_options_from_pb(request.options)
         for task in self.agent._tasks_for(request.tasks):
             task.trigger(request.checkpoint_id, request.timestamp_ms, options)
         return wpb.WorkerAck()

@@ -19,12 +19,16 @@ included); ``ALIGNED`` or ``UNALIGNED`` -> ``SingleCheckpointBarrierHandler``, w
 checkpoint from the options of the checkpoint's first barrier:
 
 * ``mode=UNALIGNED``: unaligned.
-* ``mode=ALIGNED`` with ``aligned_timeout_ms > 0``, not a savepoint: aligned with timeout.
+* ``mode=ALIGNED`` with ``aligned_checkpoint_timeout_ms > 0``, not a savepoint: aligned with
+  timeout.
 * otherwise aligned. **A savepoint never times out to unaligned**, whatever its
-  ``aligned_timeout_ms``. (The coordinator always sends savepoints ``ALIGNED``; a barrier that
-  says ``UNALIGNED`` is handled unaligned whatever its kind, because the channel layer has
-  already delivered it as a priority frame, ahead of data it overtook, which an aligned
-  snapshot would lose.)
+  ``aligned_checkpoint_timeout_ms``. (The coordinator always sends savepoints ``ALIGNED``; a
+  barrier that says ``UNALIGNED`` is handled unaligned whatever its kind, because the channel
+  layer has already delivered it as a priority frame, ahead of data it overtook, which an
+  aligned snapshot would lose.)
+
+``BarrierOptions``, ``CheckpointMode`` and ``CheckpointKind`` are the shared checkpoint
+vocabulary of ``snapflow.checkpointing``.
 
 An ``AT_LEAST_ONCE`` barrier on a ``SingleCheckpointBarrierHandler`` and an ``UNALIGNED``
 barrier on an ``AtLeastOnceBarrierTracker`` raise ``ValueError``: the job's mode is fixed and
@@ -60,11 +64,11 @@ Behaviours of ``SingleCheckpointBarrierHandler`` (at most one checkpoint in prog
    ``PersistOvertakenData(d, n)`` (if the barrier is unaligned) and ``StopPersistingChannel(d,
    n)``; once every open channel has delivered barrier n (or ended),
    ``CheckpointCompleteOnInput(n)``. Channels are never blocked in unaligned mode.
-6. Aligned with timeout: aligned, with a deadline ``barrier.timestamp_ms + aligned_timeout_ms``
-   (``next_deadline_ms()``). The deadline is checked when a barrier of the checkpoint arrives
-   and in ``on_timer``; when ``now_ms >= deadline`` (at the deadline itself, so that a timer set
-   for ``next_deadline_ms()`` acts) and the alignment is still incomplete, the
-   checkpoint switches to unaligned: ``SwitchToUnaligned(n)``, ``TriggerSnapshot(n,
+6. Aligned with timeout: aligned, with a deadline ``barrier.timestamp_ms +
+   aligned_checkpoint_timeout_ms`` (``next_deadline_ms()``). The deadline is checked when a
+   barrier of the checkpoint arrives and in ``on_timer``; when ``now_ms >= deadline`` (at the
+   deadline itself, so that a timer set for ``next_deadline_ms()`` acts) and the alignment is
+   still incomplete, the checkpoint switches to unaligned: ``SwitchToUnaligned(n)``, ``TriggerSnapshot(n,
    unaligned=True, alignment_duration_ms=now - first barrier arrival)`` (its ``options`` have
    ``mode=UNALIGNED``, so the barrier forwarded downstream is unaligned, like Flink's
    ``asUnaligned()``), ``StartPersistingChannel`` for every open channel still missing barrier n,
@@ -135,8 +139,8 @@ or ``AbortCheckpoint``; ``CheckpointCompleteOnInput(n)`` always follows ``Trigge
   channel state of n is complete, so the snapshot of n can be finished and acknowledged.
 * ``AbortCheckpoint(n, reason)``: stop everything for n (persisting included) and discard what
   was written for it; emit a cancel marker for n on every output; decline n to the coordinator
-  (``SUBSUMED`` and ``TOO_MANY_PENDING`` -> ``DECLINE_REASON_SUBSUMED``, ``CANCELED_BY_MARKER``
-  -> ``DECLINE_REASON_ALIGNMENT_CANCELED``).
+  with ``reason.decline_reason`` (``SUBSUMED`` and ``TOO_MANY_PENDING`` -> ``SUBSUMED``,
+  ``CANCELED_BY_MARKER`` -> ``ALIGNMENT_CANCELED``).
 
 Timers: after every call, ``next_deadline_ms()`` says when ``on_timer`` next has something to do
 (None: nothing); calling ``on_timer`` earlier or more often is harmless.
@@ -148,32 +152,15 @@ import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 
+from snapflow.checkpointing import BarrierOptions, CheckpointMode, DeclineReason
+
 DEFAULT_MAX_PENDING_CHECKPOINTS = 50
 """How many checkpoint ids the at-least-once tracker follows at once (Flink tracks 50)."""
 
 
-class AlignmentMode(enum.Enum):
-    """How a checkpoint's barriers are handled (values match ``CheckpointMode``'s)."""
+class BarrierAbortReason(enum.Enum):
+    """Why the barrier handler gave up on a checkpoint (the task declines it)."""
 
-    ALIGNED = "aligned"
-    UNALIGNED = "unaligned"
-    AT_LEAST_ONCE = "at_least_once"
-
-
-class SnapshotKind(enum.Enum):
-    """What a barrier snapshots (values match ``CheckpointKind``'s)."""
-
-    CHECKPOINT = "checkpoint"
-    SAVEPOINT = "savepoint"
-    SAVEPOINT_SUSPEND = "savepoint_suspend"
-    SAVEPOINT_TERMINATE = "savepoint_terminate"
-
-    @property
-    def is_savepoint(self) -> bool:
-        return self is not SnapshotKind.CHECKPOINT
-
-
-class AbortReason(enum.Enum):
     SUBSUMED = "subsumed"
     """A newer checkpoint's barrier (or, at least once, its completion) superseded it."""
     CANCELED_BY_MARKER = "canceled_by_marker"
@@ -181,30 +168,12 @@ class AbortReason(enum.Enum):
     TOO_MANY_PENDING = "too_many_pending"
     """At least once: more checkpoints were in flight than the tracker follows."""
 
-
-@dataclass(frozen=True)
-class BarrierOptions:
-    kind: SnapshotKind = SnapshotKind.CHECKPOINT
-    mode: AlignmentMode = AlignmentMode.ALIGNED
-    aligned_timeout_ms: int = 0
-    """ALIGNED checkpoints only: switch to unaligned this long after the barrier's creation;
-    0 = never."""
-    target_location: str = ""
-    """Passed through to the snapshot (where it is written)."""
-
     @property
-    def is_unaligned(self) -> bool:
-        """An unaligned barrier: a priority frame on the wire (``snapflow.worker.runtime.frames.is_priority``)."""
-        return self.mode is AlignmentMode.UNALIGNED
-
-    @property
-    def is_timeoutable(self) -> bool:
-        """Aligned, switching to unaligned after ``aligned_timeout_ms``."""
-        return (
-            self.mode is AlignmentMode.ALIGNED
-            and self.aligned_timeout_ms > 0
-            and not self.kind.is_savepoint
-        )
+    def decline_reason(self) -> DeclineReason:
+        """What the task tells the coordinator: none of these counts as a checkpoint failure."""
+        if self is BarrierAbortReason.CANCELED_BY_MARKER:
+            return DeclineReason.ALIGNMENT_CANCELED
+        return DeclineReason.SUBSUMED
 
 
 @dataclass(frozen=True)
@@ -212,7 +181,7 @@ class Barrier:
     checkpoint_id: int
     timestamp_ms: int
     """When the coordinator triggered the checkpoint (wall clock, epoch ms)."""
-    options: BarrierOptions = BarrierOptions()
+    options: BarrierOptions = field(default_factory=BarrierOptions)
 
 
 # --- actions -----------------------------------------------------------------------------
@@ -268,7 +237,7 @@ class SwitchToUnaligned:
 @dataclass(frozen=True)
 class AbortCheckpoint:
     checkpoint_id: int
-    reason: AbortReason
+    reason: BarrierAbortReason
 
 
 @dataclass(frozen=True)
@@ -448,7 +417,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
 
     def on_barrier(self, channel: int, barrier: Barrier, now_ms: int) -> list[Action]:
         self._check_channel(channel)
-        if barrier.options.mode is AlignmentMode.AT_LEAST_ONCE:
+        if barrier.options.mode is CheckpointMode.AT_LEAST_ONCE:
             raise ValueError(
                 "an AT_LEAST_ONCE barrier reached an exactly-once input gate; an at-least-once "
                 "job uses AtLeastOnceBarrierTracker (create_barrier_handler)"
@@ -459,7 +428,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
         if cid < self._current_id or (cid == self._current_id and self._pending is None):
             return []  # older, completed or aborted
         if cid > self._current_id:
-            actions = self._abort_pending(AbortReason.SUBSUMED)
+            actions = self._abort_pending(BarrierAbortReason.SUBSUMED)
             self._current_id = cid
             return actions + self._start(channel, barrier, now_ms)
         p = self._pending
@@ -490,11 +459,11 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
         if channel not in self._open:
             return []
         if checkpoint_id > self._current_id:
-            actions = self._abort_pending(AbortReason.SUBSUMED)
+            actions = self._abort_pending(BarrierAbortReason.SUBSUMED)
             self._current_id = self._last_ended_id = checkpoint_id
-            return [*actions, AbortCheckpoint(checkpoint_id, AbortReason.CANCELED_BY_MARKER)]
+            return [*actions, AbortCheckpoint(checkpoint_id, BarrierAbortReason.CANCELED_BY_MARKER)]
         if checkpoint_id == self._current_id:
-            return self._abort_pending(AbortReason.CANCELED_BY_MARKER)
+            return self._abort_pending(BarrierAbortReason.CANCELED_BY_MARKER)
         return []
 
     def on_end_of_partition(self, channel: int, now_ms: int) -> list[Action]:
@@ -529,7 +498,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
     def _start(self, channel: int, barrier: Barrier, now_ms: int) -> list[Action]:
         options = barrier.options
         cid = barrier.checkpoint_id
-        deadline = barrier.timestamp_ms + options.aligned_timeout_ms
+        deadline = barrier.timestamp_ms + options.aligned_checkpoint_timeout_ms
         p = _Alignment(
             barrier=barrier,
             first_arrival_ms=now_ms,
@@ -607,7 +576,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
         assert p is not None and not p.unaligned
         p.unaligned = True
         p.deadline_ms = None
-        options = replace(p.barrier.options, mode=AlignmentMode.UNALIGNED)
+        options = replace(p.barrier.options, mode=CheckpointMode.UNALIGNED)
         trigger = TriggerSnapshot(
             p.checkpoint_id,
             p.barrier.timestamp_ms,
@@ -636,7 +605,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
         self._end_pending()
         return [CheckpointCompleteOnInput(p.checkpoint_id)]
 
-    def _abort_pending(self, reason: AbortReason) -> list[Action]:
+    def _abort_pending(self, reason: BarrierAbortReason) -> list[Action]:
         if self._pending is None:
             return []
         abort = AbortCheckpoint(self._pending.checkpoint_id, reason)
@@ -722,7 +691,7 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
         actions: list[Action] = []
         if not t.aborted:
             t.aborted = True
-            actions.append(AbortCheckpoint(checkpoint_id, AbortReason.CANCELED_BY_MARKER))
+            actions.append(AbortCheckpoint(checkpoint_id, BarrierAbortReason.CANCELED_BY_MARKER))
         t.arrived.add(channel)
         return actions + self._settle(now_ms) + self._evict()
 
@@ -748,7 +717,7 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
             if t.aborted:
                 continue
             if cid not in complete:
-                actions.append(AbortCheckpoint(cid, AbortReason.SUBSUMED))
+                actions.append(AbortCheckpoint(cid, BarrierAbortReason.SUBSUMED))
                 continue
             assert t.barrier is not None
             actions.append(
@@ -770,16 +739,16 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
             oldest = next(iter(self._pending))
             t = self._pending.pop(oldest)
             if not t.aborted:
-                actions.append(AbortCheckpoint(oldest, AbortReason.TOO_MANY_PENDING))
+                actions.append(AbortCheckpoint(oldest, BarrierAbortReason.TOO_MANY_PENDING))
         return actions
 
 
 def create_barrier_handler(
-    mode: AlignmentMode,
+    mode: CheckpointMode,
     num_channels: int,
     max_pending: int = DEFAULT_MAX_PENDING_CHECKPOINTS,
 ) -> BarrierHandler:
     """The barrier handler of an input gate for a job whose checkpointing mode is ``mode``."""
-    if mode is AlignmentMode.AT_LEAST_ONCE:
+    if mode is CheckpointMode.AT_LEAST_ONCE:
         return AtLeastOnceBarrierTracker(num_channels, max_pending)
     return SingleCheckpointBarrierHandler(num_channels)

@@ -49,7 +49,7 @@ What unaligned checkpoints may rely on
   of that channel. Channels whose barrier has not arrived yet hold pre-barrier data only up to
   their barrier; ``persist_queued(i, until_checkpoint=n)`` stops at the first queued barrier
   ``>= n`` (used when an aligned checkpoint times out and switches to unaligned).
-- Aligned checkpoints with a timeout (DESIGN.md 4.6): ``OutputChannel.convert_to_unaligned(n)``
+- Aligned checkpoints with a timeout (docs/worker.md): ``OutputChannel.convert_to_unaligned(n)``
   turns the still-queued aligned barrier n into an unaligned one that overtakes the queue, and
   returns the data it overtook (the frames that were ahead of it); None when the barrier was
   already handed over. On the input side the queued barrier stays in place and
@@ -73,8 +73,8 @@ from typing import Any
 
 import grpc
 
+from snapflow.checkpointing import CheckpointMode
 from snapflow.errors import SnapflowError
-from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     DataFrame,
@@ -256,7 +256,7 @@ class OutputChannel:
                 break
             index += 1
         overtaken = [f for f, _ in islice(queue, index, position) if type(f) is DataFrame]
-        options = replace(barrier.options, mode=pb.CHECKPOINT_MODE_UNALIGNED)
+        options = replace(barrier.options, mode=CheckpointMode.UNALIGNED)
         (entry,) = self._prepare(replace(barrier, options=options))
         queue.insert(index, entry)
         self._kick()

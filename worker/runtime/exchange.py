@@ -80,7 +80,8 @@ ENVELOPE_BYTES = 1024
 
 DEFAULT_OPEN_TIMEOUT_S = 10.0
 
-_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from the grpc stubs
+# Any: the stubs type a stream read as `object | Response`, so comparing with EOF cannot narrow.
+_EOF: Any = grpc.aio.EOF
 
 
 def exchange_grpc_options(
@@ -375,7 +376,7 @@ class RemoteOutputChannel(OutputChannel):
 
     def __init__(
         self,
-        stub: wgrpc.DataExchangeServiceStub,
+        stub: wgrpc.DataExchangeServiceAsyncStub,
         channel_id: wpb.ChannelId,
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -397,7 +398,7 @@ class RemoteOutputChannel(OutputChannel):
     @classmethod
     async def connect(
         cls,
-        stub: wgrpc.DataExchangeServiceStub,
+        stub: wgrpc.DataExchangeServiceAsyncStub,
         channel_id: wpb.ChannelId,
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -436,6 +437,7 @@ class RemoteOutputChannel(OutputChannel):
         if grant is _EOF:
             call.cancel()
             raise ChannelFailedError(f"channel {self.name}: consumer ended the stream at open")
+        assert isinstance(grant, wpb.CreditGrant)  # for the type checker: not EOF, so a grant
         self._credits = grant.credits
         self.initial_credit = grant.credits
         self._writer = asyncio.create_task(self._write_frames(), name=f"exchange-w {self.name}")

@@ -1,6 +1,6 @@
 """The frames a data channel carries, in memory and on the wire.
 
-A channel carries one ordered stream of frames (DESIGN.md section 4): data batches
+A channel carries one ordered stream of frames (docs/worker.md): data batches
 (:class:`DataFrame`, one ``pyarrow.RecordBatch``) and events (:class:`BarrierFrame`,
 :class:`CancelMarkerFrame`, :class:`EndOfPartitionFrame`, :class:`WatermarkFrame`,
 :class:`LatencyMarkerFrame`). In-process channels hand these objects over as they are; the gRPC
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from snapflow.checkpointing import BarrierOptions
 from snapflow.errors import InvalidArgumentError
-from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb
+from snapflow.wire import barrier_options_from_pb, barrier_options_to_pb
 
 __all__ = [
     "BarrierFrame",
     "CancelMarkerFrame",
-    "CheckpointOptions",
     "DataFrame",
     "EndOfPartitionFrame",
     "Frame",
@@ -77,38 +77,12 @@ class DataFrame:
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointOptions:
-    """What a barrier asks for (mirror of ``snapflow.v1.CheckpointOptions``).
-
-    ``kind`` is a ``CheckpointKind`` and ``mode`` a ``CheckpointMode`` value from
-    ``snapflow.v1.common_pb2``; UNSPECIFIED mode is treated as ALIGNED.
-    """
-
-    kind: int = pb.CHECKPOINT_KIND_CHECKPOINT
-    mode: int = pb.CHECKPOINT_MODE_ALIGNED
-    aligned_timeout_ms: int = 0
-    target_location: str = ""
-
-    @property
-    def unaligned(self) -> bool:
-        return self.mode == pb.CHECKPOINT_MODE_UNALIGNED
-
-    @property
-    def is_savepoint(self) -> bool:
-        return self.kind in (
-            pb.CHECKPOINT_KIND_SAVEPOINT,
-            pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND,
-            pb.CHECKPOINT_KIND_SAVEPOINT_TERMINATE,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class BarrierFrame:
     """Checkpoint barrier n. Unaligned barriers are priority frames."""
 
     checkpoint_id: int
     timestamp_ms: int
-    options: CheckpointOptions = field(default_factory=CheckpointOptions)
+    options: BarrierOptions = field(default_factory=BarrierOptions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +129,7 @@ def is_priority(frame: Frame) -> bool:
     """True for frames that overtake queued data: unaligned barriers and cancel markers."""
     tp = type(frame)
     if tp is BarrierFrame:
-        return frame.options.mode == pb.CHECKPOINT_MODE_UNALIGNED  # type: ignore[union-attr]
+        return frame.options.is_unaligned  # type: ignore[union-attr]
     return tp is CancelMarkerFrame
 
 
@@ -217,23 +191,6 @@ def encode_batch_chunks(
 # ---------------------------------------------------------------------------------------------
 
 
-def options_to_proto(options: CheckpointOptions, out: pb.CheckpointOptions) -> None:
-    out.kind = options.kind  # type: ignore[assignment]
-    out.mode = options.mode  # type: ignore[assignment]
-    out.aligned_checkpoint_timeout_ms = options.aligned_timeout_ms
-    out.target_location = options.target_location
-
-
-def options_from_proto(msg: pb.CheckpointOptions) -> CheckpointOptions:
-    mode = msg.mode or pb.CHECKPOINT_MODE_ALIGNED
-    return CheckpointOptions(
-        kind=msg.kind or pb.CHECKPOINT_KIND_CHECKPOINT,
-        mode=mode,
-        aligned_timeout_ms=msg.aligned_checkpoint_timeout_ms,
-        target_location=msg.target_location,
-    )
-
-
 def frame_to_proto(
     frame: Frame, out: wpb.Frame | None = None, payload: bytes | None = None
 ) -> wpb.Frame:
@@ -255,7 +212,7 @@ def frame_to_proto(
         assert isinstance(frame, BarrierFrame)
         out.barrier.checkpoint_id = frame.checkpoint_id
         out.barrier.timestamp_ms = frame.timestamp_ms
-        options_to_proto(frame.options, out.barrier.options)
+        barrier_options_to_pb(frame.options, out.barrier.options)
     elif tp is CancelMarkerFrame:
         assert isinstance(frame, CancelMarkerFrame)
         out.cancel_marker.checkpoint_id = frame.checkpoint_id
@@ -289,7 +246,7 @@ def frame_from_proto(msg: wpb.Frame) -> Frame:
         return DataFrame(batch)
     if which == "barrier":
         b = msg.barrier
-        return BarrierFrame(b.checkpoint_id, b.timestamp_ms, options_from_proto(b.options))
+        return BarrierFrame(b.checkpoint_id, b.timestamp_ms, barrier_options_from_pb(b.options))
     if which == "cancel_marker":
         return CancelMarkerFrame(msg.cancel_marker.checkpoint_id)
     if which == "end_of_partition":

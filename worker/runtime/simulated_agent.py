@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from snapflow import wire
+from snapflow.checkpointing import DeclineReason
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -54,7 +56,7 @@ class SimulatedAgent:
     """checkpoint id -> ``time.perf_counter()`` when this agent sent its last ack for it."""
     _server: grpc.aio.Server | None = None
     _channel: grpc.aio.Channel | None = None
-    _stub: cgrpc.CoordinatorServiceStub | None = None
+    _stub: cgrpc.CoordinatorServiceAsyncStub | None = None
     _acks: set[asyncio.Task[None]] = field(default_factory=set)
     batch_acks: bool = True
     """Send acks through the agent's ``AckBatcher`` (False: one unary RPC per subtask ack)."""
@@ -71,7 +73,7 @@ class SimulatedAgent:
         self._batcher = AckBatcher(self._stub)
 
     @property
-    def stub(self) -> cgrpc.CoordinatorServiceStub:
+    def stub(self) -> cgrpc.CoordinatorServiceAsyncStub:
         assert self._stub is not None, "start() first"
         return self._stub
 
@@ -138,7 +140,7 @@ class SimulatedAgent:
                     job_id=self.job_id,
                     attempt=attempt,
                     checkpoint_id=request.checkpoint_id,
-                    reason=cpb.DECLINE_REASON_SNAPSHOT_FAILED,
+                    reason=wire.DECLINE_REASON.to_pb(DeclineReason.SNAPSHOT_FAILED),
                     message="simulated snapshot failure",
                 ),
                 timeout=10,

@@ -32,21 +32,21 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Never, NoReturn
 
 import pyarrow as pa
 import structlog
 
+from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
 from snapflow.event_time import MAX_WATERMARK
-from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.runtime import barriers as b
 from snapflow.worker.runtime.channels import InputGate, OutputChannel
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
-    CheckpointOptions,
     DataFrame,
     EndOfPartitionFrame,
+    Frame,
     LatencyMarkerFrame,
     WatermarkFrame,
 )
@@ -65,50 +65,10 @@ BACKPRESSURE_POLL_S = 0.005  # how often a task blocked on output looks for prio
 CHANNEL_INPUT = "channel_input"
 CHANNEL_OUTPUT = "channel_output"
 
-_MODE_FROM_PB: dict[int, b.AlignmentMode] = {
-    pb.CHECKPOINT_MODE_UNSPECIFIED: b.AlignmentMode.ALIGNED,
-    pb.CHECKPOINT_MODE_ALIGNED: b.AlignmentMode.ALIGNED,
-    pb.CHECKPOINT_MODE_UNALIGNED: b.AlignmentMode.UNALIGNED,
-    pb.CHECKPOINT_MODE_AT_LEAST_ONCE: b.AlignmentMode.AT_LEAST_ONCE,
-}
-_MODE_TO_PB = {v: k for k, v in _MODE_FROM_PB.items() if k != pb.CHECKPOINT_MODE_UNSPECIFIED}
-_KIND_FROM_PB: dict[int, b.SnapshotKind] = {
-    pb.CHECKPOINT_KIND_UNSPECIFIED: b.SnapshotKind.CHECKPOINT,
-    pb.CHECKPOINT_KIND_CHECKPOINT: b.SnapshotKind.CHECKPOINT,
-    pb.CHECKPOINT_KIND_SAVEPOINT: b.SnapshotKind.SAVEPOINT,
-    pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND: b.SnapshotKind.SAVEPOINT_SUSPEND,
-    pb.CHECKPOINT_KIND_SAVEPOINT_TERMINATE: b.SnapshotKind.SAVEPOINT_TERMINATE,
-}
-_KIND_TO_PB = {v: k for k, v in _KIND_FROM_PB.items() if k != pb.CHECKPOINT_KIND_UNSPECIFIED}
-
 
 def barrier_from_frame(frame: BarrierFrame) -> b.Barrier:
-    o = frame.options
-    return b.Barrier(
-        frame.checkpoint_id,
-        frame.timestamp_ms,
-        b.BarrierOptions(
-            kind=_KIND_FROM_PB.get(o.kind, b.SnapshotKind.CHECKPOINT),
-            mode=_MODE_FROM_PB.get(o.mode, b.AlignmentMode.ALIGNED),
-            aligned_timeout_ms=o.aligned_timeout_ms,
-            target_location=o.target_location,
-        ),
-    )
-
-
-def frame_from_barrier(
-    checkpoint_id: int, timestamp_ms: int, options: b.BarrierOptions
-) -> BarrierFrame:
-    return BarrierFrame(
-        checkpoint_id,
-        timestamp_ms,
-        CheckpointOptions(
-            kind=_KIND_TO_PB[options.kind],
-            mode=_MODE_TO_PB[options.mode],
-            aligned_timeout_ms=options.aligned_timeout_ms,
-            target_location=options.target_location,
-        ),
-    )
+    """The barrier handler's view of a barrier taken from an input channel."""
+    return b.Barrier(frame.checkpoint_id, frame.timestamp_ms, frame.options)
 
 
 def now_ms() -> int:
@@ -142,7 +102,7 @@ class SnapshotReport:
 
 
 AckFn = Callable[[SnapshotReport], Awaitable[None]]
-DeclineFn = Callable[[int, str, str], Awaitable[None]]  # checkpoint id, reason name, message
+DeclineFn = Callable[[int, DeclineReason, str], Awaitable[None]]  # checkpoint id, reason, message
 
 
 @dataclass
@@ -159,7 +119,7 @@ class RestoreData:
 class _PendingSnapshot:
     checkpoint_id: int
     timestamp_ms: int
-    options: b.BarrierOptions
+    options: BarrierOptions
     unaligned: bool
     alignment_duration_ms: int
     start_delay_ms: int
@@ -194,7 +154,7 @@ class Subtask:
         key_field: str | None,
         gate: InputGate | None,
         outputs: list[OutputEdge],
-        mode: b.AlignmentMode,
+        mode: CheckpointMode,
         restore: RestoreData,
         ack: AckFn,
         decline: DeclineFn,
@@ -234,7 +194,7 @@ class Subtask:
             if gate is not None and gate.num_channels
             else None
         )
-        self._triggers: asyncio.Queue[tuple[int, int, b.BarrierOptions]] = asyncio.Queue()
+        self._triggers: asyncio.Queue[tuple[int, int, BarrierOptions]] = asyncio.Queue()
         self._pending: dict[int, _PendingSnapshot] = {}
         self._persisting: dict[int, int] = {}  # input channel -> checkpoint id
         self._async_parts: set[asyncio.Task[None]] = set()
@@ -299,7 +259,7 @@ class Subtask:
     def operator_ids(self) -> list[str]:
         return list(self.operator_state)
 
-    def trigger(self, checkpoint_id: int, timestamp_ms: int, options: b.BarrierOptions) -> None:
+    def trigger(self, checkpoint_id: int, timestamp_ms: int, options: BarrierOptions) -> None:
         """A checkpoint trigger from the coordinator (sources only)."""
         self._triggers.put_nowait((checkpoint_id, timestamp_ms, options))
 
@@ -413,23 +373,23 @@ class Subtask:
             done.cancel()
 
     async def _snapshot_at_source(
-        self, checkpoint_id: int, timestamp_ms: int, options: b.BarrierOptions
+        self, checkpoint_id: int, timestamp_ms: int, options: BarrierOptions
     ) -> None:
         if checkpoint_id <= self._last_snapshot_id:
             return
-        if options.kind is b.SnapshotKind.SAVEPOINT_TERMINATE:
+        if options.kind is CheckpointKind.SAVEPOINT_TERMINATE:
             await self._advance_watermark(MAX_WATERMARK)  # drain: fire every event-time timer
-        if options.kind in (b.SnapshotKind.SAVEPOINT_SUSPEND, b.SnapshotKind.SAVEPOINT_TERMINATE):
+        if options.kind.is_synchronous:  # stop-with-savepoint
             self._stopping_at = checkpoint_id
-        if self._end_of_input and options.mode is not b.AlignmentMode.AT_LEAST_ONCE:
+        if self._end_of_input and options.mode is not CheckpointMode.AT_LEAST_ONCE:
             # A checkpoint may be the job's final one only if every source had ended, and the
             # final one must carry no in-flight data: nothing checkpoints after it, so data in
             # channel state would never reach a committed transaction. Ended sources therefore
             # inject aligned barriers that do not time out.
             options = dataclasses.replace(
-                options, mode=b.AlignmentMode.ALIGNED, aligned_timeout_ms=0
+                options, mode=CheckpointMode.ALIGNED, aligned_checkpoint_timeout_ms=0
             )
-        unaligned = options.mode is b.AlignmentMode.UNALIGNED
+        unaligned = options.mode is CheckpointMode.UNALIGNED
         await self._take_snapshot(
             checkpoint_id, timestamp_ms, options, unaligned, 0, max(0, now_ms() - timestamp_ms)
         )
@@ -491,6 +451,8 @@ class Subtask:
                 for edge in self.outputs:
                     for out in edge.channels:
                         await out.send(frame)
+            else:
+                _unknown("frame", frame)
 
     async def _maybe_advance_watermark(self) -> None:
         assert self.gate is not None
@@ -549,20 +511,17 @@ class Subtask:
                 pending = self._pending.get(action.checkpoint_id)
                 if pending is not None:
                     pending.input_complete.set()
+            else:
+                _unknown("barrier action", action)
 
-    async def _abort(self, checkpoint_id: int, reason: b.AbortReason) -> None:
+    async def _abort(self, checkpoint_id: int, reason: b.BarrierAbortReason) -> None:
         self._pending.pop(checkpoint_id, None)
         self._persisting = {c: n for c, n in self._persisting.items() if n != checkpoint_id}
         marker = CancelMarkerFrame(checkpoint_id)
         for edge in self.outputs:
             for channel in edge.channels:
                 channel.send_priority(marker)
-        reason_name = {
-            b.AbortReason.SUBSUMED: "SUBSUMED",
-            b.AbortReason.TOO_MANY_PENDING: "SUBSUMED",
-            b.AbortReason.CANCELED_BY_MARKER: "ALIGNMENT_CANCELED",
-        }[reason]
-        await self.decline(checkpoint_id, reason_name, f"{self.name}: {reason.value}")
+        await self.decline(checkpoint_id, reason.decline_reason, f"{self.name}: {reason.value}")
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -570,7 +529,7 @@ class Subtask:
         self,
         checkpoint_id: int,
         timestamp_ms: int,
-        options: b.BarrierOptions,
+        options: BarrierOptions,
         unaligned: bool,
         alignment_duration_ms: int,
         start_delay_ms: int,
@@ -588,7 +547,7 @@ class Subtask:
             self._log.warning(
                 "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
             )
-            await self.decline(checkpoint_id, "SNAPSHOT_FAILED", f"{self.name}: {e}")
+            await self.decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
             return
         pending = _PendingSnapshot(
             checkpoint_id,
@@ -605,7 +564,7 @@ class Subtask:
         pending.records_in = self.records_in
         self._pending[checkpoint_id] = pending
         self._last_snapshot_id = max(self._last_snapshot_id, checkpoint_id)
-        barrier = frame_from_barrier(checkpoint_id, timestamp_ms, options)
+        barrier = BarrierFrame(checkpoint_id, timestamp_ms, options)
         # Output channels are numbered across all edges, in order (the replay uses the same).
         for index, channel in enumerate(c for edge in self.outputs for c in edge.channels):
             if unaligned:
@@ -617,7 +576,7 @@ class Subtask:
         self._async_parts.add(task)
         task.add_done_callback(self._async_parts.discard)
 
-    def _snapshot_dir(self, options: b.BarrierOptions) -> str:
+    def _snapshot_dir(self, options: BarrierOptions) -> str:
         return os.path.join(
             options.target_location, f"{self.vertex_id}-{self.subtask_index}-{self.attempt}"
         )
@@ -641,7 +600,7 @@ class Subtask:
             self._log.warning(
                 "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
             )
-            await self.decline(checkpoint_id, "SNAPSHOT_FAILED", f"{self.name}: {e}")
+            await self.decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
             return
         finally:
             for _, snap in pending.snapshots:
@@ -784,7 +743,7 @@ class Subtask:
         for task in tasks:
             task.result()  # a failed channel fails the task
 
-    async def _handle_priority(self, channel: int, frame: Any) -> None:
+    async def _handle_priority(self, channel: int, frame: Frame) -> None:
         assert self.handler is not None
         if isinstance(frame, BarrierFrame):
             await self._execute(
@@ -794,6 +753,15 @@ class Subtask:
             await self._execute(
                 self.handler.on_cancel_marker(channel, frame.checkpoint_id, now_ms())
             )
+        else:
+            # Only unaligned barriers and cancel markers overtake data (frames.is_priority).
+            raise TypeError(f"{type(frame).__name__} is not a priority frame")
+
+
+def _unknown(what: str, value: Never) -> NoReturn:
+    # mypy proves every dispatch exhaustive (``value`` is narrowed to Never); at run time a
+    # new type that was not handled fails the task instead of being dropped silently.
+    raise TypeError(f"unknown {what}: {value!r}")
 
 
 def _write_batches(path: str, batches: list[pa.RecordBatch]) -> int:

@@ -87,13 +87,14 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
-from typing import Any, BinaryIO, Generic, NamedTuple, TypedDict, TypeVar
+from typing import Any, BinaryIO, Generic, NamedTuple, TypedDict, TypeVar, overload
 from urllib.parse import unquote, urlsplit
 
 import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from snapflow.durable_files import fsync_dir
 from snapflow.errors import StateError, StorageError
 from snapflow.event_time import MIN_WATERMARK
 from snapflow.worker.state import keygroups as kgs
@@ -223,15 +224,6 @@ class _Section(NamedTuple):
     crc: int
 
 
-def _fsync_dir(directory: str) -> None:
-    with suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _dumps(obj: Any, what: str) -> bytes:
     try:
         return pickle.dumps(obj, protocol=5)
@@ -279,7 +271,7 @@ def _write_state_file(
         if isinstance(e, OSError):
             raise StorageError(f"cannot write state file {final}: {e}") from e
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return StateHandleDict(
         path=os.path.abspath(final),
         size_bytes=size,
@@ -1177,7 +1169,12 @@ class KeyedStateBackend:
             )
         return table
 
-    def get_value_state(self, name: str, default: T | None = None) -> ValueState[T]:
+    # Without a default the value type cannot be inferred from the call: Any.
+    @overload
+    def get_value_state(self, name: str) -> ValueState[Any]: ...
+    @overload
+    def get_value_state(self, name: str, default: T) -> ValueState[T]: ...
+    def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
         return ValueState(self, self._table(name, "value"), default)
 
     def get_list_state(self, name: str) -> ListState[Any]:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from kit.sinks import kb, sink_ctx
 from kit.workers import check_exactly_once, expected_counts
 from pyspark import cloudpickle
 
@@ -32,22 +33,6 @@ from snapflow.worker.state.backend import OperatorStateBackend
 
 # The executors cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def sink_ctx(backend: OperatorStateBackend, restored: int = 0, attempt: int = 0) -> OperatorContext:
-    return OperatorContext(
-        vertex_id="sink vertex",
-        operator_id="out",
-        subtask_index=0,
-        parallelism=1,
-        attempt=attempt,
-        operator_state=backend,
-        restored_checkpoint_id=restored,
-    )
-
-
-def kb(values: list[int]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"v": pa.array(values, pa.int64())})
 
 
 def committed(directory: Path) -> list[int]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from kit.sinks import kb, sink_ctx
 from kit.sources import drain
 from kit.sources import src_ctx as _src_ctx
 from pyspark import cloudpickle
@@ -209,22 +210,6 @@ def test_sequence_source() -> None:
 # ---------------------------------------------------------------------------------------------
 # Two-phase-commit file sink
 # ---------------------------------------------------------------------------------------------
-
-
-def sink_ctx(backend: OperatorStateBackend, restored: int = 0, attempt: int = 0) -> OperatorContext:
-    return OperatorContext(
-        vertex_id="sink vertex",
-        operator_id="out",
-        subtask_index=0,
-        parallelism=1,
-        attempt=attempt,
-        operator_state=backend,
-        restored_checkpoint_id=restored,
-    )
-
-
-def kb(values: list[int]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"v": pa.array(values, pa.int64())})
 
 
 def committed(directory: Path) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from kit.polling import wait_until
 from kit.sources import drain
 from kit.sources import src_ctx as _src_ctx
 from pyspark import cloudpickle
@@ -339,15 +340,17 @@ def server_factory() -> Iterator[Any]:
 
 
 def poll_until(src: SocketTextSource, count: int, max_records: int = 100) -> list[str]:
+    """The lines the source emits until ``count`` came (or the wait timed out: fewer)."""
     lines: list[str] = []
-    deadline = time.monotonic() + 5
-    while len(lines) < count and time.monotonic() < deadline:
+
+    def enough() -> bool:
         b = src.poll_batch(max_records)
         assert b is not None  # unbounded: never None
         assert b.num_rows <= max_records
         lines.extend(b.column("line").to_pylist())
-        if b.num_rows == 0:
-            time.sleep(0.005)
+        return len(lines) >= count
+
+    wait_until(enough, f"{count} lines", timeout_s=5, interval_s=0.005)
     return lines
 
 
@@ -386,11 +389,13 @@ def test_socket_source_max_records_pending_survive_checkpoint(
     src.open(src_ctx(backend=backend))
     got = poll_until(src, 3, max_records=3)
     assert got == ["l0", "l1", "l2"]
-    deadline = time.monotonic() + 5
-    while len(src._pending) < 7 and time.monotonic() < deadline:  # received, not yet emitted
+
+    def received_all() -> bool:  # received, not yet emitted
         src.poll_batch(0)
         src._receive(100)
-        time.sleep(0.005)
+        return len(src._pending) >= 7
+
+    wait_until(received_all, "7 lines pending", timeout_s=5, interval_s=0.005)
     handles = snapshot(backend, src, 1, tmp_path)
     src.close()
     # restore: the lines received before the checkpoint but not emitted come out; nothing is

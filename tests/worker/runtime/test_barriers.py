@@ -15,20 +15,18 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode
 from snapflow.worker.runtime.barriers import (
     AbortCheckpoint,
-    AbortReason,
     Action,
-    AlignmentMode,
     AtLeastOnceBarrierTracker,
     Barrier,
+    BarrierAbortReason,
     BarrierHandler,
-    BarrierOptions,
     BlockChannel,
     CheckpointCompleteOnInput,
     PersistOvertakenData,
     SingleCheckpointBarrierHandler,
-    SnapshotKind,
     StartPersistingChannel,
     StopPersistingChannel,
     SwitchToUnaligned,
@@ -38,13 +36,13 @@ from snapflow.worker.runtime.barriers import (
 )
 
 ALIGNED = BarrierOptions()
-UNALIGNED = BarrierOptions(mode=AlignmentMode.UNALIGNED)
-TIMEOUT = BarrierOptions(aligned_timeout_ms=100)
-SAVEPOINT = BarrierOptions(kind=SnapshotKind.SAVEPOINT)
-AT_LEAST_ONCE = BarrierOptions(mode=AlignmentMode.AT_LEAST_ONCE)
+UNALIGNED = BarrierOptions(mode=CheckpointMode.UNALIGNED)
+TIMEOUT = BarrierOptions(aligned_checkpoint_timeout_ms=100)
+SAVEPOINT = BarrierOptions(kind=CheckpointKind.SAVEPOINT)
+AT_LEAST_ONCE = BarrierOptions(mode=CheckpointMode.AT_LEAST_ONCE)
 
-SUBSUMED = AbortReason.SUBSUMED
-CANCELED = AbortReason.CANCELED_BY_MARKER
+SUBSUMED = BarrierAbortReason.SUBSUMED
+CANCELED = BarrierAbortReason.CANCELED_BY_MARKER
 
 
 class Gate:
@@ -162,7 +160,7 @@ def test_a_barrier_marked_unaligned_is_handled_unaligned_whatever_its_kind() -> 
     # The coordinator never sends this, but the channel layer has already delivered the barrier
     # as a priority frame: only an unaligned snapshot can hold the data it overtook.
     g = single(2)
-    odd = BarrierOptions(kind=SnapshotKind.SAVEPOINT, mode=AlignmentMode.UNALIGNED)
+    odd = BarrierOptions(kind=CheckpointKind.SAVEPOINT, mode=CheckpointMode.UNALIGNED)
     assert g.barrier(0, 1, now=1000, options=odd) == [
         trigger(1, odd, unaligned=True),
         PersistOvertakenData(0, 1),
@@ -520,7 +518,7 @@ def test_end_of_a_persisted_channel_stops_persisting_and_may_complete() -> None:
 
 # --- 6. aligned with timeout ---------------------------------------------------------------
 
-SWITCHED = replace(TIMEOUT, mode=AlignmentMode.UNALIGNED)
+SWITCHED = replace(TIMEOUT, mode=CheckpointMode.UNALIGNED)
 
 
 def test_alignment_timer_switches_to_unaligned() -> None:
@@ -588,9 +586,9 @@ def test_completing_barrier_after_the_deadline_still_triggers_aligned() -> None:
 @pytest.mark.parametrize(
     "options",
     [
-        BarrierOptions(kind=SnapshotKind.SAVEPOINT, aligned_timeout_ms=100),
-        BarrierOptions(kind=SnapshotKind.SAVEPOINT_SUSPEND, aligned_timeout_ms=100),
-        BarrierOptions(aligned_timeout_ms=0),
+        BarrierOptions(kind=CheckpointKind.SAVEPOINT, aligned_checkpoint_timeout_ms=100),
+        BarrierOptions(kind=CheckpointKind.SAVEPOINT_SUSPEND, aligned_checkpoint_timeout_ms=100),
+        BarrierOptions(aligned_checkpoint_timeout_ms=0),
     ],
 )
 def test_savepoints_and_zero_timeout_never_switch(options: BarrierOptions) -> None:
@@ -788,7 +786,7 @@ def test_at_least_once_aborted_entry_seen_everywhere_drops_older_ones() -> None:
 
 
 def test_at_least_once_bounds_the_tracked_checkpoints() -> None:
-    too_many = AbortReason.TOO_MANY_PENDING
+    too_many = BarrierAbortReason.TOO_MANY_PENDING
     g = tracker(2, max_pending=2)
     assert isinstance(g.h, AtLeastOnceBarrierTracker)
     assert g.barrier(0, 1, now=1000) == []
@@ -853,9 +851,9 @@ def test_at_least_once_ignores_closed_channels_and_all_ended() -> None:
 
 
 def test_factory_picks_the_handler_from_the_job_mode() -> None:
-    aligned = create_barrier_handler(AlignmentMode.ALIGNED, 2)
-    unaligned = create_barrier_handler(AlignmentMode.UNALIGNED, 3)
-    alo = create_barrier_handler(AlignmentMode.AT_LEAST_ONCE, 4, max_pending=7)
+    aligned = create_barrier_handler(CheckpointMode.ALIGNED, 2)
+    unaligned = create_barrier_handler(CheckpointMode.UNALIGNED, 3)
+    alo = create_barrier_handler(CheckpointMode.AT_LEAST_ONCE, 4, max_pending=7)
     assert type(aligned) is SingleCheckpointBarrierHandler
     assert type(unaligned) is SingleCheckpointBarrierHandler
     assert isinstance(alo, AtLeastOnceBarrierTracker)
@@ -943,17 +941,17 @@ class SimulatedTask:
 
     def random_options(self) -> BarrierOptions:
         r = self.rng
-        kind = r.choice([SnapshotKind.CHECKPOINT] * 4 + [SnapshotKind.SAVEPOINT])
+        kind = r.choice([CheckpointKind.CHECKPOINT] * 4 + [CheckpointKind.SAVEPOINT])
         if self.job_mode == "at_least_once":
-            return BarrierOptions(kind, AlignmentMode.AT_LEAST_ONCE)
+            return BarrierOptions(kind, CheckpointMode.AT_LEAST_ONCE)
         if self.job_mode == "aligned":
             timeout = r.choice([0, r.randint(5, 40), r.randint(40, 300)])
-            return BarrierOptions(kind, AlignmentMode.ALIGNED, 0 if kind.is_savepoint else timeout)
+            return BarrierOptions(kind, CheckpointMode.ALIGNED, 0 if kind.is_savepoint else timeout)
         if self.job_mode == "unaligned" and not kind.is_savepoint:
-            return BarrierOptions(kind, AlignmentMode.UNALIGNED)
+            return BarrierOptions(kind, CheckpointMode.UNALIGNED)
         if self.job_mode == "unaligned":
-            return BarrierOptions(kind, AlignmentMode.ALIGNED)
-        mode = r.choice([AlignmentMode.ALIGNED, AlignmentMode.UNALIGNED])
+            return BarrierOptions(kind, CheckpointMode.ALIGNED)
+        mode = r.choice([CheckpointMode.ALIGNED, CheckpointMode.UNALIGNED])
         return BarrierOptions(kind, mode, r.choice([0, r.randint(1, 40), r.randint(40, 300)]))
 
     def new_checkpoint(self, options: BarrierOptions | None = None) -> Barrier:
@@ -1063,7 +1061,7 @@ class SimulatedTask:
                 self.snapshots[n] = frozenset(self.processed)
                 self.persisted[n] = set()
                 if a.unaligned:
-                    assert self.exactly_once and a.options.mode is AlignmentMode.UNALIGNED
+                    assert self.exactly_once and a.options.mode is CheckpointMode.UNALIGNED
                     assert any(n in pos for pos in self.barrier_pos)
                 else:
                     # Barrier n was seen on every channel open at this moment.
@@ -1093,7 +1091,7 @@ class SimulatedTask:
                 assert follows.checkpoint_id == n
                 created = next(b for b in self.checkpoints if b.checkpoint_id == n)
                 assert created.options.is_timeoutable
-                deadline = created.timestamp_ms + created.options.aligned_timeout_ms
+                deadline = created.timestamp_ms + created.options.aligned_checkpoint_timeout_ms
                 assert self.now >= deadline or (
                     barrier is not None and barrier.options.is_unaligned
                 )
@@ -1189,10 +1187,10 @@ def test_random_event_sequences_are_consistent_cuts(seed: int) -> None:
     job_mode = ["aligned", "unaligned", "mixed", "at_least_once"][seed % 4]
     num_channels = rng.randint(1, 4)
     mode = {
-        "aligned": AlignmentMode.ALIGNED,
-        "unaligned": AlignmentMode.UNALIGNED,
-        "mixed": AlignmentMode.ALIGNED,
-        "at_least_once": AlignmentMode.AT_LEAST_ONCE,
+        "aligned": CheckpointMode.ALIGNED,
+        "unaligned": CheckpointMode.UNALIGNED,
+        "mixed": CheckpointMode.ALIGNED,
+        "at_least_once": CheckpointMode.AT_LEAST_ONCE,
     }[job_mode]
     handler = create_barrier_handler(mode, num_channels, max_pending=rng.choice([2, 50]))
     sim = SimulatedTask(rng, handler, job_mode)

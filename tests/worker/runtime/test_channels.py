@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from kit.channels import UNALIGNED, data, ident, run
 
+from snapflow.checkpointing import BarrierOptions
 from snapflow.worker.runtime.channels import (
     ChannelClosedError,
     ChannelFailedError,
@@ -19,7 +20,6 @@ from snapflow.worker.runtime.channels import (
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
-    CheckpointOptions,
     DataFrame,
     EndOfPartitionFrame,
     Frame,
@@ -44,7 +44,7 @@ def test_data_and_events_keep_their_order() -> None:
     async def main() -> None:
         ch = LocalChannel(buffers_per_channel=2)
         gate = InputGate([ch.input])
-        barrier = BarrierFrame(1, 123, CheckpointOptions())
+        barrier = BarrierFrame(1, 123, BarrierOptions())
         stream: list[Frame] = [
             data(0),
             WatermarkFrame(5),
@@ -207,7 +207,7 @@ def test_priority_frames_keep_their_order_among_themselves() -> None:
         assert [ident(f) for f in first] == [1, 2]
         assert [ident(f) for f in ch.output.queued] == [1, 2]
         with pytest.raises(ValueError, match="overtake"):
-            ch.output.send_priority(BarrierFrame(2, 0, CheckpointOptions()))
+            ch.output.send_priority(BarrierFrame(2, 0, BarrierOptions()))
         with pytest.raises(ValueError, match="overtake"):
             ch.output.send_priority(WatermarkFrame(1))
         second = ch.output.send_priority(CancelMarkerFrame(1))
@@ -220,7 +220,7 @@ def test_a_timed_out_aligned_barrier_is_converted_and_overtakes_the_data_ahead_o
     async def main() -> None:
         ch = LocalChannel(buffers_per_channel=1, output_queue=10)
         gate = InputGate([ch.input])
-        aligned = BarrierFrame(5, 10, CheckpointOptions(aligned_timeout_ms=100))
+        aligned = BarrierFrame(5, 10, BarrierOptions(aligned_checkpoint_timeout_ms=100))
         stream: list[Frame] = [data(0), data(1), data(2), aligned, data(3)]
         for f in stream:
             await ch.output.send(f)

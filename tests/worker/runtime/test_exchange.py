@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -12,8 +12,9 @@ import grpc.aio
 import pyarrow as pa
 import pytest
 from kit.channels import UNALIGNED, data, ident, run
+from kit.polling import holds_for_async, wait_until_async
 
-from snapflow.v1 import common_pb2 as pb
+from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.channels import ChannelFailedError, InputChannel, InputGate
@@ -26,7 +27,6 @@ from snapflow.worker.runtime.exchange import (
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
-    CheckpointOptions,
     DataFrame,
     EndOfPartitionFrame,
     Frame,
@@ -94,7 +94,7 @@ def channel_id(
 @dataclass
 class Consumer:
     registry: ChannelRegistry
-    stub: wgrpc.DataExchangeServiceStub
+    stub: wgrpc.DataExchangeServiceAsyncStub
     server: grpc.aio.Server
 
     def expect(self, cid: wpb.ChannelId, buffers: int = 4) -> InputChannel:
@@ -118,11 +118,6 @@ async def consumer_agent() -> AsyncIterator[Consumer]:
         await server.stop(None)
 
 
-async def wait_for(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.002)
-
-
 async def next_frame(gate: InputGate) -> Frame:
     item = await gate.next()
     assert item is not None
@@ -139,10 +134,10 @@ def test_every_frame_type_round_trips_through_protobuf() -> None:
         BarrierFrame(
             42,
             1_700_000_000_123,
-            CheckpointOptions(
-                kind=pb.CHECKPOINT_KIND_SAVEPOINT,
-                mode=pb.CHECKPOINT_MODE_UNALIGNED,
-                aligned_timeout_ms=250,
+            BarrierOptions(
+                kind=CheckpointKind.SAVEPOINT,
+                mode=CheckpointMode.UNALIGNED,
+                aligned_checkpoint_timeout_ms=250,
                 target_location="/tmp/sp-1",
             ),
         ),
@@ -209,7 +204,7 @@ def test_frames_cross_grpc_in_order_and_batches_bit_exact() -> None:
                 DataFrame(batch),
                 WatermarkFrame(5),
                 data(1),
-                BarrierFrame(1, 123, CheckpointOptions(target_location="x")),
+                BarrierFrame(1, 123, BarrierOptions(target_location="x")),
                 data(2),
                 LatencyMarkerFrame(7, "src", 0),
                 data(3),
@@ -255,9 +250,11 @@ def test_remote_backpressure_bounds_in_flight_batches() -> None:
                 await out.close()
 
             producer = asyncio.create_task(produce())
-            await wait_for(lambda: ch.buffered == buffers)
-            await asyncio.sleep(0.05)
+            await wait_until_async(lambda: ch.buffered == buffers, "the credit used up")
             # the consumer took nothing: the producer is stuck on its 4th send
+            await holds_for_async(
+                lambda: sent == buffers and not producer.done(), "the producer blocked", 0.05
+            )
             assert sent == buffers and not producer.done()
             assert out.credits == 0 and out.queued_data == 1
             assert ch.buffered == buffers
@@ -284,12 +281,12 @@ def test_remote_priority_barrier_overtakes_queued_data() -> None:
             out = await RemoteOutputChannel.connect(agent.stub, channel_id(), output_queue=10)
             for i in range(6):
                 await out.send(data(i))
-            await wait_for(lambda: ch.buffered == 2)
+            await wait_until_async(lambda: ch.buffered == 2, "2 batches buffered")
             assert out.queued_data == 4
             barrier = BarrierFrame(3, 99, UNALIGNED)
             overtaken = out.send_priority(barrier)
             assert [ident(f) for f in overtaken] == [2, 3, 4, 5]
-            await wait_for(lambda: ch.priority_pending)
+            await wait_until_async(lambda: ch.priority_pending, "the barrier received")
 
             assert await next_frame(gate) == barrier
             assert [ident(f) for f in gate.persist_queued(0)] == [0, 1]
@@ -419,10 +416,9 @@ def test_consumer_release_aborts_the_stream() -> None:
             gate = InputGate([ch])
             out = await RemoteOutputChannel.connect(agent.stub, channel_id(), output_queue=0)
             await out.send(data(0))
-            await wait_for(lambda: ch.buffered == 1)
+            await wait_until_async(lambda: ch.buffered == 1, "1 batch buffered")
             blocked = asyncio.create_task(out.send(data(1)))
-            await asyncio.sleep(0.01)
-            assert not blocked.done()
+            await holds_for_async(lambda: not blocked.done(), "the send blocked (no credit)", 0.01)
             gate.close("consumer task failed")
             with pytest.raises(ChannelFailedError, match=r"ABORTED.*consumer task failed"):
                 await blocked

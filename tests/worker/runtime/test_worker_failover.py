@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from kit.coordinator import running_coordinator
+from kit.polling import wait_until_async
 from kit.workers import check_exactly_once, count_graph, expected_counts
 
 from snapflow.v1 import common_pb2 as pb
@@ -76,7 +77,7 @@ async def _start_agents(
 async def _reap(
     procs: list[asyncio.subprocess.Process], timeout_s: float = 10.0
 ) -> list[int | None]:
-    codes = []
+    codes: list[int | None] = []
     for p in procs:
         try:
             async with asyncio.timeout(timeout_s):
@@ -89,29 +90,28 @@ async def _reap(
 
 
 async def _wait_state(stub, job_id: str, states: set[int], timeout_s: float = 60.0) -> int:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
+    async def state() -> str | None:
         info = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
-        if info.state in states:
-            return int(info.state)
-        if loop.time() > deadline:
-            raise AssertionError(f"job state {pb.JobState.Name(info.state)}, waited for {states}")
-        await asyncio.sleep(0.05)
+        return pb.JobState.Name(info.state) if info.state in states else None
+
+    names = sorted(pb.JobState.Name(s) for s in states)
+    reached = await wait_until_async(
+        state, f"job {job_id} in {names}", timeout_s=timeout_s, interval_s=0.05
+    )
+    assert reached is not None  # for the type checker: wait_until_async returns a truthy value
+    return int(pb.JobState.Value(reached))
 
 
 async def _wait_completed(stub, job_id: str, at_least: int, timeout_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
+    async def completed() -> bool:
         stats = await stub.GetCheckpointStats(
             cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
         )
-        if stats.counts.completed >= at_least:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"only {stats.counts.completed} checkpoints completed")
-        await asyncio.sleep(0.02)
+        return bool(stats.counts.completed >= at_least)
+
+    await wait_until_async(
+        completed, f"{at_least} checkpoints completed", timeout_s=timeout_s, interval_s=0.02
+    )
 
 
 MODES = [
@@ -122,9 +122,12 @@ MODES = [
 ]
 
 
-@pytest.mark.parametrize(("mode", "aligned_timeout_ms"), MODES)
+@pytest.mark.parametrize(("mode", "aligned_checkpoint_timeout_ms"), MODES)
 def test_killed_agent_recovers_without_loss_or_duplicates(
-    redis_url: str, tmp_path: Path, mode: int, aligned_timeout_ms: int
+    redis_url: str,
+    tmp_path: Path,
+    mode: pb.CheckpointMode,
+    aligned_checkpoint_timeout_ms: int,
 ) -> None:
     out = tmp_path / "out"
 
@@ -134,7 +137,7 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
             config = pb.CheckpointConfig(
                 interval_ms=150,
                 mode=mode,
-                aligned_checkpoint_timeout_ms=aligned_timeout_ms,
+                aligned_checkpoint_timeout_ms=aligned_checkpoint_timeout_ms,
                 tolerable_failures=5,
             )
             job_id = (

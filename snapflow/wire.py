@@ -1,0 +1,160 @@
+"""The one place where the checkpoint vocabulary meets proto enum numbers.
+
+Every enum of ``snapflow.checkpointing`` has one ``EnumMapping`` here, and ``BarrierOptions``
+has its message conversion; the coordinator and the workers convert through them and compare
+nothing else against ``snapflow.v1`` enum numbers for these concepts. Adding a member means
+adding it to the proto, to the enum and to its mapping here (the mapping refuses to be built
+if a member or a proto number is missing).
+
+Numbers that are not in a mapping:
+
+* ``CHECKPOINT_MODE_UNSPECIFIED`` is ``ALIGNED``, as the proto documents.
+* Any other unspecified or unknown number raises ``UnknownEnumValueError`` (an
+  ``InvalidArgumentError``: ``INVALID_ARGUMENT`` if it reaches a gRPC caller), unless the caller
+  asks for a default with ``from_pb_or``.
+* A barrier's options are never refused: ``barrier_options_from_pb`` reads an unknown or
+  unspecified kind as ``CHECKPOINT`` and an unknown mode as ``ALIGNED``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
+from snapflow.errors import InvalidArgumentError
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+
+__all__ = [
+    "CHECKPOINT_KIND",
+    "CHECKPOINT_MODE",
+    "DECLINE_REASON",
+    "MAPPINGS",
+    "EnumMapping",
+    "UnknownEnumValueError",
+    "barrier_options_from_pb",
+    "barrier_options_to_pb",
+]
+
+E = TypeVar("E", bound=enum.Enum)
+V = TypeVar("V", bound=int)
+D = TypeVar("D")
+
+
+class UnknownEnumValueError(InvalidArgumentError):
+    """A proto enum number this version does not know (or UNSPECIFIED where it means nothing)."""
+
+    def __init__(self, field: str, value: int, proto_name: str) -> None:
+        super().__init__(f"{field} {value} is not a known {proto_name}")
+        self.value = value
+
+
+class EnumMapping(Generic[E, V]):
+    """One Python enum and its proto enum: a bijection between members and numbers."""
+
+    def __init__(
+        self,
+        enum_type: type[E],
+        proto_type: EnumTypeWrapper,
+        numbers: Mapping[E, V],
+        *,
+        unspecified: E | None = None,
+    ) -> None:
+        self.enum_type = enum_type
+        self.proto_name: str = proto_type.DESCRIPTOR.name
+        """The proto enum's name, for error messages."""
+        self.unspecified = unspecified
+        """What UNSPECIFIED (0) means; None: it is refused like an unknown number."""
+        self._to_pb = dict(numbers)
+        self._from_pb: dict[int, E] = {int(v): k for k, v in numbers.items()}
+        # A mapping that misses a member or a proto number is a bug: fail at import.
+        if set(self._to_pb) != set(enum_type):
+            raise TypeError(f"{self.proto_name}: members {set(enum_type) - set(self._to_pb)}")
+        proto_numbers = {int(v) for v in proto_type.values()}
+        if len(self._from_pb) != len(self._to_pb) or set(self._from_pb) | {0} != proto_numbers:
+            raise TypeError(f"{self.proto_name}: numbers {sorted(self._from_pb)}")
+
+    def to_pb(self, member: E) -> V:
+        """The proto number of ``member``."""
+        return self._to_pb[member]
+
+    def from_pb(self, value: int, *, field: str = "value") -> E:
+        """The member of a proto number; ``UnknownEnumValueError`` naming ``field`` if none."""
+        member = self._from_pb.get(value)
+        if member is not None:
+            return member
+        if value == 0 and self.unspecified is not None:
+            return self.unspecified
+        raise UnknownEnumValueError(field, value, self.proto_name)
+
+    def from_pb_or(self, value: int, default: D) -> E | D:
+        """The member of a proto number, or ``default`` where ``from_pb`` would raise."""
+        try:
+            return self.from_pb(value)
+        except UnknownEnumValueError:
+            return default
+
+
+CHECKPOINT_KIND: EnumMapping[CheckpointKind, pb.CheckpointKind] = EnumMapping(
+    CheckpointKind,
+    pb.CheckpointKind,
+    {
+        CheckpointKind.CHECKPOINT: pb.CHECKPOINT_KIND_CHECKPOINT,
+        CheckpointKind.SAVEPOINT: pb.CHECKPOINT_KIND_SAVEPOINT,
+        CheckpointKind.SAVEPOINT_SUSPEND: pb.CHECKPOINT_KIND_SAVEPOINT_SUSPEND,
+        CheckpointKind.SAVEPOINT_TERMINATE: pb.CHECKPOINT_KIND_SAVEPOINT_TERMINATE,
+    },
+)
+CHECKPOINT_MODE: EnumMapping[CheckpointMode, pb.CheckpointMode] = EnumMapping(
+    CheckpointMode,
+    pb.CheckpointMode,
+    {
+        CheckpointMode.ALIGNED: pb.CHECKPOINT_MODE_ALIGNED,
+        CheckpointMode.UNALIGNED: pb.CHECKPOINT_MODE_UNALIGNED,
+        CheckpointMode.AT_LEAST_ONCE: pb.CHECKPOINT_MODE_AT_LEAST_ONCE,
+    },
+    unspecified=CheckpointMode.ALIGNED,  # the proto: "treated as ALIGNED"
+)
+DECLINE_REASON: EnumMapping[DeclineReason, cpb.DeclineReason] = EnumMapping(
+    DeclineReason,
+    cpb.DeclineReason,
+    {
+        DeclineReason.UNSPECIFIED: cpb.DECLINE_REASON_UNSPECIFIED,
+        DeclineReason.SNAPSHOT_FAILED: cpb.DECLINE_REASON_SNAPSHOT_FAILED,
+        DeclineReason.TASK_NOT_READY: cpb.DECLINE_REASON_TASK_NOT_READY,
+        DeclineReason.SUBSUMED: cpb.DECLINE_REASON_SUBSUMED,
+        DeclineReason.ALIGNMENT_CANCELED: cpb.DECLINE_REASON_ALIGNMENT_CANCELED,
+        DeclineReason.IO_ERROR: cpb.DECLINE_REASON_IO_ERROR,
+    },
+)
+MAPPINGS: tuple[EnumMapping[Any, Any], ...] = (CHECKPOINT_KIND, CHECKPOINT_MODE, DECLINE_REASON)
+"""Every mapping of this module."""
+
+
+def barrier_options_to_pb(
+    options: BarrierOptions, out: pb.CheckpointOptions | None = None
+) -> pb.CheckpointOptions:
+    """Fill ``out`` (a new message if None) from ``options`` and return it. In place, so a
+    frame's nested message is not copied."""
+    if out is None:
+        out = pb.CheckpointOptions()
+    out.kind = CHECKPOINT_KIND.to_pb(options.kind)
+    out.mode = CHECKPOINT_MODE.to_pb(options.mode)
+    out.aligned_checkpoint_timeout_ms = options.aligned_checkpoint_timeout_ms
+    out.target_location = options.target_location
+    return out
+
+
+def barrier_options_from_pb(msg: pb.CheckpointOptions) -> BarrierOptions:
+    """The options of a barrier or trigger. Never refused: a barrier already in flight is
+    handled with the defaults (a checkpoint, aligned) where a number is not known."""
+    return BarrierOptions(
+        kind=CHECKPOINT_KIND.from_pb_or(msg.kind, CheckpointKind.CHECKPOINT),
+        mode=CHECKPOINT_MODE.from_pb_or(msg.mode, CheckpointMode.ALIGNED),
+        aligned_checkpoint_timeout_ms=msg.aligned_checkpoint_timeout_ms,
+        target_location=msg.target_location,
+    )

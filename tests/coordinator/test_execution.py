@@ -1,0 +1,173 @@
+"""Exact event sequences for ``JobExecution`` (deployments, attempts, task and job states),
+with ``check_invariants`` after every event."""
+
+from __future__ import annotations
+
+import pytest
+
+from snapflow.coordinator.execution import JobExecution, Registration
+from snapflow.coordinator.model import (
+    ExecutionAttempt,
+    JobEdge,
+    JobGraph,
+    JobState,
+    JobVertex,
+    PartitionerKind,
+    TaskKey,
+    TaskState,
+)
+from snapflow.errors import FailedPreconditionError, InvalidArgumentError, UnknownTaskError
+
+GRAPH = JobGraph(
+    "g",
+    (JobVertex("src", "source", 2, is_source=True), JobVertex("sink", "sink", 1)),
+    (JobEdge("src", "sink", PartitionerKind.REBALANCE),),
+)
+SRC0, SRC1, SINK0 = TaskKey("src", 0), TaskKey("src", 1), TaskKey("sink", 0)
+KEYS = (SRC0, SRC1, SINK0)
+
+
+def attempt(key: TaskKey, n: int) -> ExecutionAttempt:
+    return ExecutionAttempt(key.vertex_id, key.subtask_index, n)
+
+
+class Harness:
+    def __init__(self, **kwargs: object) -> None:
+        self.ex = JobExecution(GRAPH, **kwargs)  # type: ignore[arg-type]
+        self.ex.check_invariants()
+
+    def register(self, key: TaskKey, address: str = "agent:1") -> Registration:
+        registration = self.ex.register(key, address)
+        self.ex.check_invariants()
+        return registration
+
+    def update(
+        self, key: TaskKey, state: TaskState, failure: str = ""
+    ) -> tuple[JobState, JobState]:
+        t = self.ex.update(attempt(key, self.ex.deployment), state, failure)
+        self.ex.check_invariants()
+        return t.job_state_before, t.job_state_after
+
+    def deploy_all(self) -> None:
+        for key in KEYS:
+            self.register(key, f"agent:{key.subtask_index}")
+        for key in KEYS:
+            self.update(key, TaskState.RUNNING)
+
+
+def test_first_deployment_runs_when_every_task_runs() -> None:
+    h = Harness()
+    assert h.register(SRC0) == Registration(attempt(SRC0, 1), new_deployment=True)
+    assert (h.ex.state, h.ex.deployment, h.ex.restarts) == (JobState.CREATED, 1, 0)
+    assert h.register(SRC1) == Registration(attempt(SRC1, 1), new_deployment=False)
+    assert h.register(SINK0, "agent:2") == Registration(attempt(SINK0, 1), new_deployment=False)
+    assert h.update(SRC0, TaskState.RUNNING) == (JobState.CREATED, JobState.CREATED)
+    assert h.update(SRC1, TaskState.RUNNING) == (JobState.CREATED, JobState.CREATED)
+    assert not h.ex.all_running() and h.ex.running_count() == 2
+    assert h.update(SINK0, TaskState.RUNNING) == (JobState.CREATED, JobState.RUNNING)
+    assert h.ex.all_running()
+    assert h.ex.source_attempts() == [attempt(SRC0, 1), attempt(SRC1, 1)]
+    assert h.ex.current_attempts() == sorted(attempt(k, 1) for k in KEYS)
+    assert h.ex.group_by_address(h.ex.current_attempts()) == {
+        "agent:1": [attempt(SRC0, 1), attempt(SRC1, 1)],
+        "agent:2": [attempt(SINK0, 1)],
+    }
+
+
+def test_group_by_address_keeps_current_attempts_only() -> None:
+    h = Harness()
+    h.register(SRC0, "a:1")
+    h.register(SRC1, "a:2")
+    h.register(SINK0, "a:1")
+    grouped = h.ex.group_by_address(
+        [attempt(SRC0, 1), attempt(SINK0, 1), attempt(SRC1, 1), attempt(SRC1, 7)]
+    )
+    assert grouped == {"a:1": [attempt(SRC0, 1), attempt(SINK0, 1)], "a:2": [attempt(SRC1, 1)]}
+
+
+def test_a_failure_ends_the_deployment_and_the_next_registration_starts_another() -> None:
+    h = Harness()
+    h.deploy_all()
+    assert h.update(SRC1, TaskState.FAILED, "boom") == (JobState.RUNNING, JobState.RESTARTING)
+    # The others confirm the cancel: they only update their task.
+    assert h.update(SRC0, TaskState.CANCELED) == (JobState.RESTARTING, JobState.RESTARTING)
+    assert h.register(SINK0) == Registration(attempt(SINK0, 2), new_deployment=True)
+    assert (h.ex.state, h.ex.deployment, h.ex.restarts) == (JobState.RESTARTING, 2, 1)
+    assert list(h.ex.tasks) == [SINK0]
+    # Reports of the old deployment are refused.
+    with pytest.raises(UnknownTaskError, match="has not registered in deployment 2"):
+        h.ex.update(attempt(SRC0, 1), TaskState.RUNNING)
+    h.ex.check_invariants()
+    with pytest.raises(UnknownTaskError, match=r"attempt 1 of task .* is not current"):
+        h.ex.update(attempt(SINK0, 1), TaskState.RUNNING)
+    h.ex.check_invariants()
+    h.register(SRC0)
+    h.register(SRC1)
+    for key in KEYS:
+        h.update(key, TaskState.RUNNING)
+    assert h.ex.state is JobState.RUNNING
+
+
+def test_registering_again_within_a_deployment_starts_a_new_one() -> None:
+    h = Harness()
+    h.register(SRC0)
+    assert h.register(SRC0) == Registration(attempt(SRC0, 2), new_deployment=True)
+    assert (h.ex.state, h.ex.restarts) == (JobState.RESTARTING, 1)
+
+
+def test_finishing_tasks_finish_the_job() -> None:
+    h = Harness()
+    h.deploy_all()
+    assert h.update(SRC0, TaskState.FINISHED) == (JobState.RUNNING, JobState.RUNNING)
+    assert h.update(SRC1, TaskState.FINISHED) == (JobState.RUNNING, JobState.RUNNING)
+    assert h.update(SINK0, TaskState.FINISHED) == (JobState.RUNNING, JobState.FINISHED)
+    with pytest.raises(FailedPreconditionError, match="already finished; it cannot become"):
+        h.ex.update(attempt(SINK0, 1), TaskState.RUNNING)
+    with pytest.raises(FailedPreconditionError, match="job is finished"):
+        h.ex.register(SRC0, "agent:1")
+    h.ex.check_invariants()
+
+
+def test_end_cancels_every_live_task_and_refuses_their_late_reports() -> None:
+    h = Harness()
+    h.deploy_all()
+    h.update(SRC0, TaskState.FINISHED)
+    h.ex.end(JobState.CANCELED)
+    h.ex.check_invariants()
+    assert {k: t.state for k, t in h.ex.tasks.items()} == {
+        SRC0: TaskState.FINISHED,
+        SRC1: TaskState.CANCELED,
+        SINK0: TaskState.CANCELED,
+    }
+    assert h.update(SRC1, TaskState.CANCELED) == (JobState.CANCELED, JobState.CANCELED)
+    with pytest.raises(FailedPreconditionError):
+        h.ex.update(attempt(SINK0, 1), TaskState.FINISHED)
+    h.ex.check_invariants()
+
+
+def test_end_failed_keeps_the_failure() -> None:
+    h = Harness()
+    h.deploy_all()
+    h.ex.end(JobState.FAILED, "too many failures")
+    h.ex.check_invariants()
+    assert (h.ex.state, h.ex.failure) == (JobState.FAILED, "too many failures")
+
+
+def test_bad_registrations_change_nothing() -> None:
+    h = Harness()
+    with pytest.raises(UnknownTaskError, match="vertex 'nope' is not part of the job graph"):
+        h.ex.register(TaskKey("nope", 0), "a:1")
+    with pytest.raises(UnknownTaskError, match="subtask index 2 is out of range"):
+        h.ex.register(TaskKey("src", 2), "a:1")
+    with pytest.raises(InvalidArgumentError, match="address is required"):
+        h.ex.register(SRC0, "")
+    h.ex.check_invariants()
+    assert (h.ex.deployment, h.ex.tasks) == (0, {})
+    with pytest.raises(UnknownTaskError, match="is not part of the job graph"):
+        h.ex.require_current(ExecutionAttempt("nope", 0, 1))
+
+
+def test_a_recovered_job_continues_its_counters() -> None:
+    h = Harness(state=JobState.RESTARTING, deployment=3, restarts=2, failure="")
+    assert h.register(SRC0) == Registration(attempt(SRC0, 4), new_deployment=True)
+    assert (h.ex.deployment, h.ex.restarts, h.ex.state) == (4, 3, JobState.RESTARTING)

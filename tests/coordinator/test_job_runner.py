@@ -1,0 +1,417 @@
+"""The pieces of the job runner's shell: the typed I/O executor (``CheckpointIo``, with the real
+Redis of the ``redis_url`` fixture and real files), storage clean-up, watch streams and the RPC
+gateway to agents (against a real gRPC server).
+
+There is no pytest-asyncio: every test body runs in ``asyncio.run``. Nothing sleeps: each test
+waits for the executor's queue (``join``) or the gateway's calls (``drain``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+import structlog
+
+from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway
+from snapflow.coordinator.checkpoint_coordinator import (
+    BarrierOptions,
+    CheckpointAborted,
+    FinalizeCheckpoint,
+    SendTrigger,
+    TriggerRequest,
+)
+from snapflow.coordinator.checkpoint_io import (
+    AllocateId,
+    CheckpointIo,
+    CleanUpAborted,
+    CommitTimings,
+    DeleteRetired,
+    DiscardFiles,
+    Finalize,
+    SendTriggerRpc,
+    StorePending,
+)
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.coordinator.model import (
+    AbortReason,
+    CheckpointConfig,
+    CheckpointKind,
+    CheckpointMode,
+    CompletedCheckpoint,
+    ExecutionAttempt,
+    JobGraph,
+    JobRecord,
+    JobState,
+    JobVertex,
+    OperatorSubtaskState,
+    PendingCheckpointRecord,
+    StateHandle,
+    SubtaskAck,
+    SubtaskMetrics,
+)
+from snapflow.coordinator.redis_store import CheckpointStore
+from snapflow.coordinator.watch import WATCH_QUEUE_BOUND, JobWatch
+from snapflow.errors import StaleEpochError
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import worker_pb2 as wpb
+from snapflow.v1 import worker_pb2_grpc as wgrpc
+
+pytestmark = pytest.mark.timeout(30)
+
+T = TypeVar("T")
+JOB = "0123456789abcdef0123456789abcdef"
+SRC = ExecutionAttempt("src", 0, 1)
+GRAPH = JobGraph("g", (JobVertex("src", "source", 1, is_source=True),), ())
+LOG = structlog.get_logger("test")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+class Results:
+    """Records what the executor reports (the job runner's role in production)."""
+
+    def __init__(self, snapshot_dirs: list[str] | None = None) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.pending: set[int] = set()
+        self._snapshot_dirs = snapshot_dirs or []
+
+    def checkpoint_id_allocated(
+        self, request: TriggerRequest, checkpoint_id: int, location: str
+    ) -> None:
+        self.events.append(("allocated", request.request_id, checkpoint_id, location))
+
+    def checkpoint_id_failed(self, request: TriggerRequest, message: str) -> None:
+        self.events.append(("allocation_failed", request.request_id, message))
+
+    def checkpoint_committed(
+        self, checkpoint: CompletedCheckpoint, dropped_ids: list[int], timings: CommitTimings
+    ) -> None:
+        assert timings.metadata_ms >= 0 and timings.commit_ms >= 0
+        self.events.append(("committed", checkpoint.checkpoint_id, dropped_ids))
+
+    def finalize_failed(self, checkpoint_id: int, message: str) -> None:
+        self.events.append(("finalize_failed", checkpoint_id, message))
+
+    def send_trigger(self, trigger: SendTrigger) -> None:
+        self.events.append(("send_trigger", trigger.checkpoint_id))
+
+    def is_pending(self, checkpoint_id: int) -> bool:
+        return checkpoint_id in self.pending
+
+    def snapshot_dirs(self) -> list[str]:
+        return list(self._snapshot_dirs)
+
+    def savepoint_dirs(self) -> list[str]:
+        return []
+
+
+class Fencing:
+    def __init__(self) -> None:
+        self.fenced = False
+        self.errors: list[StaleEpochError] = []
+
+    def on_fenced(self, error: StaleEpochError) -> None:
+        self.fenced = True
+        self.errors.append(error)
+
+
+class Setup:
+    def __init__(self, redis_url: str, root: Path, snapshot_dirs: list[str] | None = None):
+        self.store = CheckpointStore.from_url(redis_url)
+        self.storage = CheckpointStorage(str(root))
+        self.results = Results(snapshot_dirs)
+        self.fencing = Fencing()
+        self.io = CheckpointIo(JOB, self.store, self.storage, self.results, self.fencing, LOG)
+
+    async def __aenter__(self) -> Setup:
+        await self.store.acquire_epoch()
+        record = JobRecord(JOB, GRAPH, CheckpointConfig(), JobState.RUNNING, created_at_ms=1)
+        await self.store.create_job(record)
+        self._loop = asyncio.create_task(self.io.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._loop.cancel()
+        await asyncio.gather(self._loop, return_exceptions=True)
+        await self.store.close()
+
+    async def execute(self, *ops: Any) -> list[tuple[Any, ...]]:
+        for op in ops:
+            self.io.submit(op)
+        await self.io.join()
+        return list(self.results.events)
+
+
+def checkpoint(storage: CheckpointStorage, checkpoint_id: int, *files: str) -> CompletedCheckpoint:
+    directory = storage.checkpoint_dir(JOB, checkpoint_id)
+    handles = tuple(StateHandle(os.path.join(directory, f), 1) for f in files)
+    ack = SubtaskAck(SRC, 5, (OperatorSubtaskState("op", handles),), SubtaskMetrics())
+    return CompletedCheckpoint(
+        JOB, checkpoint_id, CheckpointKind.CHECKPOINT, 1, 5, directory, (ack,)
+    )
+
+
+def write(path: str) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Path(path).write_text("state")
+    return path
+
+
+# --- CheckpointIo ---------------------------------------------------------------------------
+
+
+def test_allocate_store_trigger_finalize_in_order(redis_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path) as s:
+            request = TriggerRequest(1, CheckpointKind.CHECKPOINT)
+            chk1 = s.storage.checkpoint_dir(JOB, 1)
+            assert await s.execute(AllocateId(request)) == [("allocated", 1, 1, chk1)]
+            assert os.path.isdir(chk1)
+            pending = PendingCheckpointRecord(JOB, 1, CheckpointKind.CHECKPOINT, 1, chk1)
+            options = BarrierOptions(CheckpointKind.CHECKPOINT, CheckpointMode.ALIGNED, 0, chk1)
+            cp1 = checkpoint(s.storage, 1, "a")
+            s.results.pending = {1}
+            events = await s.execute(
+                StorePending(pending),
+                SendTriggerRpc(SendTrigger(1, 1, options, (SRC,))),
+                Finalize(FinalizeCheckpoint(cp1, retained=1), last_ack_at=0.0),
+            )
+            assert events[1:] == [("send_trigger", 1), ("committed", 1, [])]
+            assert await s.store.list_pending(JOB) == []
+            assert [c.checkpoint_id for c in await s.store.list_completed(JOB)] == [1]
+            assert s.storage.read_metadata(chk1) == cp1
+            # Retention 1: committing checkpoint 2 drops 1; its directory goes on DeleteRetired.
+            assert await s.execute(AllocateId(TriggerRequest(2, CheckpointKind.CHECKPOINT))) == [
+                *events,
+                ("allocated", 2, 2, s.storage.checkpoint_dir(JOB, 2)),
+            ]
+            s.results.pending = {2}
+            cp2 = checkpoint(s.storage, 2)
+            events = await s.execute(
+                StorePending(PendingCheckpointRecord(JOB, 2, CheckpointKind.CHECKPOINT, 2, "")),
+                Finalize(FinalizeCheckpoint(cp2, retained=1), last_ack_at=0.0),
+                DeleteRetired((1,)),
+            )
+            assert events[-1] == ("committed", 2, [1])
+            assert not os.path.exists(chk1)
+            assert [c.checkpoint_id for c in await s.store.list_completed(JOB)] == [2]
+
+    run(body())
+
+
+def test_finalize_of_a_checkpoint_no_longer_pending_writes_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path) as s:
+            cp = checkpoint(s.storage, 3)
+            assert await s.execute(Finalize(FinalizeCheckpoint(cp, 1), last_ack_at=0.0)) == []
+            assert not os.path.exists(os.path.join(cp.external_path, "_metadata"))
+            assert await s.store.list_completed(JOB) == []
+
+    run(body())
+
+
+def test_a_failed_finalize_and_a_failed_allocation_are_reported(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path) as s:
+            blocker = write(str(tmp_path / "not-a-directory"))
+            request = TriggerRequest(4, CheckpointKind.SAVEPOINT, target_directory=blocker)
+            s.results.pending = {9}
+            # _metadata cannot be written below a regular file.
+            cp = replace(checkpoint(s.storage, 9), external_path=os.path.join(blocker, "chk-9"))
+            events = await s.execute(
+                AllocateId(request), Finalize(FinalizeCheckpoint(cp, 1), last_ack_at=0.0)
+            )
+            assert [e[:2] for e in events] == [("allocation_failed", 4), ("finalize_failed", 9)]
+            assert events[0][2].startswith("could not start the checkpoint: ")
+            assert events[1][2].startswith("finalize failed: ")
+
+    run(body())
+
+
+def test_clean_up_keeps_what_a_retained_snapshot_needs(redis_url: str, tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path))
+    retained = storage.checkpoint_dir(JOB, 1)
+
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path, snapshot_dirs=[retained]) as s:
+            kept = write(os.path.join(retained, "state"))
+            shared = write(os.path.join(storage.job_dir(JOB), "shared", "x"))
+            chk2 = storage.checkpoint_dir(JOB, 2)
+            late = write(os.path.join(chk2, "late"))
+            await s.store.add_pending(
+                PendingCheckpointRecord(JOB, 2, CheckpointKind.CHECKPOINT, 1, chk2)
+            )
+            aborted = CheckpointAborted(
+                2,
+                TriggerRequest(1, CheckpointKind.CHECKPOINT),
+                AbortReason.EXPIRED,
+                "expired",
+                5,
+                1,
+                chk2,
+                (late, os.path.join(retained, ".", "state")),
+            )
+            await s.execute(CleanUpAborted(aborted), DiscardFiles((shared, kept)))
+            assert await s.store.list_pending(JOB) == []
+            assert not os.path.exists(chk2)
+            assert not os.path.exists(shared)
+            assert os.path.exists(kept)
+
+    run(body())
+
+
+def test_a_superseded_coordinator_stops_executing(redis_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path) as s:
+            newer = CheckpointStore.from_url(redis_url)
+            await newer.acquire_epoch()
+            await newer.close()
+            request = TriggerRequest(1, CheckpointKind.CHECKPOINT)
+            events = await s.execute(AllocateId(request), AllocateId(request))
+            # The first allocation fails fenced and is reported; the second never runs.
+            assert [e[:2] for e in events] == [("allocation_failed", 1)]
+            assert s.fencing.fenced and len(s.fencing.errors) == 1
+
+    run(body())
+
+
+# --- JobWatch -------------------------------------------------------------------------------
+
+
+def test_watch_streams_the_current_state_then_events_in_order() -> None:
+    async def body() -> None:
+        watch = JobWatch(JOB, clock=lambda: 42)
+        stream = watch.stream(lambda: JobState.RUNNING)
+        first = await anext(stream)
+        assert first == cpb.JobEvent(
+            job_id=JOB,
+            timestamp_ms=42,
+            job_state_changed=cpb.JobStateChanged(
+                state=pb.JOB_STATE_RUNNING, reason="current state"
+            ),
+        )
+        assert watch.subscribers == 1
+        watch.task_failed(SRC, "boom")
+        watch.checkpoint_failed(lambda: cpb.CheckpointSummary(checkpoint_id=3))
+        watch.state_changed(JobState.CANCELED, "")
+        watch.close()
+        events = [e async for e in stream]
+        assert [e.WhichOneof("event") for e in events] == [
+            "task_failed",
+            "checkpoint_failed",
+            "job_state_changed",
+        ]
+        assert events[0].task_failed.message == "boom"
+        assert events[1].checkpoint_failed.checkpoint_id == 3
+        assert events[2].job_state_changed.state == pb.JOB_STATE_CANCELED
+        assert watch.subscribers == 0
+
+    run(body())
+
+
+def test_watch_cuts_off_a_subscriber_that_does_not_keep_up() -> None:
+    async def body() -> None:
+        watch = JobWatch(JOB, clock=lambda: 0)
+        built: list[int] = []
+
+        def summary() -> cpb.CheckpointSummary:
+            built.append(1)
+            return cpb.CheckpointSummary()
+
+        watch.checkpoint_completed(summary)
+        assert built == []  # nobody watches: the summary is never built
+        stream = watch.stream(lambda: JobState.RUNNING)
+        await anext(stream)
+        for i in range(WATCH_QUEUE_BOUND + 1):
+            watch.task_failed(SRC, str(i))
+        assert watch.subscribers == 0
+        rest = [e async for e in stream]
+        # The oldest queued event made room for the end marker.
+        assert [e.task_failed.message for e in rest] == [
+            str(i) for i in range(1, WATCH_QUEUE_BOUND)
+        ]
+
+    run(body())
+
+
+# --- AgentGateway -----------------------------------------------------------------------------
+
+
+class Agent(wgrpc.WorkerControlServiceServicer):
+    def __init__(self, fail_triggers: bool = False) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.fail_triggers = fail_triggers
+
+    async def TriggerCheckpoint(self, request: Any, context: Any) -> Any:
+        self.calls.append(("trigger", request))
+        if self.fail_triggers:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
+        return wpb.WorkerAck()
+
+    async def NotifyCheckpointComplete(self, request: Any, context: Any) -> Any:
+        self.calls.append(("complete", request))
+        return wpb.WorkerAck()
+
+    async def NotifyCheckpointAborted(self, request: Any, context: Any) -> Any:
+        self.calls.append(("aborted", request))
+        return wpb.WorkerAck()
+
+    async def CancelTask(self, request: Any, context: Any) -> Any:
+        self.calls.append(("cancel", request))
+        return wpb.WorkerAck()
+
+
+@pytest.mark.parametrize("fail_triggers", [False, True])
+def test_gateway_sends_one_call_per_agent_with_the_epoch(fail_triggers: bool) -> None:
+    async def body() -> None:
+        agent = Agent(fail_triggers)
+        server = grpc.aio.server()
+        wgrpc.add_WorkerControlServiceServicer_to_server(agent, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        clients = AgentClients(timeout_s=5, max_message_bytes=1 << 20)
+        failed: list[tuple[ExecutionAttempt, int, str]] = []
+        gateway = AgentGateway(JOB, clients, lambda: 7, lambda *a: failed.append(a), LOG)
+        address = f"127.0.0.1:{port}"
+        other = ExecutionAttempt("src", 1, 1)
+        try:
+            options = BarrierOptions(CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/sp")
+            gateway.trigger({address: [SRC, other]}, 3, 100, options)
+            await gateway.drain()
+            gateway.notify({address: [SRC]}, 3, complete=True, final=True)
+            await gateway.drain()
+            gateway.notify({address: [SRC]}, 4, complete=False, reason="EXPIRED")
+            await gateway.drain()
+            gateway.cancel({address: [SRC, other]})
+            await gateway.drain()
+        finally:
+            await clients.close()
+            await server.stop(None)
+        kinds = [k for k, _ in agent.calls]
+        assert kinds == ["trigger", "complete", "aborted", "cancel"]
+        assert all(r.coordinator_epoch == 7 and r.job_id == JOB for _, r in agent.calls)
+        trigger = agent.calls[0][1]
+        assert (trigger.checkpoint_id, trigger.timestamp_ms, len(trigger.tasks)) == (3, 100, 2)
+        assert trigger.options.target_location == "/sp"
+        assert agent.calls[1][1].final and agent.calls[2][1].reason == "EXPIRED"
+        if fail_triggers:
+            assert len(failed) == 1 and failed[0][:2] == (SRC, 3)
+            assert "UNAVAILABLE busy" in failed[0][2]
+        else:
+            assert failed == []
+
+    run(body())

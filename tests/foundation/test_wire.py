@@ -1,0 +1,158 @@
+"""The conversion edge (``snapflow.wire``): every member of the shared checkpoint vocabulary
+round-trips through its proto number, and numbers outside a mapping are handled as documented."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import pytest
+
+from snapflow import wire
+from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
+from snapflow.errors import InvalidArgumentError
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+
+UNKNOWN = 99  # no proto enum of this version has a 99
+
+
+@pytest.mark.parametrize(
+    ("mapping", "enum_type", "proto_enum"),
+    [
+        (wire.CHECKPOINT_KIND, CheckpointKind, pb.CheckpointKind),
+        (wire.CHECKPOINT_MODE, CheckpointMode, pb.CheckpointMode),
+        (wire.DECLINE_REASON, DeclineReason, cpb.DeclineReason),
+    ],
+)
+def test_every_member_round_trips_and_every_proto_number_has_a_member(
+    mapping: wire.EnumMapping[Any, Any], enum_type: type[enum.Enum], proto_enum: Any
+) -> None:
+    numbers = [mapping.to_pb(member) for member in enum_type]
+    assert [mapping.from_pb(n) for n in numbers] == list(enum_type)
+    assert len(set(numbers)) == len(numbers)
+    # Every named proto number but UNSPECIFIED is some member's.
+    assert set(proto_enum.values()) - {0} <= set(numbers)
+
+
+def test_mappings_lists_every_mapping() -> None:
+    assert {m.enum_type for m in wire.MAPPINGS} == {CheckpointKind, CheckpointMode, DeclineReason}
+
+
+def test_the_proto_names_match_the_member_names() -> None:
+    assert [pb.CheckpointKind.Name(wire.CHECKPOINT_KIND.to_pb(k)) for k in CheckpointKind] == [
+        f"CHECKPOINT_KIND_{k.name}" for k in CheckpointKind
+    ]
+    assert [pb.CheckpointMode.Name(wire.CHECKPOINT_MODE.to_pb(m)) for m in CheckpointMode] == [
+        f"CHECKPOINT_MODE_{m.name}" for m in CheckpointMode
+    ]
+    assert [cpb.DeclineReason.Name(wire.DECLINE_REASON.to_pb(r)) for r in DeclineReason] == [
+        f"DECLINE_REASON_{r.name}" for r in DeclineReason
+    ]
+
+
+def test_an_unspecified_mode_is_aligned_as_the_proto_says() -> None:
+    assert wire.CHECKPOINT_MODE.from_pb(pb.CHECKPOINT_MODE_UNSPECIFIED) is CheckpointMode.ALIGNED
+    # ALIGNED is written as ALIGNED, never as UNSPECIFIED.
+    assert wire.CHECKPOINT_MODE.to_pb(CheckpointMode.ALIGNED) == pb.CHECKPOINT_MODE_ALIGNED
+
+
+def test_an_unspecified_decline_reason_is_its_own_member() -> None:
+    assert wire.DECLINE_REASON.from_pb(0) is DeclineReason.UNSPECIFIED
+
+
+@pytest.mark.parametrize("mapping", wire.MAPPINGS, ids=lambda m: m.proto_name)
+def test_an_unknown_number_is_an_invalid_argument_naming_the_field(
+    mapping: wire.EnumMapping[Any, Any],
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        mapping.from_pb(UNKNOWN, field="request.thing")
+    assert isinstance(caught.value, wire.UnknownEnumValueError)
+    assert caught.value.value == UNKNOWN
+    assert str(caught.value) == f"request.thing {UNKNOWN} is not a known {mapping.proto_name}"
+
+
+def test_an_unspecified_kind_is_refused_unless_a_default_is_asked_for() -> None:
+    with pytest.raises(
+        wire.UnknownEnumValueError, match=r"^value 0 is not a known CheckpointKind$"
+    ):
+        wire.CHECKPOINT_KIND.from_pb(0)
+    assert wire.CHECKPOINT_KIND.from_pb_or(0, None) is None
+    assert wire.CHECKPOINT_KIND.from_pb_or(UNKNOWN, CheckpointKind.CHECKPOINT) is (
+        CheckpointKind.CHECKPOINT
+    )
+    # A known number never takes the default.
+    assert (
+        wire.CHECKPOINT_KIND.from_pb_or(pb.CHECKPOINT_KIND_SAVEPOINT, None)
+        is CheckpointKind.SAVEPOINT
+    )
+
+
+def test_a_mapping_that_misses_a_member_or_a_number_is_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match="CheckpointMode"):
+        wire.EnumMapping(
+            CheckpointMode,
+            pb.CheckpointMode,
+            {
+                CheckpointMode.ALIGNED: pb.CHECKPOINT_MODE_ALIGNED,
+                CheckpointMode.UNALIGNED: pb.CHECKPOINT_MODE_UNALIGNED,
+            },
+        )
+    with pytest.raises(TypeError, match="CheckpointMode"):
+        wire.EnumMapping(
+            CheckpointMode,
+            pb.CheckpointMode,
+            {
+                CheckpointMode.ALIGNED: pb.CHECKPOINT_MODE_ALIGNED,
+                CheckpointMode.UNALIGNED: pb.CHECKPOINT_MODE_ALIGNED,
+                CheckpointMode.AT_LEAST_ONCE: pb.CHECKPOINT_MODE_AT_LEAST_ONCE,
+            },
+        )
+
+
+def _all_barrier_options() -> list[BarrierOptions]:
+    return [
+        BarrierOptions(kind, mode, timeout, location)
+        for kind in CheckpointKind
+        for mode in CheckpointMode
+        for timeout in (0, 250)
+        for location in ("", "/tmp/chk-7")
+    ]
+
+
+@pytest.mark.parametrize("options", _all_barrier_options(), ids=str)
+def test_barrier_options_round_trip(options: BarrierOptions) -> None:
+    msg = wire.barrier_options_to_pb(options)
+    assert msg == pb.CheckpointOptions(
+        kind=wire.CHECKPOINT_KIND.to_pb(options.kind),
+        mode=wire.CHECKPOINT_MODE.to_pb(options.mode),
+        aligned_checkpoint_timeout_ms=options.aligned_checkpoint_timeout_ms,
+        target_location=options.target_location,
+    )
+    decoded = wire.barrier_options_from_pb(pb.CheckpointOptions.FromString(msg.SerializeToString()))
+    assert decoded == options
+
+
+def test_barrier_options_fill_a_given_message_in_place() -> None:
+    out = pb.CheckpointOptions()
+    returned = wire.barrier_options_to_pb(
+        BarrierOptions(CheckpointKind.SAVEPOINT, CheckpointMode.UNALIGNED, 5, "/x"), out
+    )
+    assert returned is out
+    assert out == pb.CheckpointOptions(
+        kind=pb.CHECKPOINT_KIND_SAVEPOINT,
+        mode=pb.CHECKPOINT_MODE_UNALIGNED,
+        aligned_checkpoint_timeout_ms=5,
+        target_location="/x",
+    )
+
+
+def test_barrier_options_with_unknown_or_unspecified_numbers_are_read_as_the_defaults() -> None:
+    empty = wire.barrier_options_from_pb(pb.CheckpointOptions())
+    assert empty == BarrierOptions()
+    odd = pb.CheckpointOptions(aligned_checkpoint_timeout_ms=9, target_location="/t")
+    odd.kind = UNKNOWN  # type: ignore[assignment]  # a number a newer peer might send
+    odd.mode = UNKNOWN  # type: ignore[assignment]
+    assert wire.barrier_options_from_pb(odd) == BarrierOptions(
+        CheckpointKind.CHECKPOINT, CheckpointMode.ALIGNED, 9, "/t"
+    )
