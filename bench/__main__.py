@@ -9,6 +9,7 @@ BENCHMARKS = {
     "coordinator": "bench.coordinator_bench",
     "dataplane": "bench.dataplane_bench",
     "spark": "bench.spark_bench",
+    "storage": "bench.storage_bench",
 }
 
 

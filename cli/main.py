@@ -3,7 +3,9 @@
 ``snapflow coordinator`` runs the coordinator service. The client commands (``jobs``, ``job``,
 ``checkpoints list|show``, ``trigger``, ``savepoint``, ``stop``, ``cancel``,
 ``dispose-savepoint``) call its gRPC API with a deadline (``--timeout``) and print tables, or
-the raw response with ``--json``. ``snapflow demo`` runs the demo (``snapflow.cli.demo``).
+the raw response with ``--json``; ``info`` shows a job's graph. ``snapflow run PIPELINE.py``
+runs a pipeline file on Spark (see docs/spark_bridge.md). ``snapflow demo`` runs the demo
+(``snapflow.cli.demo``).
 
 Exit codes: 0 success; 1 the server refused or failed the call (``error: CODE: details`` on
 stderr), or the coordinator failed to start; 2 bad usage or configuration.
@@ -207,15 +209,35 @@ def _client(args: argparse.Namespace) -> Iterator[Client]:
 # ---------------------------------------------------------------------------------------------
 
 
+JOB_STATES = tuple(
+    name.removeprefix("JOB_STATE_")
+    for name, _number in pb.JobState.items()
+    if not name.endswith("UNSPECIFIED")
+)
+
+
+def _job_state_filter(value: str) -> int:
+    name = value.strip().upper()
+    if name not in JOB_STATES:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a job state; use one of {', '.join(JOB_STATES).lower()}"
+        )
+    return int(pb.JobState.Value(f"JOB_STATE_{name}"))
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     with _client(args) as c:
         response = c.stub.ListJobs(cpb.ListJobsRequest(), timeout=c.timeout)
+    if args.state:  # the coordinator has no filter: keep the jobs in the asked states here
+        kept = [job for job in response.jobs if job.state in args.state]
+        del response.jobs[:]
+        response.jobs.extend(kept)
     if args.json:
         _print_json(response)
         return 0
     console = _console()
     if not response.jobs:
-        console.print("no jobs")
+        console.print("no jobs" if not args.state else "no jobs in that state")
         return 0
     table = Table("Job ID", "Name", "State", "Tasks", "Restarts", "Latest checkpoint", "Created")
     table.columns[0].no_wrap = True
@@ -282,6 +304,67 @@ def cmd_job(args: argparse.Namespace) -> int:
             t.failure or "",
         )
     console.print(table)
+    return 0
+
+
+PARTITIONERS = {
+    pb.PARTITIONER_KIND_FORWARD: "FORWARD",
+    pb.PARTITIONER_KIND_HASH: "HASH",
+    pb.PARTITIONER_KIND_REBALANCE: "REBALANCE",
+    pb.PARTITIONER_KIND_BROADCAST: "BROADCAST",
+}
+
+
+def _partitioning(edge: pb.JobEdge) -> str:
+    name = PARTITIONERS.get(
+        edge.partitioner, _enum_name(pb.PartitionerKind, edge.partitioner, "PARTITIONER_KIND_")
+    )
+    return f"{name}({edge.key_field})" if edge.key_field else name
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.stub.GetJob(cpb.GetJobRequest(job_id=args.job_id), timeout=c.timeout)
+    graph = job.graph
+    if args.json:
+        _print_json(job)
+        return 0
+    console = _console()
+    console.print(
+        f"Job {job.job_id} ({job.name or '-'}): {job_state(job.state)}, "
+        f"{len(graph.vertices)} vertices, {len(graph.edges)} edges"
+    )
+    vertices = Table(
+        "Vertex",
+        "Parallelism",
+        "Max parallelism",
+        "Operators (chained)",
+        title="Vertices",
+        title_justify="left",
+    )
+    vertices.columns[0].no_wrap = True
+    for v in graph.vertices:
+        ops = " -> ".join(o.name or o.kind or o.operator_id for o in v.operators) or v.name
+        vertices.add_row(
+            v.vertex_id + (" (source)" if v.is_source else ""),
+            str(v.parallelism),
+            str(v.max_parallelism or 128),
+            ops or "-",
+        )
+    console.print(vertices)
+    parallelism = {v.vertex_id: v.parallelism for v in graph.vertices}
+    edges = Table("From", "To", "Partitioning", "Parallelism", title="Edges", title_justify="left")
+    for e in graph.edges:
+        edges.add_row(
+            e.source_vertex_id,
+            e.target_vertex_id,
+            _partitioning(e),
+            f"{parallelism.get(e.source_vertex_id, '?')} -> {parallelism.get(e.target_vertex_id, '?')}",
+        )
+    if graph.edges:
+        console.print(edges)
+    else:
+        console.print("no edges")
     return 0
 
 
@@ -582,6 +665,192 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# snapflow run
+# ---------------------------------------------------------------------------------------------
+
+RUN_DETACH_WAIT_S = 300.0  # --detach: how long to wait for the background driver to submit
+_DETACHED: list[Any] = []
+
+
+def _run_context(args: argparse.Namespace) -> Any:
+    from snapflow.spark_bridge.submission import SubmitContext
+
+    return SubmitContext(
+        coordinator=args.coordinator,
+        spark_master=args.spark_master,
+        spark_conf=dict(args.conf),
+        parallelism=args.parallelism,
+        restore=_target(args.restore) if args.restore else None,
+        allow_non_restored_state=args.allow_non_restored_state,
+        checkpoint_interval_ms=args.checkpoint_interval,
+        checkpoint_mode=args.checkpoint_mode,
+        job_id=args.job_id,
+    )
+
+
+def _run_usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags of ``snapflow run``, or None."""
+    if not os.path.isfile(args.pipeline):
+        return (
+            f"{args.pipeline}: no such file (the Python file that builds and executes a Pipeline)"
+        )
+    if args.allow_non_restored_state and not args.restore:
+        return "--allow-non-restored-state needs --restore PATH"
+    if args.detach and not args.coordinator:
+        return (
+            "--detach needs --coordinator HOST:PORT of a running `snapflow coordinator`: an "
+            "embedded coordinator lives only as long as the driver process, and nothing else "
+            "could reach the detached job"
+        )
+    if args.job_id is not None and not _is_job_id(args.job_id):
+        return f"--job-id must be 32 lowercase hex characters, got {args.job_id!r}"
+    return None
+
+
+def _is_job_id(value: str) -> bool:
+    return len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    error = _run_usage_error(args)
+    if error is not None:
+        print(f"snapflow run: {error}", file=sys.stderr)
+        return 2
+    if args.detach:
+        return _run_detached(args)
+    return _run_attached(args)
+
+
+def _run_attached(args: argparse.Namespace) -> int:
+    """Run the pipeline file in this process as ``__main__`` inside a submission context; its
+    ``Pipeline.execute()`` calls pick up the flags."""
+    import runpy
+
+    from snapflow.errors import SnapflowError
+    from snapflow.logging import configure_logging
+    from snapflow.spark_bridge.driver import JobFailedError
+    from snapflow.spark_bridge.submission import submission
+
+    configure_logging(args.log_level, "auto")
+    ctx = _run_context(args)
+    path = os.path.abspath(args.pipeline)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [path, *args.args]
+    sys.path.insert(0, os.path.dirname(path))  # as `python PIPELINE.py` does
+    code = 0
+    try:
+        with submission(ctx):
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as e:  # the file's own exit status
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if e.code is not None and not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)
+            except JobFailedError as e:
+                print(f"snapflow run: {e}", file=sys.stderr)
+                code = 1
+            except SnapflowError as e:  # bad pipeline or options: say what to fix
+                print(f"snapflow run: {type(e).__name__}: {e}", file=sys.stderr)
+                code = 2 if type(e).__name__ == "InvalidArgumentError" else 1
+    finally:
+        sys.argv, sys.path = saved_argv, saved_path
+        session = ctx.spark_session_created
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.stop()
+    for r in ctx.results:
+        print(
+            f"Job {r.job_id} ({r.name}) {r.state.value}: {r.checkpoints_completed} checkpoints, "
+            f"{r.restarts} restarts, {r.duration_s:.1f} s"
+        )
+    if code == 0 and ctx.executions == 0:
+        print(
+            f"snapflow run: {args.pipeline} executed no pipeline: call pipeline.execute() "
+            "(snapflow run's options reach a pipeline only through execute(); see "
+            "docs/spark_bridge.md)",
+            file=sys.stderr,
+        )
+        return 2
+    return code
+
+
+def _run_detached(args: argparse.Namespace) -> int:
+    """Start ``snapflow run`` (without --detach, with a job id chosen here) as a background
+    process in its own session, wait until the coordinator knows the job, print its id and the
+    driver's pid, and return. The Spark driver loop runs in that process until the job ends."""
+    import subprocess
+    import tempfile
+    import time
+    import uuid
+
+    job_id = args.job_id or uuid.uuid4().hex
+    log_path = args.log_file or os.path.join(tempfile.gettempdir(), f"snapflow-run-{job_id}.log")
+    argv = [sys.executable, "-m", "snapflow.cli", "run", "--coordinator", args.coordinator]
+    argv += ["--job-id", job_id]
+    if args.spark_master:
+        argv += ["--spark-master", args.spark_master]
+    for key, value in args.conf:
+        argv += ["--conf", f"{key}={value}"]
+    if args.parallelism is not None:
+        argv += ["--parallelism", str(args.parallelism)]
+    if args.restore:
+        argv += ["--restore", _target(args.restore)]
+    if args.allow_non_restored_state:
+        argv.append("--allow-non-restored-state")
+    if args.checkpoint_interval is not None:
+        argv += ["--checkpoint-interval", str(args.checkpoint_interval)]
+    if args.checkpoint_mode is not None:
+        argv += ["--checkpoint-mode", args.checkpoint_mode]
+    argv += ["--log-level", args.log_level]
+    argv += [os.path.abspath(args.pipeline), *args.args]
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C or hang-up of this terminal does not reach it
+        )
+    _DETACHED.append(child)  # not waited for on purpose: no "still running" warning
+    deadline = time.monotonic() + args.detach_timeout
+    with _client(argparse.Namespace(address=args.coordinator, timeout=5.0)) as c:
+        while True:
+            try:
+                job = c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=c.timeout)
+                break
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    raise
+            if child.poll() is not None:
+                print(
+                    f"snapflow run: the driver process exited with code {child.returncode} "
+                    f"before submitting the job; its output:\n{_tail(log_path)}",
+                    file=sys.stderr,
+                )
+                return 1
+            if time.monotonic() > deadline:
+                print(
+                    f"snapflow run: job {job_id} not submitted within {args.detach_timeout:g} s; "
+                    f"the driver (pid {child.pid}) keeps trying, its log: {log_path}",
+                    file=sys.stderr,
+                )
+                return 1
+            time.sleep(0.2)
+    print(f"Job has been submitted with JobID {job_id}")
+    print(f"Job {job.name!r} is {job_state(job.state)} on {args.coordinator}")
+    print(f"Driver process: pid {child.pid}, log {log_path}")
+    return 0
+
+
+def _tail(path: str, limit: int = 4000) -> str:
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - limit))
+        return f.read().decode("utf-8", "replace")
+    return ""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import importlib
 
@@ -714,6 +983,148 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _key_value(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE")
+    return key, val
+
+
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {number}")
+        return number
+
+    return parse
+
+
+def _checkpoint_interval(value: str) -> int:
+    number = _int_at_least(0, "the checkpoint interval")(value)
+    if 0 < number < 10:
+        raise argparse.ArgumentTypeError(
+            f"the checkpoint interval is 0 (off) or >= 10 ms, got {number}"
+        )
+    return number
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a pipeline file on Spark (like flink run / spark-submit)",
+        description="Run PIPELINE.py, a Python file that builds a Pipeline and calls "
+        "pipeline.execute(), in this process with the options below (the same file runs with "
+        "plain `python PIPELINE.py`, on its own settings). Blocks until the job ends and prints "
+        "its result; exit code 0 when every job finished, 1 when one failed, 2 on bad usage. "
+        "By default an embedded coordinator runs for the duration (local masters only).",
+        epilog="Precedence: --parallelism is the default of pipelines built without "
+        "parallelism= (the program's value wins, as over flink run -p); --checkpoint-interval "
+        "and --checkpoint-mode override the program's checkpointing. --restore and --job-id "
+        "apply to the first job the file executes.",
+    )
+    p.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="a running coordinator (`snapflow coordinator`); default: an embedded one for "
+        "the duration of the run (local masters only)",
+    )
+    p.add_argument(
+        "--spark-master",
+        default=None,
+        metavar="URL",
+        help="master of the SparkSession execute() creates when none is active (default: "
+        "local[N], N = the pipeline's task slots)",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration of that session (repeatable)",
+    )
+    p.add_argument(
+        "-p",
+        "--parallelism",
+        type=_int_at_least(1, "--parallelism"),
+        default=None,
+        help="default parallelism of the pipelines (default: the program's, else 1)",
+    )
+    p.add_argument(
+        "-s",
+        "--restore",
+        default=None,
+        metavar="PATH",
+        help="start from this savepoint or retained checkpoint directory (at any parallelism); "
+        "state of operators the program no longer has makes the submission fail unless "
+        "--allow-non-restored-state is given",
+    )
+    p.add_argument(
+        "-n",
+        "--allow-non-restored-state",
+        action="store_true",
+        help="with --restore: drop the state of operators the program no longer has",
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=_checkpoint_interval,
+        default=None,
+        metavar="MS",
+        help="checkpoint interval in ms; 0: periodic checkpoints off (a bounded job still "
+        "takes a final checkpoint that commits its sinks)",
+    )
+    p.add_argument(
+        "--checkpoint-mode",
+        choices=("aligned", "unaligned", "at_least_once"),
+        default=None,
+        help="checkpoint mode",
+    )
+    p.add_argument(
+        "--job-id",
+        default=None,
+        help="id of the (first) job: 32 lowercase hex characters (default: generated)",
+    )
+    p.add_argument(
+        "-d",
+        "--detach",
+        action="store_true",
+        help="return once the job is submitted: print its id, then leave it to a background "
+        "driver process (the Spark driver loop, which restarts the job after failures) whose "
+        "pid and log are printed. Needs --coordinator; stop the job with `snapflow cancel` or "
+        "`snapflow stop`, watch it with `snapflow info`",
+    )
+    p.add_argument(
+        "--detach-timeout",
+        type=_positive_float,
+        default=RUN_DETACH_WAIT_S,
+        metavar="SECONDS",
+        help=f"--detach: how long to wait for the submission (default {RUN_DETACH_WAIT_S:g})",
+    )
+    p.add_argument(
+        "--log-file",
+        default=None,
+        metavar="PATH",
+        help="--detach: the driver process's output (default: snapflow-run-JOB.log in the "
+        "temporary directory)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error", "critical"),
+        default="warning",
+        help="log level of the driver loop and an embedded coordinator (default warning)",
+    )
+    p.add_argument("pipeline", metavar="PIPELINE.py", help="the pipeline file")
+    p.add_argument(
+        "args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments of the pipeline file"
+    )
+    p.set_defaults(handler=cmd_run)
+
+
 def _add_demo(sub: Any) -> None:
     from snapflow.cli import demo
 
@@ -837,7 +1248,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker(sub)
 
     p = sub.add_parser("jobs", parents=client, help="list jobs")
+    p.add_argument(
+        "--state",
+        type=_job_state_filter,
+        action="append",
+        default=None,
+        metavar="STATE",
+        help="only jobs in this state (repeatable): " + ", ".join(JOB_STATES).lower(),
+    )
     p.set_defaults(handler=cmd_jobs)
+
+    p = sub.add_parser(
+        "info", parents=client, help="show a job's graph: vertices, chained operators, edges"
+    )
+    p.add_argument("job_id", metavar="JOB")
+    p.set_defaults(handler=cmd_info)
 
     p = sub.add_parser("job", parents=client, help="show a job and its tasks")
     p.add_argument("job_id", metavar="JOB")
@@ -885,6 +1310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH")
     p.set_defaults(handler=cmd_dispose_savepoint)
 
+    _add_run(sub)
     _add_demo(sub)
     return parser
 

@@ -12,11 +12,16 @@ Recovery contract (what the shell relies on):
 * Triggering is two-step because checkpoint ids come from Redis: a request that passes the
   pre-checks yields ``AllocateCheckpointId``; the shell answers with ``on_checkpoint_id`` (or
   ``on_checkpoint_id_failed``). While an id is being allocated no other trigger starts
-  (Flink's ``isTriggering``).
+  (Flink's ``isTriggering``). A preparation that has not answered within the checkpoint timeout
+  expires (``CHECKPOINT_EXPIRED``, counted); its late answer only burns the id, and no trigger
+  is ever sent for it.
 * Completion is two-step because the metadata and the Redis commit are I/O: the last ack yields
   ``FinalizeCheckpoint``; only after the shell wrote ``_metadata`` and committed the record does
   it call ``on_checkpoint_committed``, which yields ``NotifyComplete``. A failed finalisation is
-  reported with ``on_finalize_failed`` and aborts the checkpoint.
+  reported with ``on_finalize_failed`` and aborts the checkpoint (not counted, as in Flink).
+
+Where this differs from Flink on purpose, and which Flink version it follows:
+``docs/flink-differences.md``.
 * State handed over in an ack that cannot be used (late, unknown, duplicate, aborted) is
   returned in ``DiscardState`` so it is never leaked, except paths that a retained completed
   checkpoint references, which are never discarded.
@@ -68,11 +73,6 @@ class TriggerRequest:
     periodic: bool = False
     target_directory: str = ""
 
-    @property
-    def forced(self) -> bool:
-        # Savepoints bypass max-concurrent and min-pause, as in Flink.
-        return self.kind.is_savepoint
-
 
 def abort_reason_for_decline(reason: DeclineReason) -> AbortReason:
     """The decline policy: declines that say nothing about the checkpoint's health (the task
@@ -90,6 +90,12 @@ def abort_reason_for_decline(reason: DeclineReason) -> AbortReason:
             return AbortReason.DECLINED
         case _:
             raise AssertionError(f"unknown decline reason {reason!r}")
+
+
+# Trigger failures the failure manager counts (Flink's IO_EXCEPTION and CHECKPOINT_EXPIRED).
+COUNTED_TRIGGER_FAILURES = frozenset(
+    {TriggerRefusal.IO_EXCEPTION, TriggerRefusal.CHECKPOINT_EXPIRED}
+)
 
 
 def _queue_rank(request: TriggerRequest) -> int:
@@ -210,6 +216,28 @@ Action = (
 )
 
 
+def _validate_config(config: CheckpointConfig, max_queued_requests: int) -> None:
+    """Edge values are refused loudly here rather than misread later (``convert`` maps the
+    API's zeros to the defaults before a config gets this far)."""
+    problems = [
+        f"{name} {value} must be at least {low}"
+        for name, value, low in (
+            ("interval_ms", config.interval_ms, 0),
+            ("timeout_ms", config.timeout_ms, 1),
+            ("min_pause_ms", config.min_pause_ms, 0),
+            ("max_concurrent", config.max_concurrent, 1),
+            ("aligned_checkpoint_timeout_ms", config.aligned_checkpoint_timeout_ms, 0),
+            ("retained", config.retained, 1),
+            ("max_queued_requests", max_queued_requests, 1),
+        )
+        if value < low
+    ]
+    if config.tolerable_failures is not None and config.tolerable_failures < 0:
+        problems.append(f"tolerable_failures {config.tolerable_failures} must be at least 0")
+    if problems:
+        raise ValueError("invalid checkpoint config: " + "; ".join(problems))
+
+
 # --- state -------------------------------------------------------------------------------
 
 
@@ -239,10 +267,13 @@ class PendingCheckpoint:
 
 
 class FailureManager:
-    """Flink's CheckpointFailureManager: counts consecutive real checkpoint failures.
+    """Flink's CheckpointFailureManager (1.16+): counts consecutive real checkpoint failures.
 
-    Only failures whose reason ``counts_as_failure`` count, each checkpoint id at most once, and
-    only for checkpoints newer than the last successful one. Savepoint failures never count.
+    Counted: failures of checkpoints (never savepoints) whose reason counts (expired, declined
+    for a reason of their own, trigger I/O error or trigger expiry), each checkpoint id at most
+    once, and only ids newer than the last success; a failure without an id (the trigger never
+    got one) always counts. A success newer than every earlier one clears the count, failures
+    of newer checkpoints still in flight included, as Flink's ``clearCount`` does.
     """
 
     def __init__(self, tolerable: int | None) -> None:
@@ -251,21 +282,31 @@ class FailureManager:
         self.last_succeeded_id = 0
         self._counted: set[int] = set()
 
-    def on_failure(self, checkpoint_id: int, kind: CheckpointKind, reason: AbortReason) -> bool:
-        """Record a failure; True when the job must fail."""
-        if kind.is_savepoint or not reason.counts_as_failure:
+    def on_failure(
+        self, checkpoint_id: int | None, kind: CheckpointKind, reason: AbortReason | TriggerRefusal
+    ) -> bool:
+        """Record a failure (``checkpoint_id`` None: no id yet); True when the job must fail."""
+        counts = (
+            reason in COUNTED_TRIGGER_FAILURES
+            if isinstance(reason, TriggerRefusal)
+            else reason.counts_as_failure
+        )
+        if kind.is_savepoint or not counts:
             return False
-        if checkpoint_id <= self.last_succeeded_id or checkpoint_id in self._counted:
-            return False
-        self._counted.add(checkpoint_id)
+        if checkpoint_id is not None:
+            if checkpoint_id <= self.last_succeeded_id or checkpoint_id in self._counted:
+                return False
+            self._counted.add(checkpoint_id)
         self.consecutive_failures += 1
         return self.tolerable is not None and self.consecutive_failures > self.tolerable
 
     def on_success(self, checkpoint_id: int) -> None:
-        self.last_succeeded_id = max(self.last_succeeded_id, checkpoint_id)
+        if checkpoint_id <= self.last_succeeded_id:
+            return  # an older success changes nothing (Flink)
+        self.last_succeeded_id = checkpoint_id
         self.consecutive_failures = 0
+        # Newer ids stay remembered, so a checkpoint never counts twice.
         self._counted = {i for i in self._counted if i > checkpoint_id}
-        self.consecutive_failures = len(self._counted)
 
 
 class CheckpointCoordinator:
@@ -280,6 +321,7 @@ class CheckpointCoordinator:
         rng: random.Random,
         max_queued_requests: int = 16,
     ) -> None:
+        _validate_config(config, max_queued_requests)
         self.job_id = job_id
         self.graph = graph
         self.config = config
@@ -291,6 +333,10 @@ class CheckpointCoordinator:
         self.savepoints: list[CompletedCheckpoint] = []
         self.queue: deque[TriggerRequest] = deque()
         self.triggering: TriggerRequest | None = None
+        self.triggering_deadline_ms: int | None = None
+        """When the preparation of ``triggering`` (id, storage) expires."""
+        self._expired_triggers: list[TriggerRequest] = []
+        """Requests whose preparation expired and has not answered yet (by identity)."""
         self.failure_manager = FailureManager(config.tolerable_failures)
         self.last_completion_ms: int | None = None
         self.next_periodic_ms: int | None = None
@@ -384,9 +430,13 @@ class CheckpointCoordinator:
         deadlines = [p.deadline_ms for p in self.pending.values() if not p.finalizing]
         if self.next_periodic_ms is not None:
             deadlines.append(self.next_periodic_ms)
-        if self.queue and self.last_completion_ms is not None and self.config.min_pause_ms > 0:
-            deadlines.append(self.last_completion_ms + self.config.min_pause_ms)
+        if self.triggering_deadline_ms is not None:
+            deadlines.append(self.triggering_deadline_ms)
         return min(deadlines) if deadlines else None
+
+    def is_triggering(self, request: TriggerRequest) -> bool:
+        """The preparation of this very request (by identity) is under way and not expired."""
+        return self.triggering is request
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (used by tests after each step)."""
@@ -408,6 +458,9 @@ class CheckpointCoordinator:
             or self.failure_manager.consecutive_failures <= tolerable
         ), "failure count over the limit without failing the job"
         assert all(r is not self.triggering for r in self.queue)
+        assert (self.triggering is None) == (self.triggering_deadline_ms is None)
+        assert all(r is not self.triggering for r in self._expired_triggers)
+        assert self.failure_manager.last_succeeded_id <= self.highest_id
         retained = self.retained_ids()
         assert len(retained) == len(set(retained)), "snapshot id recorded twice"
         assert all(i <= self.highest_id for i in retained), "snapshot id never handed out"
@@ -426,7 +479,10 @@ class CheckpointCoordinator:
         refusal = self._refuse_outright(request)
         if refusal is not None:
             return [RequestRefused(request, refusal)]
-        if len(self.queue) >= self.max_queued_requests:
+        # A full queue makes room by dropping its last request if that one is periodic (the new
+        # request itself when it ranks last); a queue of user requests refuses the new one
+        # (Flink's CheckpointRequestDecider).
+        if len(self.queue) >= self.max_queued_requests and not self.queue[-1].periodic:
             return [RequestRefused(request, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)]
         if request.kind.is_synchronous:
             self.stopping_with_savepoint = True
@@ -439,6 +495,10 @@ class CheckpointCoordinator:
         )
         self.queue.insert(position, request)
         actions: list[Action] = []
+        if len(self.queue) > self.max_queued_requests:
+            actions.append(
+                RequestRefused(self.queue.pop(), TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)
+            )
         if request.kind.is_synchronous:
             # Checkpoints queued before a stop-with-savepoint would only be refused later.
             for queued in [r for r in self.queue if not r.kind.is_savepoint]:
@@ -455,29 +515,34 @@ class CheckpointCoordinator:
             return TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING
         return None
 
+    def is_forced(self, request: TriggerRequest) -> bool:
+        """Forced past max concurrent: savepoints, unless unaligned checkpoints are on (Flink's
+        ``forSavepoint(!unalignedCheckpointsEnabled, ...)``): an aligned savepoint's barriers
+        would overtake nothing but abort the unaligned checkpoint in flight on every task."""
+        return request.kind.is_savepoint and self.config.mode is not CheckpointMode.UNALIGNED
+
     def _start_next(self, now_ms: int) -> list[Action]:
+        """Flink's ``chooseRequestToExecute``, looped: the head of the queue starts, waits, or
+        (periodic only, during the minimum pause) is dropped and the timer rescheduled."""
         actions: list[Action] = []
         while self.queue and self.triggering is None:
             request = self.queue[0]
             refusal = None
             if not self.tasks.all_running():
                 refusal = TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING
-            elif not request.forced:
-                if len(self.pending) >= self.config.max_concurrent:
-                    if not request.periodic:
-                        break  # stays queued until a pending checkpoint ends
-                    refusal = TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS
-                elif self._in_min_pause(now_ms):
-                    if not request.periodic:
-                        break  # stays queued until the pause has passed (next_deadline_ms)
-                    refusal = TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS
-                    assert self.last_completion_ms is not None
-                    self.next_periodic_ms = self.last_completion_ms + self.config.min_pause_ms
+            elif len(self.pending) >= self.config.max_concurrent and not self.is_forced(request):
+                break  # stays queued until a pending checkpoint ends
+            elif request.periodic and self._in_min_pause(now_ms):
+                # Manual checkpoints and savepoints ignore the minimum pause, as in Flink.
+                refusal = TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS
+                assert self.last_completion_ms is not None
+                self.next_periodic_ms = self.last_completion_ms + self.config.min_pause_ms
             self.queue.popleft()
             if refusal is not None:
                 actions.append(RequestRefused(request, refusal))
                 continue
             self.triggering = request
+            self.triggering_deadline_ms = now_ms + self.config.timeout_ms
             actions.append(AllocateCheckpointId(request))
         return actions
 
@@ -488,13 +553,34 @@ class CheckpointCoordinator:
             and now_ms < self.last_completion_ms + self.config.min_pause_ms
         )
 
+    def _take_triggering(self, request: TriggerRequest) -> bool:
+        """End the preparation of ``request``: True if it was triggering, False if it had
+        expired (its late answer); anything else is a bug of the caller."""
+        if self.triggering is request:
+            self.triggering = None
+            self.triggering_deadline_ms = None
+            return True
+        for i, expired in enumerate(self._expired_triggers):
+            if expired is request:
+                del self._expired_triggers[i]
+                return False
+        raise ValueError(f"no trigger preparation under way for {request}")
+
     def on_checkpoint_id(
         self, request: TriggerRequest, checkpoint_id: int, external_path: str, now_ms: int
     ) -> list[Action]:
         """The shell allocated an id (Redis INCR) for the request being triggered."""
-        assert self.triggering == request, "id allocated for a request that is not triggering"
-        self.triggering = None
-        assert checkpoint_id > self.highest_id, "checkpoint ids must strictly increase"
+        if checkpoint_id < 1:
+            raise ValueError(f"checkpoint ids start at 1 (as in Flink), not {checkpoint_id}")
+        if not self._take_triggering(request):
+            # Expired while preparing: the id is burnt, and no trigger is ever sent.
+            self.highest_id = max(self.highest_id, checkpoint_id)
+            self._recently_ended.append(checkpoint_id)
+            return []
+        if checkpoint_id <= self.highest_id:
+            raise ValueError(
+                f"checkpoint ids must strictly increase: {checkpoint_id} after {self.highest_id}"
+            )
         self.highest_id = checkpoint_id
         refusal = None
         if self.shutdown or self.job_failed:
@@ -527,17 +613,36 @@ class CheckpointCoordinator:
         actions.extend(self._start_next(now_ms))
         return actions
 
-    def on_checkpoint_id_failed(self, request: TriggerRequest, now_ms: int) -> list[Action]:
-        """Allocating an id failed (Redis down, stale epoch): the request fails."""
-        assert self.triggering == request
-        self.triggering = None
+    def on_checkpoint_id_failed(
+        self, request: TriggerRequest, now_ms: int, count_failure: bool = True
+    ) -> list[Action]:
+        """Allocating an id or preparing the storage failed (Redis down, I/O error): the request
+        fails with ``IO_EXCEPTION``, counted for checkpoints as in Flink (``count_failure``
+        False: the coordinator was fenced, which is no failure of the checkpoint)."""
+        if not self._take_triggering(request):
+            return []  # it had expired already, and was reported then
+        return self._trigger_failed(request, TriggerRefusal.IO_EXCEPTION, now_ms, count_failure)
+
+    def _trigger_failed(
+        self, request: TriggerRequest, refusal: TriggerRefusal, now_ms: int, count_failure: bool
+    ) -> list[Action]:
         if request.kind.is_synchronous:
             self.stopping_with_savepoint = False
             self._schedule_periodic(now_ms)
-        return [
-            RequestRefused(request, TriggerRefusal.IO_EXCEPTION),
-            *self._start_next(now_ms),
-        ]
+        actions: list[Action] = [RequestRefused(request, refusal)]
+        if count_failure and self.failure_manager.on_failure(None, request.kind, refusal):
+            actions.extend(self._fail_job(f"trigger {refusal.name}: {refusal.value}", now_ms))
+        return actions + self._start_next(now_ms)
+
+    def _expire_triggering(self, now_ms: int) -> list[Action]:
+        """The preparation did not answer within the checkpoint timeout (Flink expires a
+        checkpoint whose storage preparation hangs the same way)."""
+        request = self.triggering
+        assert request is not None
+        self.triggering = None
+        self.triggering_deadline_ms = None
+        self._expired_triggers.append(request)
+        return self._trigger_failed(request, TriggerRefusal.CHECKPOINT_EXPIRED, now_ms, True)
 
     def _barrier_options(self, kind: CheckpointKind, location: str) -> BarrierOptions:
         mode = self.config.mode
@@ -571,6 +676,8 @@ class CheckpointCoordinator:
                         p, AbortReason.EXPIRED, f"expired after {self.config.timeout_ms} ms", now_ms
                     )
                 )
+        if self.triggering_deadline_ms is not None and now_ms >= self.triggering_deadline_ms:
+            actions.extend(self._expire_triggering(now_ms))
         if self.next_periodic_ms is not None and now_ms >= self.next_periodic_ms:
             self.next_periodic_ms = now_ms + self.config.interval_ms
             actions.extend(
@@ -673,12 +780,13 @@ class CheckpointCoordinator:
             return []
         if attempt not in pending.not_yet_acknowledged and attempt not in pending.acknowledged:
             return []
-        return self._abort(
+        actions = self._abort(
             pending,
             abort_reason_for_decline(reason),
             f"declined by {attempt}: {message}",
             now_ms,
         )
+        return actions + self._start_next(now_ms)
 
     def _completed_candidate(self, p: PendingCheckpoint, now_ms: int) -> CompletedCheckpoint:
         return CompletedCheckpoint(
@@ -709,12 +817,20 @@ class CheckpointCoordinator:
             self.completed = [c for c in self.completed if c.checkpoint_id not in dropped_ids]
             self.completed.append(checkpoint)
             self.completed.sort(key=lambda c: c.checkpoint_id)
-            self.last_completion_ms = now_ms
-            self.failure_manager.on_success(checkpoint.checkpoint_id)
+        # Savepoints too, as in Flink: the minimum pause counts from them, and their success
+        # clears the failure count.
+        self.last_completion_ms = now_ms
+        self.failure_manager.on_success(checkpoint.checkpoint_id)
         self._recompute_referenced()
-        # Older pending checkpoints are subsumed; savepoints never are.
+        # Older pending checkpoints are subsumed by a checkpoint or a stop-with-savepoint, not
+        # by an intermediate savepoint (Flink 1.15+); savepoints are never subsumed.
+        subsumes = checkpoint.kind is CheckpointKind.CHECKPOINT or checkpoint.kind.is_synchronous
         for older in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
-            if older.checkpoint_id < checkpoint.checkpoint_id and not older.kind.is_savepoint:
+            if (
+                subsumes
+                and older.checkpoint_id < checkpoint.checkpoint_id
+                and not older.kind.is_savepoint
+            ):
                 actions.extend(
                     self._abort(
                         older,
@@ -760,7 +876,9 @@ class CheckpointCoordinator:
         pending = self.pending.get(checkpoint_id)
         if pending is None:
             return []
-        return self._abort(pending, AbortReason.FINALIZE_FAILED, message, now_ms)
+        return self._abort(pending, AbortReason.FINALIZE_FAILED, message, now_ms) + (
+            self._start_next(now_ms)
+        )
 
     # --- aborting --------------------------------------------------------------------------
 
@@ -797,31 +915,35 @@ class CheckpointCoordinator:
             self.stopping_with_savepoint = False
             self._schedule_periodic(now_ms)
         if count_failure and self.failure_manager.on_failure(p.checkpoint_id, p.kind, reason):
-            self.job_failed = True
-            self.shutdown = True
-            self.next_periodic_ms = None
-            fm = self.failure_manager
-            actions.append(
-                FailJob(
-                    f"exceeded checkpoint tolerable failure threshold: {fm.consecutive_failures} "
-                    f"consecutive failures > {fm.tolerable} tolerable (last: checkpoint "
-                    f"{p.checkpoint_id} {reason.name}: {message})"
+            actions.extend(
+                self._fail_job(f"checkpoint {p.checkpoint_id} {reason.name}: {message}", now_ms)
+            )
+        return actions
+
+    def _fail_job(self, last: str, now_ms: int) -> list[Action]:
+        """The failure manager's threshold was exceeded: fail the job, abort the rest."""
+        self.job_failed = True
+        self.shutdown = True
+        self.next_periodic_ms = None
+        fm = self.failure_manager
+        actions: list[Action] = [
+            FailJob(
+                f"exceeded checkpoint tolerable failure threshold: {fm.consecutive_failures} "
+                f"consecutive failures > {fm.tolerable} tolerable (last: {last})"
+            )
+        ]
+        for other in sorted(self.pending.values(), key=lambda q: q.checkpoint_id):
+            if other.finalizing:
+                continue
+            actions.extend(
+                self._abort(
+                    other, AbortReason.JOB_CANCELED, "job failed", now_ms, count_failure=False
                 )
             )
-            for other in sorted(self.pending.values(), key=lambda q: q.checkpoint_id):
-                if other.finalizing:
-                    continue
-                actions.extend(
-                    self._abort(
-                        other, AbortReason.JOB_CANCELED, "job failed", now_ms, count_failure=False
-                    )
-                )
-            while self.queue:
-                actions.append(
-                    RequestRefused(
-                        self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
-                    )
-                )
+        while self.queue:
+            actions.append(
+                RequestRefused(self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)
+            )
         return actions
 
     # --- helpers ---------------------------------------------------------------------------

@@ -84,6 +84,9 @@ class DeleteRetired:
 
     operation: ClassVar[str] = "delete_completed"
     checkpoint_ids: tuple[int, ...]
+    checkpoints: tuple[CompletedCheckpoint, ...] = ()
+    """The dropped checkpoints where known: on S3 their files are deleted by name, without
+    reading their ``_metadata`` first (never a LIST either way)."""
 
 
 IoOp = (
@@ -199,10 +202,14 @@ class CheckpointIo:
                 snapshot_dirs = self._results.snapshot_dirs()
                 allowed = self._results.savepoint_dirs()
                 await asyncio.to_thread(self.cleanup.discard, paths, snapshot_dirs, allowed)
-            case DeleteRetired(checkpoint_ids=checkpoint_ids):
+            case DeleteRetired(checkpoint_ids=checkpoint_ids, checkpoints=checkpoints):
+                known = {c.checkpoint_id: c for c in checkpoints}
                 for checkpoint_id in checkpoint_ids:
                     await asyncio.to_thread(
-                        self.storage.delete_checkpoint, self.job_id, checkpoint_id
+                        self.storage.delete_checkpoint,
+                        self.job_id,
+                        checkpoint_id,
+                        known.get(checkpoint_id),
                     )
                     self._log.info(
                         "checkpoint.deleted", checkpoint_id=checkpoint_id, reason="retention"
@@ -223,9 +230,9 @@ class CheckpointIo:
             location = self.location(request, checkpoint_id)
             await asyncio.to_thread(self.storage.ensure_directory, location)
         except Exception as e:
-            self._results.checkpoint_id_failed(request, f"could not start the checkpoint: {e}")
             if isinstance(e, StaleEpochError):
-                raise
+                self._fencing.on_fenced(e)  # first: being fenced is no checkpoint failure
+            self._results.checkpoint_id_failed(request, f"could not start the checkpoint: {e}")
             return
         self._results.checkpoint_id_allocated(request, checkpoint_id, location)
 

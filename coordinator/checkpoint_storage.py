@@ -1,4 +1,4 @@
-"""Checkpoint storage on a local or shared (mounted) file system.
+"""Checkpoint storage on a local or shared (mounted) file system, or on S3.
 
 Layout (docs/coordinator.md, "Storage layout")::
 
@@ -7,32 +7,41 @@ Layout (docs/coordinator.md, "Storage layout")::
     <root>/<job_id>/taskowned/           state owned by the tasks
     <target>/savepoint-<job6>-<hex12>/   a savepoint: state files and _metadata, self-contained
 
-``_metadata`` is written atomically and never overwritten: the JSON goes to a temporary file in
-the same directory, is fsynced, then hard-linked to ``_metadata`` (the link fails if the name
-exists), the temporary name is removed and the directory fsynced. A crash leaves either no
-``_metadata`` or a complete one.
+``<root>`` is a path, a ``file://`` URI or ``s3://bucket/prefix``; the bytes go through
+:mod:`snapflow.filestore`. On S3 a "directory" is a key prefix: nothing is created for it, and
+locations are normalised (no ``.``/``..`` or empty segments: S3 keys are literal, so a ``..``
+is refused rather than resolved).
+
+``_metadata`` is created once and never overwritten (:meth:`FileStore.create`): on a file system
+a fsynced temporary file hard-linked to ``_metadata``
+(:func:`snapflow.durable_files.create_exclusive`), on S3 a ``PutObject`` with
+``If-None-Match: *``. A crash leaves either no ``_metadata`` or a complete one; a second writer
+gets :class:`AlreadyExistsError` and the first one stays.
 
 Savepoint metadata records the state files that lie inside the savepoint directory relative to
-it, so a savepoint directory can be moved or copied and still be restored;
+it, so a savepoint directory (or prefix) can be moved or copied and still be restored;
 :meth:`CheckpointStorage.read_metadata` resolves them against the directory it read from.
 
 Nothing here ever deletes a file outside the job's directory (or an explicitly allowed savepoint
 directory): every path a worker or a metadata file hands us is normalised (``file://`` prefix,
-``..``, symlinks) and checked first.
+``..``, symlinks locally; the key prefix on S3) and checked first.
+
+Request budget on S3: the checkpoint path (trigger, ack, finalize, retention) never LISTs.
+Retention deletes the files a retired checkpoint's metadata names plus its ``_metadata`` in one
+batched ``DeleteObjects``; only start-up (orphans), savepoint disposal and aborted savepoints
+list a prefix.
 
 All methods are synchronous and blocking; the coordinator calls them via ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -41,15 +50,16 @@ from urllib.parse import unquote, urlsplit
 import structlog
 
 from snapflow.coordinator.model import CompletedCheckpoint
-from snapflow.durable_files import fsync_dir
 from snapflow.errors import (
     AlreadyExistsError,
     CheckpointNotFoundError,
     ConfigError,
     InvalidArgumentError,
     InvalidStatePathError,
+    SnapflowError,
     StorageError,
 )
+from snapflow.filestore import FileStore, S3Settings, is_object_store_uri, store_for
 
 log = structlog.get_logger(__name__)
 
@@ -63,26 +73,16 @@ _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # Only canonical names (no leading zeros): "chk-007" is not ours and is left alone.
 _CHECKPOINT_DIR_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")
 _SAFE_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-# os.link is not supported everywhere (some FUSE / SMB / object-store mounts).
-_NO_HARDLINK_ERRNOS = frozenset(
-    e
-    for e in (
-        errno.EPERM,
-        errno.EXDEV,
-        errno.EMLINK,
-        getattr(errno, "ENOTSUP", None),
-        getattr(errno, "EOPNOTSUPP", None),
-        getattr(errno, "ENOSYS", None),
-    )
-    if e is not None
-)
+# S3's bucket naming rules (general purpose buckets), loosely: 3-63 characters.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_SUPPORTED = "a path, a file:// URI or s3://bucket/prefix"
 
 
 def local_path_from_uri(location: str, *, what: str = "path") -> str:
     """Return the file-system path of ``location`` (a plain path or a ``file://`` URI).
 
-    Any other URI scheme raises :class:`ConfigError`: only local or shared (mounted) file systems
-    are supported in this version. The result is not made absolute.
+    Any other URI scheme raises :class:`ConfigError` (``s3://`` included: callers that accept
+    object storage check :func:`is_object_store_uri` first). The result is not made absolute.
     """
     match = _SCHEME_RE.match(location)
     if not match:
@@ -90,18 +90,81 @@ def local_path_from_uri(location: str, *, what: str = "path") -> str:
     scheme = match.group(1).lower()
     if scheme != "file":
         raise ConfigError(
-            f"{what} {location!r} uses the URI scheme {scheme!r}: only local or shared file "
-            "systems (a plain path or a file:// URI) are supported in this version"
+            f"{what} {location!r:.200} uses the URI scheme {scheme!r}: only local or shared file "
+            "systems (a plain path or a file:// URI) and S3 (s3://bucket/prefix) are supported"
         )
     parts = urlsplit(location)
     if parts.netloc not in ("", "localhost"):
         raise ConfigError(
-            f"{what} {location!r} names the host {parts.netloc!r}: a file:// URI must be "
-            "file:///absolute/path (mount shared storage and use the local path)"
+            f"{what} {location!r:.200} names the host {parts.netloc!r:.100}: a file:// URI must "
+            "be file:///absolute/path (mount shared storage and use the local path)"
         )
     if parts.query or parts.fragment:
-        raise ConfigError(f"{what} {location!r}: a file:// URI must not have a query or fragment")
+        raise ConfigError(
+            f"{what} {location!r:.200}: a file:// URI must not have a query or fragment"
+        )
     return unquote(parts.path)
+
+
+def s3_location(
+    location: str, *, what: str, error: type[SnapflowError] = InvalidArgumentError
+) -> str:
+    """``location`` (an ``s3://`` URI) normalised to ``s3://bucket/key/prefix`` without a
+    trailing slash; raises ``error`` saying what to fix when it names no valid bucket, has a
+    query, a NUL byte, or a ``.``/``..`` segment (S3 keys are literal: ``a/../b`` is not
+    ``b``, so it is refused rather than resolved)."""
+    parts = urlsplit(location)
+    shown = f"{location!r:.200}"
+    if parts.query or parts.fragment:
+        raise error(f"{what} {shown}: an s3:// URI must not have a query or fragment")
+    bucket = parts.netloc
+    if not bucket:
+        raise error(f"{what} {shown} names no bucket: write it as s3://bucket/prefix")
+    if not _BUCKET_RE.match(bucket):
+        raise error(
+            f"{what} {shown}: {bucket!r:.80} is not a valid S3 bucket name (3-63 lower-case "
+            "letters, digits, '.' and '-')"
+        )
+    key = unquote(parts.path)
+    if "\x00" in key:
+        raise error(f"{what} {shown} contains a NUL byte")
+    segments = [s for s in key.split("/") if s]
+    if any(s in (".", "..") for s in segments):
+        raise error(
+            f"{what} {shown} has a '.' or '..' segment: S3 keys are literal, so they are "
+            "refused; write the location without them"
+        )
+    return f"s3://{bucket}/{'/'.join(segments)}" if segments else f"s3://{bucket}"
+
+
+def check_storage_location(location: str, *, what: str) -> str:
+    """Validate a storage root as given in the settings or a job's config: ``s3://`` (see
+    :func:`s3_location`) or a local path/``file://`` URI. Returns the normalised S3 URI or the
+    local path (not made absolute). Raises :class:`ConfigError`."""
+    if is_object_store_uri(location):
+        return s3_location(location, what=what, error=ConfigError)
+    return local_path_from_uri(location, what=what)
+
+
+def location_key(path: str) -> str:
+    """A comparable form of a location: the normalised S3 URI, or the real local path (a path
+    that cannot be normalised is returned as given, which matches nothing else)."""
+    if is_object_store_uri(path):
+        try:
+            return s3_location(path, what="path")
+        except InvalidArgumentError:
+            return path
+    try:
+        return os.path.realpath(local_path_from_uri(path))
+    except ConfigError:
+        return path
+
+
+def is_inside(path_key: str, directory_key: str) -> bool:
+    """True when ``path_key`` lies strictly inside ``directory_key`` (both from
+    :func:`location_key`)."""
+    sep = "/" if is_object_store_uri(directory_key) else os.sep
+    return path_key.startswith(directory_key.rstrip(sep) + sep)
 
 
 def _is_relative_to(path: str, root: str) -> bool:
@@ -111,15 +174,36 @@ def _is_relative_to(path: str, root: str) -> bool:
     return os.path.commonpath([path, root]) == root
 
 
-class CheckpointStorage:
-    """Checkpoint and savepoint files under one root directory (a path or ``file://`` URI)."""
+def _s3_join(base: str, *names: str) -> str:
+    return "/".join([base.rstrip("/"), *names])
 
-    def __init__(self, root: str) -> None:
+
+def _s3_split(location: str) -> tuple[str, str]:
+    """``(parent, name)`` of a normalised S3 location (the parent of a bucket is itself)."""
+    bucket_and_key = location[len("s3://") :]
+    if "/" not in bucket_and_key:
+        return location, ""
+    parent, name = bucket_and_key.rsplit("/", 1)
+    return f"s3://{parent}", name
+
+
+class CheckpointStorage:
+    """Checkpoint and savepoint files under one root: a directory (a path or ``file://`` URI)
+    or an S3 prefix (``s3://bucket/prefix``, reached with ``s3``'s settings)."""
+
+    def __init__(self, root: str, s3: S3Settings | None = None) -> None:
         if not isinstance(root, str) or not root.strip():
-            raise ConfigError("storage root is empty: set storage_root to a directory path")
-        path = local_path_from_uri(root.strip(), what="storage root")
+            raise ConfigError(
+                "storage root is empty: set storage_root to a directory path or s3://bucket/prefix"
+            )
+        self._s3 = s3
+        root = root.strip()
+        if is_object_store_uri(root):
+            self._root = s3_location(root, what="storage root", error=ConfigError)
+            return
+        path = local_path_from_uri(root, what="storage root")
         if "\x00" in path:
-            raise ConfigError(f"storage root {root!r} contains a NUL byte")
+            raise ConfigError(f"storage root {root!r:.200} contains a NUL byte")
         # Resolved once: every containment check compares real paths against this.
         self._root = os.path.realpath(os.path.abspath(path))
 
@@ -128,8 +212,22 @@ class CheckpointStorage:
 
     @property
     def root(self) -> str:
-        """The absolute, symlink-free root directory."""
+        """The absolute, symlink-free root directory, or the normalised S3 URI."""
         return self._root
+
+    @property
+    def is_object_store(self) -> bool:
+        """The root is on S3 (no directories; a LIST costs a request)."""
+        return is_object_store_uri(self._root)
+
+    def store(self, location: str) -> FileStore:
+        """The file store of ``location``'s scheme (this storage's S3 settings for ``s3://``)."""
+        return store_for(location, self._s3)
+
+    def _join(self, base: str, *names: str) -> str:
+        if is_object_store_uri(base):
+            return _s3_join(base, *names)
+        return os.path.join(base, *names)
 
     # --- paths ------------------------------------------------------------------------------
 
@@ -141,10 +239,10 @@ class CheckpointStorage:
             or job_id in (".", "..")
         ):
             raise InvalidArgumentError(
-                f"invalid job id {job_id!r}: expected letters, digits, '_', '-' or '.' "
+                f"invalid job id {job_id!r:.100}: expected letters, digits, '_', '-' or '.' "
                 "(a 32-character hex id)"
             )
-        return os.path.join(self._root, job_id)
+        return self._join(self._root, job_id)
 
     def checkpoint_dir(self, job_id: str, checkpoint_id: int) -> str:
         """``<root>/<job_id>/chk-<checkpoint_id>`` (absolute)."""
@@ -154,37 +252,42 @@ class CheckpointStorage:
             or checkpoint_id < 0
         ):
             raise InvalidArgumentError(
-                f"invalid checkpoint id {checkpoint_id!r}: expected a non-negative integer"
+                f"invalid checkpoint id {checkpoint_id!r:.50}: expected a non-negative integer"
             )
-        return os.path.join(self.job_dir(job_id), f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}")
+        return self._join(self.job_dir(job_id), f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}")
 
     def savepoint_dir(self, target_directory: str, job_id: str, checkpoint_id: int) -> str:
         """A fresh savepoint directory path (not created): Flink's
         ``<target>/savepoint-<first 6 chars of job id>-<12 random hex>``.
 
         An empty ``target_directory`` means ``<root>/savepoints``. A target must be absolute
-        (the coordinator's working directory means nothing to the caller).
+        (the coordinator's working directory means nothing to the caller) or an ``s3://`` URI.
         ``checkpoint_id`` is not part of the name (as in Flink); it is accepted for symmetry.
         """
-        job_prefix = os.path.basename(self.job_dir(job_id))[:6]
-        if target_directory:
+        job_prefix = self.job_dir(job_id).rsplit("/", 1)[-1][:6]
+        if target_directory and is_object_store_uri(target_directory):
+            target = s3_location(target_directory, what="savepoint target directory")
+        elif target_directory:
             try:
                 target = local_path_from_uri(target_directory, what="savepoint target directory")
             except ConfigError as e:
                 raise InvalidArgumentError(str(e)) from None
             if "\x00" in target or not os.path.isabs(target):
                 raise InvalidArgumentError(
-                    f"savepoint target directory {target_directory!r} must be an absolute path "
-                    "or a file:// URI"
+                    f"savepoint target directory {target_directory!r:.200} must be an absolute "
+                    "path, a file:// URI or s3://bucket/prefix"
                 )
             target = os.path.normpath(target)
         else:
-            target = os.path.join(self._root, SAVEPOINTS_DIR)
-        return os.path.join(target, f"savepoint-{job_prefix}-{secrets.token_hex(6)}")
+            target = self._join(self._root, SAVEPOINTS_DIR)
+        return self._join(target, f"savepoint-{job_prefix}-{secrets.token_hex(6)}")
 
     def ensure_directory(self, directory: str) -> str:
-        """Create ``directory`` (and parents) if missing; returns its absolute path."""
+        """Create ``directory`` (and parents) if missing; returns its absolute path. On S3 a
+        directory is a key prefix: nothing to create, no request."""
         path = self._absolute(directory, what="directory")
+        if is_object_store_uri(path):
+            return path
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as e:
@@ -197,10 +300,10 @@ class CheckpointStorage:
         """Write ``<directory>/_metadata`` atomically, create-if-absent; returns its path.
 
         Raises :class:`AlreadyExistsError` if ``_metadata`` exists (it is never overwritten) and
-        :class:`StorageError` on I/O errors.
+        :class:`StorageError` on I/O errors (on S3 naming the bucket and the operation).
         """
         directory = self._absolute(directory, what="checkpoint directory")
-        target = os.path.join(directory, METADATA_FILE)
+        target = self._join(directory, METADATA_FILE)
         record = checkpoint.to_dict()
         if checkpoint.kind.is_savepoint:
             record = _relativize(record, directory)
@@ -209,39 +312,12 @@ class CheckpointStorage:
             sort_keys=True,
             separators=(",", ":"),
         ).encode("utf-8")
-
         try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as e:
-            raise StorageError(f"cannot create checkpoint directory {directory}: {e}") from e
-        if os.path.lexists(target):
-            raise AlreadyExistsError(f"checkpoint metadata {target} already exists")
-
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{METADATA_FILE}.", suffix=".tmp", dir=directory)
-        except OSError as e:
-            raise StorageError(f"cannot create a temporary file in {directory}: {e}") from e
-        try:
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide it from readers
-                    f.write(payload)
-                    f.flush()
-                    os.fsync(f.fileno())
-                try:
-                    os.link(tmp, target)
-                except FileExistsError:
-                    raise AlreadyExistsError(
-                        f"checkpoint metadata {target} already exists"
-                    ) from None
-                except OSError as e:
-                    if e.errno not in _NO_HARDLINK_ERRNOS:
-                        raise
-                    _write_exclusive(target, payload)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            fsync_dir(directory)
+            self.store(target).create(target, payload)
+        except AlreadyExistsError:
+            raise AlreadyExistsError(
+                f"checkpoint metadata {target} already exists; it is never overwritten"
+            ) from None
         except OSError as e:
             raise StorageError(f"cannot write checkpoint metadata {target}: {e}") from e
         log.debug(
@@ -257,16 +333,34 @@ class CheckpointStorage:
         """Read a ``_metadata`` file, or the one in a checkpoint/savepoint directory.
 
         Relative state paths (savepoints) are resolved against the directory the file is in,
-        and a savepoint's ``external_path`` becomes that directory.
+        and a savepoint's ``external_path`` becomes that directory. On S3 a location whose last
+        segment is ``_metadata`` is the file, any other the directory (one GET, no LIST).
         """
         if not isinstance(path_or_directory, str) or not path_or_directory.strip():
             raise InvalidArgumentError("checkpoint path is empty")
+        location = path_or_directory.strip()
+        if is_object_store_uri(location):
+            location = s3_location(location, what="checkpoint path")
+            parent, name = _s3_split(location)
+            if name == METADATA_FILE:
+                directory, path = parent, location
+            else:
+                directory, path = location, _s3_join(location, METADATA_FILE)
+            try:
+                raw = self.store(path).read(path)
+            except FileNotFoundError:
+                raise CheckpointNotFoundError(_no_metadata(path)) from None
+            except OSError as e:
+                raise StorageError(f"cannot read checkpoint metadata {path}: {e}") from e
+            return _decode_metadata(raw, path, directory)
         try:
-            local = local_path_from_uri(path_or_directory.strip(), what="checkpoint path")
+            local = local_path_from_uri(location, what="checkpoint path")
         except ConfigError as e:
             raise InvalidArgumentError(str(e)) from None
         if "\x00" in local:
-            raise InvalidArgumentError(f"checkpoint path {path_or_directory!r} contains a NUL byte")
+            raise InvalidArgumentError(
+                f"checkpoint path {path_or_directory!r:.200} contains a NUL byte"
+            )
         local = os.path.normpath(os.path.abspath(local))
         if os.path.isdir(local):
             directory, path = local, os.path.join(local, METADATA_FILE)
@@ -276,10 +370,7 @@ class CheckpointStorage:
             with open(path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
-            raise CheckpointNotFoundError(
-                f"no checkpoint metadata at {path} (expected a checkpoint or savepoint directory "
-                f"containing {METADATA_FILE}, or the {METADATA_FILE} file itself)"
-            ) from None
+            raise CheckpointNotFoundError(_no_metadata(path)) from None
         except IsADirectoryError:
             raise InvalidArgumentError(f"{path} is a directory, not a metadata file") from None
         except OSError as e:
@@ -291,49 +382,78 @@ class CheckpointStorage:
     def validate_state_path(
         self, job_id: str, path: str, allowed_extra_dirs: Iterable[str] = ()
     ) -> str:
-        """Return the real absolute path of ``path`` if it lies inside the job's directory or
-        one of ``allowed_extra_dirs`` (savepoint directories); else raise
-        :class:`InvalidStatePathError`. ``file://`` URIs, ``..`` and symlinks are resolved;
-        empty and relative paths are refused."""
+        """Return the normalised absolute path of ``path`` if it lies inside the job's
+        directory or one of ``allowed_extra_dirs`` (savepoint directories); else raise
+        :class:`InvalidStatePathError`. Locally ``file://`` URIs, ``..`` and symlinks are
+        resolved; on S3 the key must lie under the directory's prefix (``..`` refused); empty
+        and relative paths are refused."""
         job_root = self.job_dir(job_id)
         if not isinstance(path, str) or not path.strip():
             raise InvalidStatePathError(f"empty state path: state must lie inside {job_root}")
+        extras = [e for e in allowed_extra_dirs if e]
+        if is_object_store_uri(path):
+            return self._validate_s3_state_path(job_root, path, extras)
         try:
             local = local_path_from_uri(path, what="state path")
         except ConfigError as e:
             raise InvalidStatePathError(f"{e}; state must lie inside {job_root}") from None
         if "\x00" in local:
-            raise InvalidStatePathError(f"state path {path!r} contains a NUL byte")
+            raise InvalidStatePathError(f"state path {path!r:.200} contains a NUL byte")
         if not os.path.isabs(local):
             raise InvalidStatePathError(
-                f"state path {path!r} is relative: state paths must be absolute and lie "
+                f"state path {path!r:.200} is relative: state paths must be absolute and lie "
                 f"inside {job_root}"
             )
         real = os.path.realpath(local)
         # The job directory is *not* resolved: if it were itself a symlink, nothing validates.
-        roots = [job_root]
-        for extra in allowed_extra_dirs:
-            if not extra:
+        roots = [] if is_object_store_uri(job_root) else [job_root]
+        for extra in extras:
+            if is_object_store_uri(extra):
                 continue
             try:
                 extra_local = local_path_from_uri(extra, what="allowed directory")
             except ConfigError as e:
                 raise InvalidArgumentError(str(e)) from None
             if "\x00" in extra_local or not os.path.isabs(extra_local):
-                raise InvalidArgumentError(f"allowed directory {extra!r} must be absolute")
+                raise InvalidArgumentError(f"allowed directory {extra!r:.200} must be absolute")
             roots.append(os.path.realpath(extra_local))
         for root in roots:
             if _is_relative_to(real, root):
                 return real
-        allowed = " or ".join(roots)
+        allowed = " or ".join(dict.fromkeys([job_root, *roots]))
         raise InvalidStatePathError(
-            f"state path {path!r} (resolved to {real}) lies outside {allowed}; it is not touched"
+            f"state path {path!r:.200} (resolved to {real:.200}) lies outside {allowed:.600}; "
+            "it is not touched"
+        )
+
+    @staticmethod
+    def _validate_s3_state_path(job_root: str, path: str, extras: list[str]) -> str:
+        try:
+            key = s3_location(path, what="state path", error=InvalidStatePathError)
+        except InvalidStatePathError as e:
+            raise InvalidStatePathError(f"{e}; state must lie inside {job_root}") from None
+        roots = [job_root] if is_object_store_uri(job_root) else []
+        roots += [
+            s3_location(e, what="allowed directory") for e in extras if is_object_store_uri(e)
+        ]
+        for root in roots:
+            if key.startswith(root + "/"):
+                return key
+        if not roots:
+            raise InvalidStatePathError(
+                f"state path {path!r:.200} uses the URI scheme 's3' but the job's storage is "
+                f"{job_root}: state must lie inside it; it is not touched"
+            )
+        allowed = " or ".join(dict.fromkeys([job_root, *roots]))
+        raise InvalidStatePathError(
+            f"state path {path!r:.200} lies outside {allowed:.600}; it is not touched"
         )
 
     def discard_state(
         self, job_id: str, paths: Iterable[str], allowed_extra_dirs: Iterable[str] = ()
     ) -> int:
-        """Delete the state files at ``paths`` that validate; returns how many were deleted.
+        """Delete the state files at ``paths`` that validate; returns how many were deleted
+        (on S3: how many were asked for, in batched ``DeleteObjects`` requests).
 
         Paths that do not validate are logged and skipped (never deleted); missing files are
         fine; directories are skipped; I/O errors are logged (discarding is best-effort).
@@ -342,6 +462,7 @@ class CheckpointStorage:
         extra = tuple(allowed_extra_dirs)
         deleted = 0
         seen: set[str] = set()
+        objects: list[str] = []
         for path in paths:
             try:
                 real = self.validate_state_path(job_id, path, extra)
@@ -351,6 +472,9 @@ class CheckpointStorage:
             if real in seen:
                 continue
             seen.add(real)
+            if is_object_store_uri(real):
+                objects.append(real)
+                continue
             try:
                 if os.path.isdir(real):
                     log.warning("storage.discard_skipped_directory", job_id=job_id, path=real)
@@ -361,13 +485,27 @@ class CheckpointStorage:
                 pass
             except OSError as e:
                 log.warning("storage.discard_failed", job_id=job_id, path=real, error=str(e))
+        if objects:
+            try:
+                deleted += self.store(objects[0]).delete(objects)
+            except (OSError, StorageError) as e:
+                log.warning("storage.discard_failed", job_id=job_id, path=objects[0], error=str(e))
         if deleted:
             log.debug("storage.state_discarded", job_id=job_id, files=deleted)
         return deleted
 
-    def delete_checkpoint(self, job_id: str, checkpoint_id: int) -> bool:
-        """Remove ``<root>/<job_id>/chk-<id>`` recursively; False if it did not exist."""
+    def delete_checkpoint(
+        self, job_id: str, checkpoint_id: int, checkpoint: CompletedCheckpoint | None = None
+    ) -> bool:
+        """Remove checkpoint ``<root>/<job_id>/chk-<id>``; False if there was nothing to remove.
+
+        Locally the directory is removed recursively. On S3 (never a LIST): the state files
+        inside ``chk-<id>/`` that ``checkpoint`` names, or, without it, that its ``_metadata``
+        names (one GET), plus the ``_metadata``, in one batched delete. Files outside
+        ``chk-<id>/`` (shared state) are kept, as locally."""
         directory = self.checkpoint_dir(job_id, checkpoint_id)
+        if is_object_store_uri(directory):
+            return self._delete_s3_checkpoint(job_id, checkpoint_id, directory, checkpoint)
         job_root = self.job_dir(job_id)
         if os.path.islink(directory) or os.path.realpath(directory) != directory:
             # A symlinked chk dir (or job dir): never follow it out of the job's directory.
@@ -386,21 +524,52 @@ class CheckpointStorage:
         log.debug("storage.checkpoint_deleted", job_id=job_id, checkpoint_id=checkpoint_id)
         return True
 
+    def _delete_s3_checkpoint(
+        self,
+        job_id: str,
+        checkpoint_id: int,
+        directory: str,
+        checkpoint: CompletedCheckpoint | None,
+    ) -> bool:
+        if checkpoint is None:
+            try:
+                checkpoint = self.read_metadata(directory)
+            except CheckpointNotFoundError:
+                return False  # never completed: leftovers go with the orphans at start-up
+        objects = []
+        for path in checkpoint.state_paths():
+            key = location_key(path)
+            if is_inside(key, directory):
+                objects.append(key)
+        objects.append(_s3_join(directory, METADATA_FILE))  # last: a retry finds it still
+        self.store(directory).delete(dict.fromkeys(objects))
+        log.debug(
+            "storage.checkpoint_deleted",
+            job_id=job_id,
+            checkpoint_id=checkpoint_id,
+            objects=len(objects),
+        )
+        return True
+
     def dispose_savepoint(self, path: str) -> str:
         """Delete a savepoint directory (or the directory of a ``_metadata`` path).
 
         Refused with :class:`InvalidArgumentError` unless the directory holds a valid savepoint
         ``_metadata``; a missing directory raises :class:`CheckpointNotFoundError`. Returns the
-        deleted directory. State files outside the directory are never deleted.
+        deleted directory. State files outside the directory are never deleted. On S3 every
+        object under the savepoint's prefix is deleted (one LIST: disposal is off the hot
+        path), ``_metadata`` last, so an interrupted disposal can be repeated.
         """
         if not isinstance(path, str) or not path.strip():
             raise InvalidArgumentError("savepoint path is empty")
+        if is_object_store_uri(path.strip()):
+            return self._dispose_s3_savepoint(path.strip())
         try:
             local = local_path_from_uri(path.strip(), what="savepoint path")
         except ConfigError as e:
             raise InvalidArgumentError(str(e)) from None
         if "\x00" in local or not os.path.isabs(local):
-            raise InvalidArgumentError(f"savepoint path {path!r} must be an absolute path")
+            raise InvalidArgumentError(f"savepoint path {path!r:.200} must be an absolute path")
         local = os.path.realpath(local)
         directory = local
         if os.path.basename(local) == METADATA_FILE and not os.path.isdir(local):
@@ -408,28 +577,9 @@ class CheckpointStorage:
         if not os.path.isdir(directory):
             raise CheckpointNotFoundError(f"no savepoint directory at {directory}")
         if not os.path.isfile(os.path.join(directory, METADATA_FILE)):
-            raise InvalidArgumentError(
-                f"refusing to dispose {directory}: it has no {METADATA_FILE}, so it is not a "
-                "savepoint directory"
-            )
+            raise InvalidArgumentError(_not_a_savepoint_dir(directory))
         checkpoint = self.read_metadata(directory)  # InvalidArgumentError when malformed
-        if not checkpoint.kind.is_savepoint:
-            raise InvalidArgumentError(
-                f"refusing to dispose {directory}: it holds checkpoint "
-                f"{checkpoint.checkpoint_id}, not a savepoint (checkpoints are removed by "
-                "retention)"
-            )
-        outside = [
-            p
-            for p in checkpoint.state_paths()
-            if not _is_relative_to(os.path.realpath(p), directory)
-        ]
-        if outside:
-            log.warning(
-                "storage.savepoint_external_state_kept",
-                path=directory,
-                files=len(outside),
-            )
+        self._check_disposable(checkpoint, directory)
         try:
             shutil.rmtree(directory)
         except OSError as e:
@@ -442,9 +592,79 @@ class CheckpointStorage:
         )
         return directory
 
+    def _dispose_s3_savepoint(self, path: str) -> str:
+        location = s3_location(path, what="savepoint path")
+        parent, name = _s3_split(location)
+        directory = parent if name == METADATA_FILE else location
+        store = self.store(directory)
+        try:
+            checkpoint = self.read_metadata(directory)
+        except CheckpointNotFoundError:
+            if store.list(directory):
+                raise InvalidArgumentError(_not_a_savepoint_dir(directory)) from None
+            raise CheckpointNotFoundError(f"no savepoint at {directory}") from None
+        self._check_disposable(checkpoint, directory)
+        metadata = _s3_join(directory, METADATA_FILE)
+        store.delete([o for o in store.list(directory) if o != metadata])
+        store.delete([metadata])
+        log.info(
+            "storage.savepoint_disposed",
+            job_id=checkpoint.job_id,
+            checkpoint_id=checkpoint.checkpoint_id,
+            path=directory,
+        )
+        return directory
+
+    @staticmethod
+    def _check_disposable(checkpoint: CompletedCheckpoint, directory: str) -> None:
+        if not checkpoint.kind.is_savepoint:
+            raise InvalidArgumentError(
+                f"refusing to dispose {directory}: it holds checkpoint "
+                f"{checkpoint.checkpoint_id}, not a savepoint (checkpoints are removed by "
+                "retention)"
+            )
+        directory_key = location_key(directory)
+        outside = [
+            p for p in checkpoint.state_paths() if not is_inside(location_key(p), directory_key)
+        ]
+        if outside:
+            log.warning(
+                "storage.savepoint_external_state_kept",
+                path=directory,
+                files=len(outside),
+            )
+
+    def delete_incomplete_savepoint(self, directory: str) -> bool:
+        """Delete a savepoint directory that has no ``_metadata`` (an aborted savepoint, or one
+        pending when the coordinator stopped); one with ``_metadata`` is kept. Returns whether
+        anything was deleted. Best effort; on S3 a HEAD and a LIST (savepoints are rare)."""
+        if not directory:
+            return False
+        if is_object_store_uri(directory):
+            try:
+                directory = s3_location(directory, what="savepoint directory")
+                store = self.store(directory)
+                if store.exists(_s3_join(directory, METADATA_FILE)):
+                    return False
+                objects = store.list(directory)
+                store.delete(objects)
+            except (OSError, SnapflowError) as e:
+                log.warning("storage.savepoint_cleanup_failed", path=directory, error=str(e))
+                return False
+            return bool(objects)
+        directory = directory.removeprefix("file://")
+        if os.path.exists(os.path.join(directory, METADATA_FILE)):
+            return False
+        existed = os.path.lexists(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        return existed
+
     def list_checkpoint_ids(self, job_id: str) -> list[int]:
-        """Ids of the ``chk-<id>`` directories present for the job, ascending."""
+        """Ids of the ``chk-<id>`` directories present for the job, ascending (on S3: the
+        prefixes holding at least one object; one LIST, at start-up only)."""
         job_root = self.job_dir(job_id)
+        if is_object_store_uri(job_root):
+            return sorted(self._s3_checkpoint_objects(job_root))
         try:
             names = os.listdir(job_root)
         except FileNotFoundError:
@@ -458,15 +678,28 @@ class CheckpointStorage:
                 ids.append(int(m.group(1)))
         return sorted(ids)
 
+    def _s3_checkpoint_objects(self, job_root: str) -> dict[int, list[str]]:
+        """The objects under ``<job_root>/chk-<id>/``, by id."""
+        out: dict[int, list[str]] = {}
+        for obj in self.store(job_root).list(job_root):
+            first, _, rest = obj[len(job_root) + 1 :].partition("/")
+            m = _CHECKPOINT_DIR_RE.match(first)
+            if m and rest:
+                out.setdefault(int(m.group(1)), []).append(obj)
+        return out
+
     def cleanup_orphans(self, job_id: str, keep_checkpoint_ids: Iterable[int]) -> list[int]:
         """Delete every ``chk-<id>`` directory of the job whose id is not in
         ``keep_checkpoint_ids``; returns the deleted ids, ascending.
 
         Used after a coordinator restart, before any new checkpoint is triggered for the job,
-        to drop the state of checkpoints that never completed.
+        to drop the state of checkpoints that never completed (on S3: one LIST of the job's
+        prefix, then batched deletes).
         """
         keep = {int(i) for i in keep_checkpoint_ids}
         job_root = self.job_dir(job_id)
+        if is_object_store_uri(job_root):
+            return self._cleanup_s3_orphans(job_id, job_root, keep)
         deleted: list[int] = []
         for checkpoint_id in self.list_checkpoint_ids(job_id):
             if checkpoint_id in keep:
@@ -492,14 +725,33 @@ class CheckpointStorage:
             log.info("storage.orphans_deleted", job_id=job_id, checkpoint_ids=deleted)
         return deleted
 
-    @staticmethod
-    def state_size(paths: Iterable[str]) -> int:
-        """Total size in bytes of the files at ``paths`` that exist."""
+    def _cleanup_s3_orphans(self, job_id: str, job_root: str, keep: set[int]) -> list[int]:
+        try:
+            orphans = {
+                cid: objs
+                for cid, objs in self._s3_checkpoint_objects(job_root).items()
+                if cid not in keep
+            }
+            self.store(job_root).delete(o for objs in orphans.values() for o in objs)
+        except (OSError, StorageError) as e:
+            log.warning("storage.orphan_cleanup_failed", job_id=job_id, error=str(e))
+            return []
+        deleted = sorted(orphans)
+        if deleted:
+            log.info("storage.orphans_deleted", job_id=job_id, checkpoint_ids=deleted)
+        return deleted
+
+    def state_size(self, paths: Iterable[str]) -> int:
+        """Total size in bytes of the files at ``paths`` that exist (a HEAD per S3 object); a
+        path named several times (the handles of one merged object) counts once."""
         total = 0
-        for path in paths:
+        for path in dict.fromkeys(paths):
             try:
-                total += os.path.getsize(local_path_from_uri(path))
-            except (OSError, ConfigError):
+                if is_object_store_uri(path):
+                    total += self.store(path).size(path)
+                else:
+                    total += os.path.getsize(local_path_from_uri(path))
+            except (OSError, SnapflowError):
                 continue
         return total
 
@@ -509,47 +761,55 @@ class CheckpointStorage:
     def _absolute(directory: str, *, what: str) -> str:
         if not isinstance(directory, str) or not directory.strip():
             raise InvalidArgumentError(f"{what} is empty")
+        if is_object_store_uri(directory):
+            return s3_location(directory, what=what)
         try:
             local = local_path_from_uri(directory, what=what)
         except ConfigError as e:
             raise InvalidArgumentError(str(e)) from None
         if "\x00" in local or not os.path.isabs(local):
-            raise InvalidArgumentError(f"{what} {directory!r} must be an absolute path")
+            raise InvalidArgumentError(f"{what} {directory!r:.200} must be an absolute path")
         return os.path.normpath(local)
 
 
-def _write_exclusive(target: str, payload: bytes) -> None:
-    """Fallback when hard links are unsupported: O_EXCL create, write, fsync."""
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise AlreadyExistsError(f"checkpoint metadata {target} already exists") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(target)
-        raise
+def _no_metadata(path: str) -> str:
+    return (
+        f"no checkpoint metadata at {path} (expected a checkpoint or savepoint directory "
+        f"containing {METADATA_FILE}, or the {METADATA_FILE} file itself)"
+    )
+
+
+def _not_a_savepoint_dir(directory: str) -> str:
+    return (
+        f"refusing to dispose {directory}: it has no {METADATA_FILE}, so it is not a "
+        "savepoint directory"
+    )
 
 
 def _relativize(record: dict[str, Any], directory: str) -> dict[str, Any]:
     """Savepoint record: paths inside ``directory`` become relative to it."""
-    real_dir = os.path.realpath(directory)
+    if is_object_store_uri(directory):
 
-    def rel(path: str) -> str:
-        try:
-            local = local_path_from_uri(path)
-        except ConfigError:
+        def rel(path: str) -> str:
+            if not is_object_store_uri(path):
+                return path
+            key = location_key(path)
+            return key[len(directory) + 1 :] if is_inside(key, directory) else path
+
+    else:
+        real_dir = os.path.realpath(directory)
+
+        def rel(path: str) -> str:
+            try:
+                local = local_path_from_uri(path)
+            except ConfigError:
+                return path
+            if not os.path.isabs(local):
+                return path
+            real = os.path.realpath(local)
+            if _is_relative_to(real, real_dir):
+                return os.path.relpath(real, real_dir)
             return path
-        if not os.path.isabs(local):
-            return path
-        real = os.path.realpath(local)
-        if _is_relative_to(real, real_dir):
-            return os.path.relpath(real, real_dir)
-        return path
 
     record = dict(record)
     record["external_path"] = "."
@@ -568,6 +828,10 @@ def _relativize(record: dict[str, Any], directory: str) -> dict[str, Any]:
 def _resolve(path: str, directory: str) -> str:
     if not path or _SCHEME_RE.match(path) or os.path.isabs(path):
         return path
+    if is_object_store_uri(directory):
+        bucket, _, key = directory[len("s3://") :].partition("/")
+        joined = posixpath.normpath(posixpath.join("/" + key, path)).lstrip("/")
+        return f"s3://{bucket}/{joined}"
     return os.path.normpath(os.path.join(directory, path))
 
 
@@ -602,7 +866,11 @@ def _decode_metadata(raw: bytes, path: str, directory: str) -> CompletedCheckpoi
         raise invalid(f"malformed checkpoint record: {detail}") from None
 
     external = checkpoint.external_path
-    if checkpoint.kind.is_savepoint or not external or not os.path.isabs(external):
+    if (
+        checkpoint.kind.is_savepoint
+        or not external
+        or not (os.path.isabs(external) or is_object_store_uri(external))
+    ):
         external = directory
     subtasks = tuple(
         replace(

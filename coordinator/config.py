@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from snapflow.coordinator.checkpoint_storage import local_path_from_uri
+from snapflow.coordinator.checkpoint_storage import check_storage_location
 from snapflow.errors import ConfigError
+from snapflow.filestore import S3Settings
 
 ENV_PREFIX = "SNAPFLOW_"
 CONFIG_FILE_ENV = "SNAPFLOW_CONFIG"
@@ -56,7 +57,24 @@ class CoordinatorSettings:
     """Prefix of every Redis key, so several deployments can share one Redis."""
 
     storage_root: str = "./data/checkpoints"
-    """Checkpoint storage root: a local or shared file-system path or a ``file://`` URI."""
+    """Checkpoint storage root: a local or shared file-system path, a ``file://`` URI, or an
+    S3 prefix ``s3://bucket/prefix`` (reached with the ``s3_*`` settings)."""
+
+    s3_endpoint_url: str = ""
+    """An S3-compatible endpoint (MinIO, a test server) for ``s3://`` storage; empty: the AWS
+    conventions (``AWS_ENDPOINT_URL``, else AWS itself)."""
+
+    s3_region: str = ""
+    """The region of the S3 buckets; empty: ``AWS_REGION``/``AWS_DEFAULT_REGION`` or the
+    shared AWS config."""
+
+    s3_profile: str = ""
+    """A named profile of the shared AWS config files; empty: ``AWS_PROFILE`` or the default
+    credential chain (environment, config files, instance profile)."""
+
+    s3_max_attempts: int = 5
+    """Attempts per S3 request (botocore's ``standard`` retry mode: throttling, 5xx and
+    network errors are retried with exponential back-off); at least 1."""
 
     metrics_port: int = 9464
     """Prometheus ``/metrics`` HTTP port (bound on ``host``); 0 picks a free port, -1
@@ -97,6 +115,15 @@ class CoordinatorSettings:
         for name, value in normalized.items():
             if value != values[name]:
                 object.__setattr__(self, name, value)
+
+    def s3_settings(self) -> S3Settings:
+        """How the coordinator reaches S3 (empty settings fall back to the AWS conventions)."""
+        return S3Settings(
+            endpoint_url=self.s3_endpoint_url or None,
+            region=self.s3_region or None,
+            profile=self.s3_profile or None,
+            max_attempts=self.s3_max_attempts,
+        )
 
     def to_dict(self, *, redact_secrets: bool = True) -> dict[str, Any]:
         """The settings as a plain dict (for logging at start); a password in ``redis_url``
@@ -323,14 +350,27 @@ def _validate(values: dict[str, Any], sources: Mapping[str, str]) -> dict[str, A
             "a non-empty key prefix such as 'snapflow'",
         )
 
+    storage_allowed = "a directory path, a file:// URI or s3://bucket/prefix"
     root = out["storage_root"].strip()
     if not root:
-        raise bad("storage_root", "it is empty", "a directory path or a file:// URI")
+        raise bad("storage_root", "it is empty", storage_allowed)
     try:
-        local_path_from_uri(root, what="storage_root")
+        check_storage_location(root, what="storage_root")
     except ConfigError as e:
-        raise bad("storage_root", str(e), "a directory path or a file:// URI") from None
+        raise bad("storage_root", str(e), storage_allowed) from None
     out["storage_root"] = root
+
+    endpoint = out["s3_endpoint_url"].strip()
+    if endpoint and urlsplit(endpoint).scheme not in ("http", "https"):
+        raise bad(
+            "s3_endpoint_url",
+            f"{endpoint!r:.200} is not an http(s) URL",
+            "e.g. https://s3.eu-west-1.amazonaws.com or http://127.0.0.1:9000, or empty",
+        )
+    out["s3_endpoint_url"] = endpoint
+    out["s3_region"] = out["s3_region"].strip()
+    out["s3_profile"] = out["s3_profile"].strip()
+    int_range("s3_max_attempts", 1, 20, "1..20")
 
     size = out["max_message_bytes"]
     if not 1024 <= size <= MAX_GRPC_MESSAGE_BYTES:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable
 
 from snapflow import wire
-from snapflow.coordinator.checkpoint_storage import local_path_from_uri
+from snapflow.coordinator.checkpoint_storage import local_path_from_uri, s3_location
 from snapflow.coordinator.model import (
     DEFAULT_MAX_PARALLELISM,
     JOB_ID_PATTERN,
@@ -35,6 +35,7 @@ from snapflow.coordinator.model import (
     TaskState,
 )
 from snapflow.errors import ConfigError, InvalidArgumentError
+from snapflow.filestore import is_object_store_uri
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -272,7 +273,9 @@ def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
         raise InvalidArgumentError(
             "checkpoint_config.aligned_checkpoint_timeout_ms applies only to ALIGNED mode"
         )
-    if msg.storage_uri:
+    if msg.storage_uri and is_object_store_uri(msg.storage_uri):
+        s3_location(msg.storage_uri, what="checkpoint_config.storage_uri")
+    elif msg.storage_uri:
         try:
             local = local_path_from_uri(msg.storage_uri, what="checkpoint_config.storage_uri")
         except ConfigError as e:
@@ -328,9 +331,16 @@ def operator_states_from_pb(
                 )
             if h.size_bytes < 0:
                 raise InvalidArgumentError(f"state handle {h.path!r}: size_bytes must be >= 0")
+            if h.offset < 0:
+                raise InvalidArgumentError(f"state handle {h.path!r}: offset must be >= 0")
             handles.append(
                 StateHandle(
-                    h.path, h.size_bytes, h.kind or "keyed", h.key_group_start, h.key_group_end
+                    h.path,
+                    h.size_bytes,
+                    h.kind or "keyed",
+                    h.key_group_start,
+                    h.key_group_end,
+                    h.offset,
                 )
             )
         out.append(OperatorSubtaskState(s.operator_id, tuple(handles)))
@@ -350,6 +360,7 @@ def operator_states_to_pb(
                     kind=h.kind,
                     key_group_start=h.key_group_start,
                     key_group_end=h.key_group_end,
+                    offset=h.offset,
                 )
                 for h in s.handles
             ],

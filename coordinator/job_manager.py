@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,7 +19,7 @@ import structlog
 
 from snapflow.coordinator import convert
 from snapflow.coordinator.agent_gateway import AgentClients
-from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage, s3_location
 from snapflow.coordinator.config import CoordinatorSettings
 from snapflow.coordinator.job_runner import JobRunner
 from snapflow.coordinator.metrics import CoordinatorMetrics
@@ -42,6 +41,7 @@ from snapflow.errors import (
     SnapflowError,
     StaleEpochError,
 )
+from snapflow.filestore import is_object_store_uri
 from snapflow.v1 import coordinator_pb2 as cpb
 
 __all__ = ["JobManager", "JobRunner", "wall_clock_ms"]
@@ -80,7 +80,7 @@ class JobManager:
         root = config.storage_uri or self.settings.storage_root
         storage = self._storages.get(root)
         if storage is None:
-            storage = self._storages[root] = CheckpointStorage(root)
+            storage = self._storages[root] = CheckpointStorage(root, self.settings.s3_settings())
         return storage
 
     # --- fencing ---------------------------------------------------------------------------------
@@ -146,8 +146,7 @@ class JobManager:
         orphans = await asyncio.to_thread(runner.storage.cleanup_orphans, record.job_id, keep)
         savepoint_orphans = [p.external_path for p in pending if p.kind.is_savepoint]
         for path in savepoint_orphans:
-            if not os.path.exists(os.path.join(path, "_metadata")):
-                await asyncio.to_thread(_rmtree, path)
+            await asyncio.to_thread(runner.storage.delete_incomplete_savepoint, path)
         self.jobs[record.job_id] = runner
         runner.start()
         log.info(
@@ -274,11 +273,18 @@ class JobManager:
     async def dispose_savepoint(self, path: str) -> None:
         self.check_not_fenced()
         path = path.removeprefix("file://")
-        if not os.path.isabs(path):
-            raise InvalidArgumentError(f"savepoint_path {path!r} must be an absolute path")
-        storage = CheckpointStorage(os.path.dirname(path.rstrip("/")) or "/")
-        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "_metadata")):
-            raise InvalidArgumentError(f"{path} has no _metadata: it is not a savepoint directory")
+        if is_object_store_uri(path):
+            # The root only picks the store and its settings; nothing is deleted outside path.
+            path = s3_location(path, what="savepoint_path")
+            storage = CheckpointStorage(path, self.settings.s3_settings())
+        else:
+            if not os.path.isabs(path):
+                raise InvalidArgumentError(f"savepoint_path {path!r} must be an absolute path")
+            storage = CheckpointStorage(os.path.dirname(path.rstrip("/")) or "/")
+            if os.path.isdir(path) and not os.path.exists(os.path.join(path, "_metadata")):
+                raise InvalidArgumentError(
+                    f"{path} has no _metadata: it is not a savepoint directory"
+                )
         cp = await asyncio.to_thread(storage.read_metadata, path)
         if not cp.kind.is_savepoint:
             raise InvalidArgumentError(
@@ -319,7 +325,3 @@ def _check_compatible(graph: JobGraph, cp: CompletedCheckpoint, allow_non_restor
             f"the snapshot has state for operators not in the new graph: {', '.join(missing)}; "
             f"set restore.allow_non_restored_state to drop it"
         )
-
-
-def _rmtree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -53,7 +53,7 @@ from snapflow.coordinator.checkpoint_io import (
     SendTriggerRpc,
     StorePending,
 )
-from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage, s3_location
 from snapflow.coordinator.config import CoordinatorSettings
 from snapflow.coordinator.execution import JobExecution
 from snapflow.coordinator.job_views import JobViews
@@ -92,6 +92,7 @@ from snapflow.errors import (
     SnapflowError,
     StaleEpochError,
 )
+from snapflow.filestore import is_object_store_uri
 from snapflow.v1 import coordinator_pb2 as cpb
 
 log = structlog.get_logger("snapflow.coordinator")
@@ -180,6 +181,8 @@ class JobRunner:
         self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
         self._allocation_errors: dict[int, str] = {}
         self._finalize_timings: dict[int, CommitTimings] = {}
+        self._retiring: dict[int, CompletedCheckpoint] = {}
+        """Checkpoints retention dropped, until their ``DeleteRetired`` is queued."""
         self._wake = asyncio.Event()
         self._register_lock = asyncio.Lock()
         self._next_request_id = 1
@@ -415,7 +418,9 @@ class JobRunner:
         self, kind: CheckpointKind, target_directory: str, timeout_s: float
     ) -> CompletedCheckpoint:
         self.manager.check_not_fenced()
-        if (
+        if kind.is_savepoint and is_object_store_uri(target_directory):
+            s3_location(target_directory, what="target_directory")  # refused before queueing
+        elif (
             kind.is_savepoint
             and target_directory
             and not os.path.isabs(convert_target := target_directory.removeprefix("file://"))
@@ -450,8 +455,15 @@ class JobRunner:
         )
 
     def checkpoint_id_failed(self, request: TriggerRequest, message: str) -> None:
-        self._allocation_errors[request.request_id] = message
-        self._process(self.core.on_checkpoint_id_failed(request, self.manager.clock()))
+        if self.core.is_triggering(request):  # not a late answer of an expired preparation
+            self._allocation_errors[request.request_id] = message
+        # Counted by the failure manager (Flink's IO_EXCEPTION), unless this coordinator was
+        # fenced: then the failure is its own, not the checkpoint's.
+        self._process(
+            self.core.on_checkpoint_id_failed(
+                request, self.manager.clock(), count_failure=not self.manager.fenced
+            )
+        )
 
     def checkpoint_committed(
         self, checkpoint: CompletedCheckpoint, dropped_ids: list[int], timings: CommitTimings
@@ -460,6 +472,10 @@ class JobRunner:
         if record is not None:
             record.completion_latency_ms = timings.completion_latency_ms
         self._finalize_timings[checkpoint.checkpoint_id] = timings
+        # The core forgets the dropped checkpoints now; their files are deleted by name later.
+        for dropped_id in dropped_ids:
+            if (dropped := self.core.find_snapshot(dropped_id)) is not None:
+                self._retiring[dropped_id] = dropped
         self._process(
             self.core.on_checkpoint_committed(checkpoint, dropped_ids, self.manager.clock())
         )
@@ -559,7 +575,10 @@ class JobRunner:
                 self._log.info("checkpoint.state_discarded", files=len(paths), why=why)
                 self.io.submit(DiscardFiles(paths))
             case DeleteCompleted(checkpoint_ids=checkpoint_ids):
-                self.io.submit(DeleteRetired(checkpoint_ids))
+                retiring = (self._retiring.pop(i, None) for i in checkpoint_ids)
+                self.io.submit(
+                    DeleteRetired(checkpoint_ids, tuple(c for c in retiring if c is not None))
+                )
             case FailJob(message=message):
                 self._log.error("job.failed", failure=message)
                 task = asyncio.create_task(

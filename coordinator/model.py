@@ -70,6 +70,7 @@ class TriggerRefusal(enum.Enum):
     CHECKPOINT_COORDINATOR_SHUTDOWN = "the checkpoint coordinator is shut down"
     IO_EXCEPTION = "could not allocate a checkpoint id or create its directory"
     STOP_WITH_SAVEPOINT_PENDING = "a stop-with-savepoint is already in progress"
+    CHECKPOINT_EXPIRED = "preparing the trigger (id, storage) did not finish within the timeout"
 
 
 class AbortReason(enum.Enum):
@@ -90,9 +91,10 @@ class AbortReason(enum.Enum):
 
     @property
     def counts_as_failure(self) -> bool:
-        # Flink counts only real checkpoint failures: expiry, declines caused by the checkpoint
-        # itself and I/O; not subsumption, shutdown or failover-related aborts.
-        return self in (AbortReason.EXPIRED, AbortReason.DECLINED, AbortReason.FINALIZE_FAILED)
+        # Flink's CheckpointFailureManager counts only CHECKPOINT_EXPIRED, CHECKPOINT_DECLINED,
+        # CHECKPOINT_ASYNC_EXCEPTION and IO_EXCEPTION: not subsumption, shutdown, failover, and
+        # not FINALIZE_CHECKPOINT_FAILURE.
+        return self in (AbortReason.EXPIRED, AbortReason.DECLINED)
 
 
 class AckResult(enum.Enum):
@@ -211,6 +213,7 @@ class StateHandle:
     kind: str = "keyed"
     key_group_start: int = 0
     key_group_end: int = 0
+    offset: int = 0  # start inside the file at ``path`` (several handles may share it)
 
 
 @dataclass(frozen=True)

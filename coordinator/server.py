@@ -25,6 +25,7 @@ from snapflow.coordinator.metrics import CoordinatorMetrics, MetricsServer, star
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.request_parsing import add_servicer
 from snapflow.coordinator.service import CoordinatorServicer
+from snapflow.filestore import is_object_store_uri
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import coordinator_pb2
 
@@ -98,9 +99,12 @@ class Coordinator:
         s = self.settings
         self.redis_url = s.redis_url
         if not self.redis_url:
-            data_dir = os.path.join(
-                os.path.dirname(os.path.abspath(s.storage_root)) or ".", "redis"
-            )
+            if is_object_store_uri(s.storage_root):
+                data_dir = os.path.join("data", "redis")  # the AOF needs a local directory
+            else:
+                data_dir = os.path.join(
+                    os.path.dirname(os.path.abspath(s.storage_root)) or ".", "redis"
+                )
             self._embedded_redis = await asyncio.to_thread(RedisServer(data_dir=data_dir).start)
             self.redis_url = self._embedded_redis.url
             log.info(

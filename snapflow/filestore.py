@@ -121,7 +121,8 @@ class FileStore(ABC):
 
     @abstractmethod
     def delete(self, paths: Iterable[str]) -> int:
-        """Delete objects (missing ones are fine), batched; returns how many were asked for."""
+        """Delete objects (missing ones are fine), batched; returns how many distinct paths were
+        asked for."""
 
     @abstractmethod
     def list(self, prefix: str) -> list[str]:
@@ -293,6 +294,12 @@ class S3FileStore(FileStore):
             ) from e
         except OSError as e:
             raise StorageError(f"S3 {operation} on {uri} failed: {_describe(e)}") from e
+        except Exception as e:
+            # botocore's own errors (no credentials, a bad endpoint, a bad parameter) are not
+            # OSErrors; they are as permanent as access denied and must name what failed.
+            if not type(e).__module__.startswith(("botocore", "aiobotocore", "s3fs")):
+                raise
+            raise StorageError(f"S3 {operation} on {uri} failed: {_describe(e)}") from e
 
     def join(self, base: str, *names: str) -> str:
         out = base.rstrip("/")
@@ -354,7 +361,8 @@ class S3FileStore(FileStore):
     def delete(self, paths: Iterable[str]) -> int:
         by_bucket: dict[str, list[str]] = {}
         n = 0
-        for path in paths:
+        # Handles of one merged object share its path: delete each key once.
+        for path in dict.fromkeys(paths):
             bucket, key = _split(path)
             by_bucket.setdefault(bucket, []).append(key)
             n += 1
@@ -477,6 +485,23 @@ class MultipartUploads:
             except StorageError as e:
                 if "NoSuchUpload" not in str(e):
                     raise
+
+    def list_uploads(self, prefix: str) -> list[tuple[str, str]]:
+        """``(path, upload_id)`` of every upload neither completed nor aborted whose key
+        starts with ``prefix`` (a key prefix, not a directory). Off the hot path: a restore
+        finds by name what a dead run may have started."""
+        bucket, key = _split(prefix)
+        out: list[tuple[str, str]] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key}
+        while True:
+            page = self.store._call(RequestKind.LIST, "list_multipart_uploads", prefix, **kwargs)
+            out.extend(
+                (f"s3://{bucket}/{u['Key']}", str(u["UploadId"])) for u in page.get("Uploads", [])
+            )
+            if not page.get("IsTruncated"):
+                return out
+            kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
 
 
 def _read_body(fs: Any, body: Any) -> bytes:

@@ -26,6 +26,7 @@ from snapflow.spark_bridge.restart import (
     NoRestart,
     RestartStrategy,
 )
+from snapflow.spark_bridge.submission import execute, spark_session
 
 __all__ = [
     "CheckpointSettings",
@@ -40,6 +41,8 @@ __all__ = [
     "Pipeline",
     "RestartStrategy",
     "Stream",
+    "execute",
     "run",
+    "spark_session",
     "submit",
 ]

@@ -50,6 +50,7 @@ async def _run_agent(config: SlotConfig, slot: int, host: str) -> str:
         num_slots=config.num_slots,
         host=host,
         source_batch_records=config.source_batch_records,
+        final_checkpoint_without_interval=True,
     )
     await agent.start()
     try:

@@ -53,7 +53,15 @@ from snapflow.checkpointing import CheckpointMode
 from snapflow.errors import InvalidArgumentError
 from snapflow.spark_bridge.driver import JobHandle, JobResult, run, submit
 from snapflow.spark_bridge.restart import FixedDelay, RestartStrategy
+from snapflow.spark_bridge.submission import default_parallelism
+from snapflow.spark_bridge.submission import execute as execute_pipeline
 from snapflow.v1 import common_pb2 as pb
+from snapflow.worker.api.functions import (
+    KeyedBatchFunction,
+    KeyedProcessFunction,
+    from_pandas,
+    to_pandas,
+)
 from snapflow.worker.api.operators import (
     Aggregate,
     AggregateFunction,
@@ -61,6 +69,7 @@ from snapflow.worker.api.operators import (
     FilterBatches,
     FlatMap,
     FlatMapBatches,
+    KeyedBatchProcess,
     KeyedCount,
     KeyedProcess,
     KeyedReduce,
@@ -68,6 +77,7 @@ from snapflow.worker.api.operators import (
     MapBatches,
     RowsFn,
     TimerFn,
+    keyed_process_function,
 )
 from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
 from snapflow.worker.runtime.operator import Operator, SourceOperator
@@ -117,8 +127,9 @@ def _slug(name: str) -> str:
 class CheckpointSettings:
     """The job's checkpointing (``snapflow.v1.CheckpointConfig``), validated.
 
-    ``interval_ms``: periodic checkpoints (>= 10; required: a bounded job ends with a final
-    checkpoint). ``mode``: ``"aligned"`` (exactly once), ``"unaligned"`` (exactly once, barriers
+    ``interval_ms``: periodic checkpoints (>= 10), or 0: no periodic checkpoints (a bounded job
+    still ends with a final checkpoint, which commits the sinks; a failure then restarts the
+    job from its beginning or its restore point). ``mode``: ``"aligned"`` (exactly once), ``"unaligned"`` (exactly once, barriers
     overtake in-flight data) or ``"at_least_once"``. ``aligned_checkpoint_timeout_ms``: aligned
     only, switch a checkpoint to unaligned after this long (0: never). ``timeout_ms``: expire a
     checkpoint after this long. ``retained``: completed checkpoints kept. ``storage``: an
@@ -136,7 +147,11 @@ class CheckpointSettings:
     storage: str = ""
 
     def __post_init__(self) -> None:
-        _check_int("interval_ms", self.interval_ms, MIN_INTERVAL_MS)
+        _check_int("interval_ms", self.interval_ms, 0)
+        if 0 < self.interval_ms < MIN_INTERVAL_MS:
+            raise InvalidArgumentError(
+                f"interval_ms must be 0 (checkpointing off) or >= {MIN_INTERVAL_MS}, got {self.interval_ms}"
+            )
         _check_int("timeout_ms", self.timeout_ms, MIN_INTERVAL_MS)
         _check_int("aligned_checkpoint_timeout_ms", self.aligned_checkpoint_timeout_ms, 0)
         _check_int("min_pause_ms", self.min_pause_ms, 0)
@@ -308,6 +323,19 @@ class Stream:
         _check_fn("flat_map_batches", fn)
         return self._chain(FlatMapBatches(fn), "flat_map_batches", name)
 
+    def map_pandas(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(df: pandas.DataFrame) -> DataFrame`` per batch (needs pandas, an optional
+        extra: ``pip install 'snapflow[pandas]'``). ``output_schema`` fixes the output types
+        (recommended: pandas infers them per batch)."""
+        _check_fn("map_pandas", fn)
+        return self._chain(MapBatches(_PandasFn(fn, output_schema)), "map_pandas", name)
+
     def transform(self, operator: Operator, *, name: str | None = None) -> Stream:
         """Chain any :class:`snapflow.worker.runtime.operator.Operator` (Flink's ``transform``)."""
         if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
@@ -427,6 +455,35 @@ class KeyedStream:
         op = KeyedProcess(self.key_field, fn, on_timer, output_schema)
         return self._stream._chain(op, "process", name)
 
+    def process_function(
+        self,
+        function: KeyedProcessFunction,
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Record at a time with a :class:`snapflow.worker.api.functions.KeyedProcessFunction`
+        (Flink's ``process(KeyedProcessFunction)``): ``process_element(row, ctx)`` per row,
+        ``on_timer(timestamp, ctx)`` per fired event-time timer, ``open(ctx)``/``close()``."""
+        if not isinstance(function, KeyedProcessFunction):
+            raise InvalidArgumentError(
+                f"process_function needs a snapflow.worker.api.functions.KeyedProcessFunction, got {function!r:.100}"
+            )
+        op = keyed_process_function(self.key_field, function, output_schema)
+        return self._stream._chain(op, "process", name)
+
+    def process_batches(self, function: KeyedBatchFunction, *, name: str | None = None) -> Stream:
+        """Vectorised keyed processing with a :class:`snapflow.worker.api.functions.KeyedBatchFunction`:
+        ``process_batch(batch, ctx)`` per input batch with the bulk state API
+        (``get_many``/``update_many``), ``on_timers(timers, ctx)`` with the due timers as one batch."""
+        if not isinstance(function, KeyedBatchFunction):
+            raise InvalidArgumentError(
+                f"process_batches needs a snapflow.worker.api.functions.KeyedBatchFunction, got {function!r:.100}"
+            )
+        return self._stream._chain(
+            KeyedBatchProcess(self.key_field, function), "process_batches", name
+        )
+
     def aggregate(
         self,
         function: AggregateFunction,
@@ -441,6 +498,18 @@ class KeyedStream:
         return self._stream._chain(op, "aggregate", name)
 
 
+class _PandasFn:
+    """A pandas function as a batch function: the conversions at the edge."""
+
+    def __init__(self, fn: Callable[[Any], Any], schema: pa.Schema | None) -> None:
+        self.fn = fn
+        self.schema = schema
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        out = self.fn(to_pandas(batch))
+        return None if out is None else from_pandas(out, self.schema)
+
+
 # ---------------------------------------------------------------------------------------------
 # Pipeline
 # ---------------------------------------------------------------------------------------------
@@ -449,11 +518,18 @@ class KeyedStream:
 class Pipeline:
     """A job under construction: sources, operators, edges, sinks, checkpointing, restarts."""
 
-    def __init__(self, name: str, *, parallelism: int = 1, max_parallelism: int = 128) -> None:
+    def __init__(
+        self, name: str, *, parallelism: int | None = None, max_parallelism: int = 128
+    ) -> None:
+        """``parallelism``: of every vertex that sets none; None: ``snapflow run
+        --parallelism`` when the file runs under it, else 1 (the program's value wins over the
+        command line's, as an explicit ``env.setParallelism`` does over ``flink run -p``)."""
         self.name = _check_name("pipeline name", name)
         self.max_parallelism = _check_int(
             "max_parallelism", max_parallelism, 1, MAX_PARALLELISM_LIMIT
         )
+        if parallelism is None:
+            parallelism = default_parallelism() or 1
         self.parallelism = _check_int("parallelism", parallelism, 1, self.max_parallelism)
         self.checkpoint_settings = CheckpointSettings()
         self.restart: RestartStrategy = FixedDelay(attempts=3, delay_s=1.0)
@@ -619,6 +695,13 @@ class Pipeline:
             restore_from=restore_from,
             **options,
         )
+
+    def execute(self, spark: SparkSession | None = None, **options: Any) -> JobResult:
+        """Run the job until it ends, with the options of ``snapflow run`` when the file runs
+        under it (coordinator, Spark master, restore path, checkpoint overrides), else on the
+        active SparkSession or a local one and an embedded coordinator: the entry point of a
+        pipeline file (PyFlink's ``env.execute()``). See :mod:`snapflow.spark_bridge.submission`."""
+        return execute_pipeline(self, spark, **options)
 
     def run_async(
         self,

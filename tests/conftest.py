@@ -52,8 +52,11 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(s3: S3Server) -> Iterator[Any]:
     """A local ``SparkSession`` (``local[4]``) shared by the session; stopped at the end.
+
+    It depends on ``s3`` so that the JVM, hence the Python workers it starts, inherits the
+    ``AWS_*`` variables: jobs can read and write ``s3://`` on the session's S3 server.
 
     Built by :func:`snapflow.spark_bridge.session.local_session`: Python workers run this
     interpreter (``PYSPARK_PYTHON``); the driver binds 127.0.0.1 (no UI,

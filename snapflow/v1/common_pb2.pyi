@@ -172,18 +172,20 @@ class TaskAttempt(_message.Message):
     def __init__(self, vertex_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class StateHandle(_message.Message):
-    __slots__ = ("path", "size_bytes", "kind", "key_group_start", "key_group_end")
+    __slots__ = ("path", "size_bytes", "kind", "key_group_start", "key_group_end", "offset")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     KEY_GROUP_START_FIELD_NUMBER: _ClassVar[int]
     KEY_GROUP_END_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     path: str
     size_bytes: int
     kind: str
     key_group_start: int
     key_group_end: int
-    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., kind: _Optional[str] = ..., key_group_start: _Optional[int] = ..., key_group_end: _Optional[int] = ...) -> None: ...
+    offset: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., kind: _Optional[str] = ..., key_group_start: _Optional[int] = ..., key_group_end: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class OperatorSubtaskState(_message.Message):
     __slots__ = ("operator_id", "handles")

@@ -18,6 +18,7 @@ from snapflow.coordinator.checkpoint_coordinator import (
     CheckpointCompleted,
     CheckpointCoordinator,
     CheckpointTriggered,
+    DeclineReason,
     DeleteCompleted,
     DiscardState,
     FailJob,
@@ -211,25 +212,31 @@ def test_refusal_when_tasks_stop_running_during_id_allocation() -> None:
     assert actions == [DiscardState(("/cp/job/chk-1/x",), "late ack for an ended checkpoint")]
 
 
-def test_periodic_refused_when_too_many_pending_manual_queued_until_completion() -> None:
+def test_periodic_and_manual_requests_queue_at_max_concurrent() -> None:
+    """CheckpointRequestDeciderTest.testEnqueueOnTooManyPending: a request at max concurrency
+    is queued, periodic ones too, and starts when a pending checkpoint ends."""
     h = Harness(max_concurrent=1)
     h.trigger(1, 0)
     periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
-    assert h.step(h.cc.request(periodic, 10)) == [
-        RequestRefused(periodic, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)
-    ]
+    assert h.step(h.cc.request(periodic, 10)) == []
     req2, actions = h.manual(20)
-    assert actions == []  # queued
-    assert list(h.cc.queue) == [req2]
+    assert actions == []  # queued, ahead of the periodic request
+    assert list(h.cc.queue) == [req2, periodic]
     cp, actions = h.complete(1, 30)
     assert actions == [
         CheckpointCompleted(cp, TriggerRequest(1, CheckpointKind.CHECKPOINT), ()),
         NotifyComplete(1, ALL),
         AllocateCheckpointId(req2),
     ]
+    assert [type(a) for a in h.allocate(req2, 2, 31)] == [CheckpointTriggered, SendTrigger]
+    assert list(h.cc.queue) == [periodic]  # max concurrent again: still queued
+    _cp2, actions = h.complete(2, 40, dropped=(1,))
+    assert actions[-2:] == [DeleteCompleted((1,)), AllocateCheckpointId(periodic)]
 
 
-def test_min_pause_refuses_periodic_and_reschedules_queues_manual() -> None:
+def test_min_pause_refuses_periodic_and_reschedules_but_not_manual() -> None:
+    """CheckpointRequestDeciderTest.testCheckpointTiming: during the minimum pause a periodic
+    request is dropped (and the timer rescheduled), a manual one triggers immediately."""
     h = Harness(min_pause_ms=500, interval_ms=100)
     h.trigger(1, 0)
     h.complete(1, 50)
@@ -239,13 +246,8 @@ def test_min_pause_refuses_periodic_and_reschedules_queues_manual() -> None:
     ]
     assert h.cc.next_periodic_ms == 550
     req, actions = h.manual(200)
-    assert actions == []
-    assert h.cc.next_deadline_ms() == 550
-    assert h.step(h.cc.on_tick(549)) == []
-    actions = h.step(h.cc.on_tick(550))
-    # the manual request goes first; the periodic one then finds the trigger busy and queues
-    assert actions[0] == AllocateCheckpointId(req)
-    assert h.cc.triggering == req
+    assert actions == [AllocateCheckpointId(req)]
+    assert h.cc.triggering is req
 
 
 def test_savepoint_is_forced_past_max_concurrent_and_min_pause() -> None:
@@ -389,6 +391,9 @@ def test_unlimited_tolerable_failures() -> None:
 
 
 def test_failure_manager_counts_each_checkpoint_once_and_ignores_older_than_success() -> None:
+    """CheckpointFailureManagerTest: only EXPIRED, DECLINED and trigger I/O failures (Flink's
+    CHECKPOINT_EXPIRED, CHECKPOINT_DECLINED, IO_EXCEPTION) count, each id once, never a
+    savepoint's, never finalisation (FINALIZE_CHECKPOINT_FAILURE is ignored in Flink)."""
     fm = FailureManager(tolerable=2)
     assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False
     assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.DECLINED) is False  # same id
@@ -396,21 +401,63 @@ def test_failure_manager_counts_each_checkpoint_once_and_ignores_older_than_succ
     assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.SUBSUMED) is False  # not counted
     assert fm.on_failure(6, CheckpointKind.SAVEPOINT, AbortReason.EXPIRED) is False  # savepoint
     assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.TASK_FAILURE) is False
+    assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.FINALIZE_FAILED) is False
+    refusal = TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS
+    assert fm.on_failure(None, CheckpointKind.CHECKPOINT, refusal) is False
     assert fm.consecutive_failures == 1
     fm.on_success(7)
     assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False  # older
     assert fm.consecutive_failures == 0
     assert fm.on_failure(8, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False
-    assert fm.on_failure(9, CheckpointKind.CHECKPOINT, AbortReason.FINALIZE_FAILED) is False
+    io = TriggerRefusal.IO_EXCEPTION
+    assert fm.on_failure(None, CheckpointKind.SAVEPOINT, io) is False
+    assert fm.on_failure(None, CheckpointKind.CHECKPOINT, io) is False  # no id: always counts
+    assert fm.consecutive_failures == 2
     assert fm.on_failure(10, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is True
 
 
-def test_failures_pending_across_a_success_keep_counting_newer_ids() -> None:
+def test_a_success_clears_the_count_of_newer_failures_too() -> None:
+    """Flink's handleCheckpointSuccess/clearCount: a success newer than every earlier success
+    forgets every counted failure, those of newer checkpoints in flight included."""
     fm = FailureManager(tolerable=5)
     fm.on_failure(3, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED)
     fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED)
     fm.on_success(4)
-    assert fm.consecutive_failures == 1  # only checkpoint 5 is newer than the success
+    assert fm.consecutive_failures == 0
+    assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.DECLINED) is False
+    assert fm.consecutive_failures == 0  # 5 was counted once already
+    fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED)
+    fm.on_success(2)  # older than the last success: changes nothing
+    assert (fm.consecutive_failures, fm.last_succeeded_id) == (1, 4)
+
+
+def test_declined_6_success_5_expired_7_with_a_tolerance_of_1_keeps_the_job() -> None:
+    h = Harness(max_concurrent=3, tolerable_failures=1, timeout_ms=100)
+    h.trigger(5, 0)
+    r6 = h.trigger(6, 1)
+    h.trigger(7, 2)
+    actions = h.step(h.cc.on_decline(SRC0, 6, "snapshot failed", 10))
+    assert actions == [
+        CheckpointAborted(
+            6,
+            r6,
+            AbortReason.DECLINED,
+            f"declined by {SRC0}: snapshot failed",
+            10,
+            1,
+            "/cp/job/chk-6",
+            (),
+        ),
+        NotifyAborted(6, ALL, AbortReason.DECLINED),
+    ]
+    assert h.cc.failure_manager.consecutive_failures == 1
+    _cp, actions = h.complete(5, 20)
+    assert [type(a) for a in actions] == [CheckpointCompleted, NotifyComplete]
+    assert h.cc.failure_manager.consecutive_failures == 0
+    actions = h.step(h.cc.on_tick(102))
+    assert [type(a) for a in actions] == [CheckpointAborted, NotifyAborted]  # 7 expired
+    assert h.cc.failure_manager.consecutive_failures == 1
+    assert not h.cc.job_failed
 
 
 def test_completion_subsumes_older_pending_checkpoints_but_not_savepoints() -> None:
@@ -501,7 +548,7 @@ def test_task_failure_aborts_pending_without_counting_and_refuses_queue() -> Non
     assert h.cc.failure_manager.consecutive_failures == 0
 
 
-def test_finalize_failure_aborts_and_counts() -> None:
+def test_finalize_failure_aborts_and_is_not_counted() -> None:
     h = Harness(tolerable_failures=1)
     req = h.trigger(1, 0)
     for a in ALL:
@@ -523,11 +570,11 @@ def test_finalize_failure_aborts_and_counts() -> None:
         ),
         NotifyAborted(1, ALL, AbortReason.FINALIZE_FAILED),
     ]
-    assert h.cc.failure_manager.consecutive_failures == 1
+    assert h.cc.failure_manager.consecutive_failures == 0  # FINALIZE_CHECKPOINT_FAILURE in Flink
 
 
-def test_id_allocation_failure_refuses_and_continues_with_queue() -> None:
-    h = Harness(max_concurrent=2)
+def test_id_allocation_failure_refuses_counts_and_continues_with_queue() -> None:
+    h = Harness(max_concurrent=2, tolerable_failures=1)
     r1, _ = h.manual(0)
     r2, actions = h.manual(0)
     assert actions == []
@@ -535,6 +582,34 @@ def test_id_allocation_failure_refuses_and_continues_with_queue() -> None:
         RequestRefused(r1, TriggerRefusal.IO_EXCEPTION),
         AllocateCheckpointId(r2),
     ]
+    assert h.cc.failure_manager.consecutive_failures == 1
+
+
+def test_trigger_io_exception_beyond_the_tolerance_fails_the_job() -> None:
+    """CheckpointCoordinatorTriggeringTest.testTriggerCheckpointWithCounterIOException: an
+    IO_EXCEPTION while triggering counts; with no failure tolerated the job fails."""
+    h = Harness(max_concurrent=2)
+    r1, _ = h.manual(0)
+    r2, _ = h.manual(0)
+    actions = h.step(h.cc.on_checkpoint_id_failed(r1, 1))
+    assert actions[0] == RequestRefused(r1, TriggerRefusal.IO_EXCEPTION)
+    assert isinstance(actions[1], FailJob)
+    assert "1 consecutive failures > 0 tolerable" in actions[1].message
+    assert actions[2:] == [RequestRefused(r2, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)]
+    assert h.cc.job_failed
+
+
+def test_trigger_io_exception_of_a_savepoint_or_a_fenced_coordinator_is_not_counted() -> None:
+    h = Harness()
+    sp, _ = h.manual(0, CheckpointKind.SAVEPOINT)
+    assert h.step(h.cc.on_checkpoint_id_failed(sp, 1)) == [
+        RequestRefused(sp, TriggerRefusal.IO_EXCEPTION)
+    ]
+    req, _ = h.manual(2)
+    assert h.step(h.cc.on_checkpoint_id_failed(req, 3, count_failure=False)) == [
+        RequestRefused(req, TriggerRefusal.IO_EXCEPTION)
+    ]
+    assert h.cc.failure_manager.consecutive_failures == 0 and not h.cc.job_failed
 
 
 def test_queue_order_savepoints_then_manual_then_periodic() -> None:
@@ -600,7 +675,7 @@ def test_restore_completed_continues_ids_and_protects_state() -> None:
     h.cc.restore_completed([old], [])
     assert h.cc.highest_id == 41
     req, _ = h.manual(0)
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="must strictly increase: 41 after 41"):
         h.cc.on_checkpoint_id(req, 41, "/x", 0)
 
 
@@ -672,3 +747,228 @@ def test_random_event_sequences_keep_invariants(seed: int) -> None:
                 )
         if h.cc.job_failed:
             break
+
+
+# --- Flink's scenarios, ported (Flink 1.18: CheckpointRequestDecider, CheckpointCoordinator) ---
+
+
+def test_savepoint_with_unaligned_checkpoints_queues_at_max_concurrent() -> None:
+    """Flink forces a savepoint only when unaligned checkpoints are off
+    (``forSavepoint(!unalignedCheckpointsEnabled, ...)``); CheckpointRequestDeciderTest.
+    testNonForcedEnqueueOnTooManyPending: the savepoint waits, first in the queue, and the
+    unaligned checkpoint in flight is not aborted by its barriers."""
+    h = Harness(mode=CheckpointMode.UNALIGNED, max_concurrent=1)
+    r1 = h.trigger(1, 0)
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    assert h.step(h.cc.request(periodic, 1)) == []
+    sp, actions = h.manual(2, CheckpointKind.SAVEPOINT, "/sp")
+    assert actions == []
+    assert list(h.cc.queue) == [sp, periodic] and h.cc.pending_count() == 1
+    cp, actions = h.complete(1, 10)
+    assert actions == [
+        CheckpointCompleted(cp, r1, ()),
+        NotifyComplete(1, ALL),
+        AllocateCheckpointId(sp),
+    ]
+    send = h.allocate(sp, 2, 11)[1]
+    assert isinstance(send, SendTrigger)
+    assert send.options == BarrierOptions(
+        CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-2"
+    )
+    assert list(h.cc.queue) == [periodic]
+
+
+def test_savepoint_is_forced_only_without_unaligned_checkpoints() -> None:
+    sp = TriggerRequest(1, CheckpointKind.SAVEPOINT)
+    stop = TriggerRequest(2, CheckpointKind.SAVEPOINT_SUSPEND)
+    manual = TriggerRequest(3, CheckpointKind.CHECKPOINT)
+    for mode, forced in [
+        (CheckpointMode.ALIGNED, True),
+        (CheckpointMode.AT_LEAST_ONCE, True),
+        (CheckpointMode.UNALIGNED, False),
+    ]:
+        cc = Harness(mode=mode).cc
+        assert [cc.is_forced(r) for r in (sp, stop, manual)] == [forced, forced, False]
+
+
+def test_non_forced_savepoint_ignores_the_minimum_pause() -> None:
+    """CheckpointRequestDeciderTest.testSavepointTiming: every savepoint, forced or not,
+    triggers immediately during the minimum pause."""
+    h = Harness(mode=CheckpointMode.UNALIGNED, min_pause_ms=10_000)
+    h.trigger(1, 0)
+    h.complete(1, 10)
+    sp, actions = h.manual(20, CheckpointKind.SAVEPOINT, "/sp")
+    assert actions == [AllocateCheckpointId(sp)]
+
+
+def test_a_savepoint_completion_starts_the_minimum_pause_and_clears_failures() -> None:
+    """Flink's completePendingCheckpoint: every completion, savepoints included, sets the
+    last completion time and reports the success to the failure manager."""
+    h = Harness(min_pause_ms=500, tolerable_failures=2, timeout_ms=10)
+    h.trigger(1, 0)
+    h.step(h.cc.on_tick(10))  # 1 expires: counted
+    assert h.cc.failure_manager.consecutive_failures == 1
+    h.trigger(2, 20, CheckpointKind.SAVEPOINT)
+    h.complete(2, 30)
+    assert h.cc.failure_manager.consecutive_failures == 0
+    assert h.cc.last_completion_ms == 30
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    assert h.step(h.cc.request(periodic, 100)) == [
+        RequestRefused(periodic, TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS)
+    ]
+
+
+def test_an_intermediate_savepoint_does_not_subsume_older_checkpoints() -> None:
+    """Flink 1.15+: only checkpoints and stop-with-savepoint drop older pending checkpoints
+    (``!props.isSavepoint() || props.isSynchronous()``)."""
+    h = Harness(max_concurrent=3)
+    h.trigger(1, 0)
+    sp = h.trigger(2, 1, CheckpointKind.SAVEPOINT)
+    cp, actions = h.complete(2, 5)
+    assert actions == [CheckpointCompleted(cp, sp, ())]
+    assert sorted(h.cc.pending) == [1]
+    h2 = Harness(max_concurrent=3)
+    r1 = h2.trigger(1, 0)
+    stop = h2.trigger(2, 1, CheckpointKind.SAVEPOINT_SUSPEND)
+    cp, actions = h2.complete(2, 5)
+    assert actions == [
+        CheckpointAborted(
+            1, r1, AbortReason.SUBSUMED, "subsumed by checkpoint 2", 5, 0, "/cp/job/chk-1", ()
+        ),
+        NotifyAborted(1, ALL, AbortReason.SUBSUMED),
+        CheckpointCompleted(cp, stop, ()),
+        NotifyComplete(2, ALL),
+    ]
+
+
+def test_queue_full_of_periodic_requests_drops_the_newest() -> None:
+    """CheckpointRequestDeciderTest.testQueueSizeLimit: while triggering, periodic requests
+    queue up to the limit; beyond it the lowest ranked (the newest periodic one) is dropped."""
+    h = Harness()
+    h.cc.max_queued_requests = 3
+    busy, _ = h.manual(0)  # triggering: everything after it queues
+    periodic = [TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True) for _ in range(5)]
+    for i, p in enumerate(periodic):
+        actions = h.step(h.cc.request(p, i))
+        if i < 3:
+            assert actions == []
+        else:
+            assert actions == [RequestRefused(p, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)]
+            assert actions[0].request is p
+    assert [id(r) for r in h.cc.queue] == [id(p) for p in periodic[:3]]
+    assert h.cc.triggering is busy
+
+
+def test_full_queue_drops_a_periodic_request_to_admit_a_savepoint() -> None:
+    """CheckpointRequestDeciderTest.testQueueSizeLimitPriority."""
+    h = Harness()
+    h.cc.max_queued_requests = 1
+    h.manual(0)  # triggering
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    assert h.step(h.cc.request(periodic, 1)) == []
+    sp, actions = h.manual(2, CheckpointKind.SAVEPOINT, "/sp")
+    assert actions == [RequestRefused(periodic, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)]
+    assert list(h.cc.queue) == [sp]
+
+
+def test_full_queue_of_user_requests_refuses_even_a_savepoint() -> None:
+    """Flink retains queued user requests and drops the new one."""
+    h = Harness()
+    h.cc.max_queued_requests = 1
+    h.manual(0)  # triggering
+    queued, _ = h.manual(1)
+    sp, actions = h.manual(2, CheckpointKind.SAVEPOINT, "/sp")
+    assert actions == [RequestRefused(sp, TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)]
+    assert list(h.cc.queue) == [queued]
+
+
+def test_a_decline_starts_the_queued_request_at_once() -> None:
+    """Flink's abortPendingCheckpoint ends with executeQueuedRequest."""
+    h = Harness(max_concurrent=1, tolerable_failures=1)
+    h.trigger(1, 0)
+    queued, _ = h.manual(1)
+    actions = h.step(h.cc.on_decline(SINK0, 1, "x", 2, DeclineReason.SUBSUMED))
+    assert [type(a) for a in actions] == [CheckpointAborted, NotifyAborted, AllocateCheckpointId]
+    assert actions[-1] == AllocateCheckpointId(queued)
+
+
+def test_trigger_preparation_that_hangs_expires_and_never_triggers() -> None:
+    h = Harness(timeout_ms=100, tolerable_failures=1, max_concurrent=2)
+    req, actions = h.manual(0)
+    assert actions == [AllocateCheckpointId(req)]
+    queued, _ = h.manual(5)
+    assert h.cc.next_deadline_ms() == 100
+    assert h.step(h.cc.on_tick(99)) == []
+    assert h.step(h.cc.on_tick(100)) == [
+        RequestRefused(req, TriggerRefusal.CHECKPOINT_EXPIRED),
+        AllocateCheckpointId(queued),
+    ]
+    assert h.cc.failure_manager.consecutive_failures == 1
+    assert not h.cc.is_triggering(req) and h.cc.is_triggering(queued)
+    assert h.cc.next_deadline_ms() == 200
+    # The hung allocation answers at last: the id is burnt, no trigger is sent.
+    assert h.allocate(req, 1, 150) == []
+    assert h.cc.pending == {} and h.cc.highest_id == 1
+    result, actions = h.ack(SRC0, 1, 151, ("/late",))
+    assert result is AckResult.DISCARDED
+    # The queued request's own allocation triggers normally, with the next id.
+    assert [type(a) for a in h.allocate(queued, 2, 160)] == [CheckpointTriggered, SendTrigger]
+    assert h.cc.next_deadline_ms() == 260  # checkpoint 2 expires 100 ms after its trigger
+
+
+def test_trigger_preparation_expiry_counts_and_fails_without_tolerance() -> None:
+    h = Harness(timeout_ms=100)
+    req, _ = h.manual(0)
+    actions = h.step(h.cc.on_tick(100))
+    assert actions[0] == RequestRefused(req, TriggerRefusal.CHECKPOINT_EXPIRED)
+    assert isinstance(actions[1], FailJob) and len(actions) == 2
+    # A late failure of the expired preparation is ignored (it was reported at the expiry).
+    assert h.step(h.cc.on_checkpoint_id_failed(req, 200)) == []
+
+
+def test_expired_stop_with_savepoint_preparation_resumes_periodic_checkpoints() -> None:
+    h = Harness(timeout_ms=100, interval_ms=1000)
+    h.cc.on_tasks_running(0)
+    stop, _ = h.manual(10, CheckpointKind.SAVEPOINT_SUSPEND)
+    assert h.cc.stopping_with_savepoint and h.cc.next_periodic_ms is None
+    assert h.step(h.cc.on_tick(110)) == [RequestRefused(stop, TriggerRefusal.CHECKPOINT_EXPIRED)]
+    assert not h.cc.stopping_with_savepoint and h.cc.next_periodic_ms == 1110
+    assert not h.cc.job_failed  # savepoint failures never count
+
+
+def test_checkpoint_ids_start_at_1_and_unknown_answers_are_refused_loudly() -> None:
+    h = Harness()
+    req, _ = h.manual(0)
+    with pytest.raises(ValueError, match="checkpoint ids start at 1"):
+        h.cc.on_checkpoint_id(req, 0, "/cp/job/chk-0", 0)
+    stranger = TriggerRequest(99, CheckpointKind.CHECKPOINT)
+    with pytest.raises(ValueError, match="no trigger preparation under way"):
+        h.cc.on_checkpoint_id(stranger, 1, "/cp/job/chk-1", 0)
+    with pytest.raises(ValueError, match="no trigger preparation under way"):
+        h.cc.on_checkpoint_id_failed(stranger, 0)
+    h.cc.check_invariants()
+    for cid in (0, -1):
+        result, actions = h.ack(SRC0, cid, 1, ("/x",))
+        assert result is AckResult.UNKNOWN
+        assert actions == [DiscardState(("/x",), "ack for an unknown checkpoint")]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"max_concurrent": 0}, "max_concurrent 0 must be at least 1"),
+        ({"timeout_ms": 0}, "timeout_ms 0 must be at least 1"),
+        ({"retained": 0}, "retained 0 must be at least 1"),
+        ({"min_pause_ms": -1}, "min_pause_ms -1 must be at least 0"),
+        ({"interval_ms": -5}, "interval_ms -5 must be at least 0"),
+        ({"tolerable_failures": -1}, "tolerable_failures -1 must be at least 0"),
+        ({"aligned_checkpoint_timeout_ms": -1}, "aligned_checkpoint_timeout_ms -1"),
+    ],
+)
+def test_edge_values_of_the_config_are_refused_loudly(config: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Harness(**config)
+    with pytest.raises(ValueError, match="max_queued_requests 0 must be at least 1"):
+        CheckpointCoordinator(
+            "job", GRAPH, CheckpointConfig(), FakeTasks(), random.Random(1), max_queued_requests=0
+        )

@@ -163,9 +163,13 @@ def test_unrelated_environment_is_ignored() -> None:
         (
             "env",
             "storage_root",
-            "s3://bucket/chk",
-            r"'storage_root'.*'s3'.*only local or shared file systems",
+            "gs://bucket/chk",
+            r"'storage_root'.*'gs'.*only local or shared file systems",
         ),
+        ("env", "storage_root", "s3:///chk", r"'storage_root'.*names no bucket"),
+        ("env", "storage_root", "s3://bkt/chk/../x", r"'storage_root'.*'\.\.' segment"),
+        ("env", "s3_max_attempts", "0", r"'s3_max_attempts'.*allowed: 1\.\.20"),
+        ("env", "s3_endpoint_url", "localhost:9000", r"'s3_endpoint_url'.*not an http"),
         ("env", "storage_root", "  ", r"'storage_root'.*empty"),
         ("env", "host", "", r"'host'.*allowed: e\.g\. 127\.0\.0\.1"),
         ("flag", "port", True, r"'port' from flag --port: True is not an integer"),
@@ -231,3 +235,26 @@ def test_to_dict_redacts_the_redis_password() -> None:
     assert s.to_dict(redact_secrets=False)["redis_url"] == s.redis_url
     assert set(d) == {f.name for f in dataclasses.fields(CoordinatorSettings)}
     assert d["port"] == 50051
+
+
+def test_s3_storage_and_settings_from_the_environment() -> None:
+    env = {
+        "SNAPFLOW_STORAGE_ROOT": "s3://snapflow-chk/prod/",
+        "SNAPFLOW_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "SNAPFLOW_S3_REGION": "eu-west-1",
+        "SNAPFLOW_S3_PROFILE": "ops",
+        "SNAPFLOW_S3_MAX_ATTEMPTS": "3",
+    }
+    s = load_settings(environ=env)
+    assert s.storage_root == "s3://snapflow-chk/prod/"
+    s3 = s.s3_settings()
+    assert (s3.endpoint_url, s3.region, s3.profile, s3.max_attempts) == (
+        "http://127.0.0.1:9000",
+        "eu-west-1",
+        "ops",
+        3,
+    )
+    # Empty settings fall back to the AWS conventions (botocore reads AWS_* itself).
+    default = load_settings(environ={}).s3_settings()
+    assert (default.endpoint_url, default.region, default.profile) == (None, None, None)
+    assert default.max_attempts == 5

@@ -71,7 +71,11 @@ def test_checkpoint_details_and_stats_bad_input(env: Env) -> None:
         pytest.param(
             lambda d: "file://sp-1", Code.INVALID_ARGUMENT, "absolute", id="file-uri-relative"
         ),
-        pytest.param(lambda d: "s3://bucket/sp-1", Code.INVALID_ARGUMENT, "s3://", id="s3-uri"),
+        pytest.param(lambda d: "s3:///sp-1", Code.INVALID_ARGUMENT, "names no bucket", id="s3-uri"),
+        pytest.param(
+            lambda d: "s3://bucket/x/../sp-1", Code.INVALID_ARGUMENT, "'..'", id="s3-dotdot"
+        ),
+        pytest.param(lambda d: "gs://bucket/sp-1", Code.INVALID_ARGUMENT, "gs://", id="gs-uri"),
         pytest.param(
             lambda d: str(d / "missing"), Code.NOT_FOUND, "no checkpoint metadata", id="missing-dir"
         ),

@@ -222,9 +222,14 @@ INVALID_CONFIGS = [
         id="negative-aligned-timeout",
     ),
     pytest.param(
-        {"storage_uri": "s3://bucket/checkpoints"},
-        "only local or shared file systems",
-        id="storage-uri-s3",
+        {"storage_uri": "s3://bucket/../checkpoints"},
+        "'..' segment",
+        id="storage-uri-s3-dotdot",
+    ),
+    pytest.param(
+        {"storage_uri": "s3:///checkpoints"},
+        "names no bucket",
+        id="storage-uri-s3-no-bucket",
     ),
     pytest.param(
         {"storage_uri": "hdfs://nn:8020/cp"},
@@ -392,10 +397,16 @@ INVALID_RESTORES = [
         id="missing-savepoint",
     ),
     pytest.param(
-        cpb.RestoreSettings(savepoint_path="s3://bucket/savepoint-abc"),
+        cpb.RestoreSettings(savepoint_path="gs://bucket/savepoint-abc"),
         Code.INVALID_ARGUMENT,
         "URI scheme",
-        id="s3-savepoint",
+        id="gs-savepoint",
+    ),
+    pytest.param(
+        cpb.RestoreSettings(savepoint_path="s3://bucket/a/../savepoint-abc"),
+        Code.INVALID_ARGUMENT,
+        "'..' segment",
+        id="s3-savepoint-dotdot",
     ),
 ]
 

@@ -117,7 +117,7 @@ def test_canceled_job_refuses_triggers_registration_and_a_second_cancel(env: Env
         pytest.param("relative-savepoint-target", id="relative"),
         pytest.param("./sp", id="dot-relative"),
         pytest.param("file://relative-savepoint-target", id="file-uri-relative"),
-        pytest.param("s3://bucket/savepoints", id="s3-uri"),
+        pytest.param("gs://bucket/savepoints", id="gs-uri"),
     ],
 )
 def test_savepoint_with_bad_target_is_invalid_argument(env: Env, target: str, rpc: str) -> None:

@@ -139,3 +139,26 @@ def test_multipart_abort_drops_the_parts(s3: S3Server) -> None:
     with pytest.raises(StorageError, match="complete"):
         uploads.complete(path, upload_id, [part])
     assert not store.exists(path)
+
+
+def test_s3_missing_credentials_is_a_storage_error(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    # No shared config files and no instance metadata lookups: nothing can supply credentials.
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    store = S3FileStore(S3Settings(endpoint_url=s3.endpoint_url, max_attempts=1))
+    with pytest.raises(StorageError, match=r"S3 put_object on s3://b/k failed: .*credentials"):
+        store.write("s3://b/k", b"x")
+
+
+def test_s3_delete_sends_each_key_once(s3_bucket: str, s3: S3Server) -> None:
+    store = S3FileStore(S3Settings(endpoint_url=s3.endpoint_url))
+    path = f"s3://{s3_bucket}/chk-1/merged"
+    store.write(path, b"x")
+    # Several handles of one merged object name the same path.
+    assert store.delete([path, path, path]) == 1
+    assert not store.exists(path)

@@ -595,11 +595,30 @@ def test_volumes_are_declared_and_used(compose: dict[str, Any]) -> None:
     assert not unused, f"declared volumes {unused} are not used by any service"
 
 
+def _with_defaults(value: str) -> str:
+    """Compose's ``${NAME:-default}`` / ``${NAME}`` interpolation with no variable set."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
+
+
+def test_compose_passes_the_aws_variables_through_unset_by_default(compose: dict[str, Any]) -> None:
+    # A name without a value passes the host's variable, and none when the host has none: an
+    # empty AWS_ENDPOINT_URL would be an invalid endpoint for botocore.
+    for name, service in compose["services"].items():
+        if service.get("image") != "snapflow:local":
+            continue
+        env = service.get("environment") or []
+        assert isinstance(env, list), f"service {name!r}: environment should be a list of names"
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ENDPOINT_URL"):
+            assert var in env, f"service {name!r} does not pass {var} through"
+
+
 def test_checkpoint_storage_is_shared_by_coordinator_and_workers(
     services: dict[str, dict[str, Any]],
 ) -> None:
     args = next(a for n, a in _all_snapflow_invocations(services) if n == "coordinator")
-    root = _flag_value(args, "--storage-root")
+    # As `docker compose up` resolves it with no SNAPFLOW_STORAGE_ROOT in the environment (S3
+    # storage is the opt-in; its defaults are the local volume).
+    root = _with_defaults(_flag_value(args, "--storage-root") or "")
     assert root and root.startswith("/"), (
         f"the coordinator needs an absolute --storage-root: {root}"
     )

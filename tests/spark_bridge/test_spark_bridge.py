@@ -447,7 +447,7 @@ def _runnable(p: Pipeline) -> Any:
         (lambda: _runnable(Pipeline("x")).key_by("k", parallelism=-1), "parallelism"),
         (lambda: _runnable(Pipeline("x")).sink("out"), "sink needs"),
         (lambda: _runnable(Pipeline("x")).transform(lambda b: b), "transform needs"),
-        (lambda: Pipeline("x").checkpointing(interval_ms=0), "interval_ms"),
+        (lambda: Pipeline("x").checkpointing(interval_ms=5), "interval_ms"),
         (lambda: Pipeline("x").checkpointing(interval_ms=1.5), "interval_ms"),  # type: ignore[arg-type]
         (lambda: Pipeline("x").checkpointing(mode="exactly_once"), "mode"),
         (

@@ -21,15 +21,22 @@ import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.event_time import MAX_WATERMARK
+from snapflow.worker.api.functions import (
+    AggregateFunction,
+    KeyedBatchContext,
+    KeyedBatchFunction,
+    KeyedContext,
+    KeyedProcessFunction,
+    RichFunction,
+    close_function,
+    open_function,
+    runtime_context,
+)
 from snapflow.worker.runtime.operator import Operator, OperatorContext, fire_timers
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.backend import (
     AggregatingState,
-    KeyedStateBackend,
-    ListState,
-    MapState,
     ReducingState,
-    ValueState,
     aggregate_batch,
 )
 
@@ -108,7 +115,30 @@ def _check_batch_output(out: Any, who: str) -> pa.RecordBatch | None:
     return out
 
 
-class MapBatches(Operator):
+class _FunctionOperator(Operator):
+    """An operator running the user function ``self.fn``: a :class:`RichFunction` is opened
+    with the runtime context after the operator, and closed with it."""
+
+    fn: Any
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        open_function(self.fn, runtime_context(ctx))
+
+    def close(self) -> None:
+        close_function(self.fn)
+
+
+def _batches_of(out: Any, who: str) -> list[pa.RecordBatch]:
+    """A batch function's result as batches: None, a RecordBatch, a Table or an iterable of them."""
+    if out is None:
+        return []
+    if isinstance(out, pa.RecordBatch | pa.Table):
+        return _one([_check_batch_output(out, who)])
+    return _one(_check_batch_output(b, who) for b in out)
+
+
+class MapBatches(_FunctionOperator):
     """``fn(batch) -> batch`` (a ``pa.Table`` is accepted too)."""
 
     def __init__(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> None:
@@ -123,7 +153,7 @@ class MapBatches(Operator):
         return _one([_check_batch_output(out, self.name)])
 
 
-class FilterBatches(Operator):
+class FilterBatches(_FunctionOperator):
     """Keeps the rows where ``fn(batch)`` (a boolean array or a list of bools) is true; nulls
     count as false."""
 
@@ -146,7 +176,7 @@ class FilterBatches(Operator):
         return _one([batch.filter(mask, null_selection_behavior="drop")])
 
 
-class FlatMapBatches(Operator):
+class FlatMapBatches(_FunctionOperator):
     """``fn(batch) -> list of batches`` (or any iterable; ``None`` is nothing)."""
 
     def __init__(self, fn: Callable[[pa.RecordBatch], Iterable[pa.RecordBatch] | None]) -> None:
@@ -161,7 +191,7 @@ class FlatMapBatches(Operator):
         return _one(_check_batch_output(b, self.name) for b in out)
 
 
-class Map(Operator):
+class Map(_FunctionOperator):
     """``fn(row: dict) -> dict``, one output row per input row. The output schema is
     ``output_schema``, or inferred from the first outputs and kept from then on."""
 
@@ -185,7 +215,7 @@ class Map(Operator):
         return _one([self._encoder.encode([fn(row) for row in batch.to_pylist()])])
 
 
-class FlatMap(Operator):
+class FlatMap(_FunctionOperator):
     """``fn(row: dict) -> iterable of dict`` (``None`` is nothing)."""
 
     _runtime_fields: tuple[str, ...] = ("_encoder",)
@@ -215,7 +245,7 @@ class FlatMap(Operator):
         return _one([self._encoder.encode(out)])
 
 
-class Filter(Operator):
+class Filter(_FunctionOperator):
     """Keeps the rows for which ``fn(row: dict)`` is truthy (the input schema is kept)."""
 
     def __init__(self, fn: Callable[[dict[str, Any]], Any]) -> None:
@@ -431,72 +461,6 @@ class KeyedReduce(Operator):
         ]
 
 
-class KeyedContext:
-    """What a :class:`KeyedProcess` function sees: the current key, its keyed state (names
-    are scoped to the operator) and event-time timers for the current key."""
-
-    def __init__(self, backend: KeyedStateBackend, ctx: OperatorContext) -> None:
-        self._backend = backend
-        self._ctx = ctx
-        self._states: dict[tuple[str, str], Any] = {}
-        self._namespace = (ctx.operator_id, None)  # timers of this operator
-        self.timestamp: int | None = None  # the firing time inside on_timer, else None
-
-    @property
-    def current_key(self) -> Any:
-        return self._backend.current_key
-
-    @property
-    def current_key_group(self) -> int | None:
-        return self._backend.current_key_group
-
-    @property
-    def current_watermark(self) -> int:
-        return self._backend.timer_service.current_watermark
-
-    @property
-    def subtask_index(self) -> int:
-        return self._ctx.subtask_index
-
-    def _cached(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
-        state = self._states.get((kind, name))
-        if state is None:
-            state = self._states[(kind, name)] = make(self._ctx.state_name(name))
-        return state
-
-    def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
-        return self._cached("value", name, lambda n: self._backend.get_value_state(n, default))
-
-    def get_list_state(self, name: str) -> ListState[Any]:
-        return self._cached("list", name, self._backend.get_list_state)
-
-    def get_map_state(self, name: str) -> MapState:
-        return self._cached("map", name, self._backend.get_map_state)
-
-    def get_reducing_state(
-        self, name: str, reduce_fn: Callable[[Any, Any], Any]
-    ) -> ReducingState[Any]:
-        return self._cached(
-            "reducing", name, lambda n: self._backend.get_reducing_state(n, reduce_fn)
-        )
-
-    def get_aggregating_state(self, name: str, fn: AggregateFunction) -> AggregatingState[Any]:
-        return self._cached(
-            "aggregating",
-            name,
-            lambda n: self._backend.get_aggregating_state(
-                n, fn.add, fn.get_result, fn.create_accumulator
-            ),
-        )
-
-    def register_event_time_timer(self, timestamp: int) -> None:
-        """Call ``on_timer`` for the current key once the watermark reaches ``timestamp``."""
-        self._backend.timer_service.register_event_time_timer(int(timestamp), self._namespace)
-
-    def delete_event_time_timer(self, timestamp: int) -> None:
-        self._backend.timer_service.delete_event_time_timer(int(timestamp), self._namespace)
-
-
 RowsFn = Callable[[Any, list[dict[str, Any]], KeyedContext], Iterable[dict[str, Any]] | None]
 
 
@@ -538,6 +502,15 @@ class KeyedProcess(Operator):
         super().open(ctx)
         self._backend = ctx.require_keyed_state(self.name)
         self._kctx = KeyedContext(self._backend, ctx)
+        rctx = runtime_context(ctx, self._kctx)
+        open_function(self.fn, rctx)
+        if self.on_timer is not None and self.on_timer is not self.fn:
+            open_function(self.on_timer, rctx)
+
+    def close(self) -> None:
+        close_function(self.fn)
+        if self.on_timer is not None and self.on_timer is not self.fn:
+            close_function(self.on_timer)
 
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if not batch.num_rows:
@@ -580,48 +553,6 @@ class KeyedProcess(Operator):
     def end_input(self) -> list[pa.RecordBatch]:
         """Input ended: every remaining timer fires (as the final ``MAX_WATERMARK`` would)."""
         return self.process_watermark(MAX_WATERMARK)
-
-
-class AggregateFunction:
-    """Flink's ``AggregateFunction``: ``create_accumulator() -> acc``, ``add(value, acc) ->
-    acc`` (may mutate and return ``acc``), ``get_result(acc) -> result``. Subclass it, or build
-    one from three functions with :meth:`of`."""
-
-    def create_accumulator(self) -> Any:
-        raise NotImplementedError
-
-    def add(self, value: Any, accumulator: Any) -> Any:
-        raise NotImplementedError
-
-    def get_result(self, accumulator: Any) -> Any:
-        raise NotImplementedError
-
-    @staticmethod
-    def of(
-        create_accumulator: Callable[[], Any],
-        add: Callable[[Any, Any], Any],
-        get_result: Callable[[Any], Any],
-    ) -> AggregateFunction:
-        return _FnAggregate(create_accumulator, add, get_result)
-
-
-class _FnAggregate(AggregateFunction):
-    def __init__(
-        self,
-        create_accumulator: Callable[[], Any],
-        add: Callable[[Any, Any], Any],
-        get_result: Callable[[Any], Any],
-    ) -> None:
-        self._create, self._add, self._result = create_accumulator, add, get_result
-
-    def create_accumulator(self) -> Any:
-        return self._create()
-
-    def add(self, value: Any, accumulator: Any) -> Any:
-        return self._add(value, accumulator)
-
-    def get_result(self, accumulator: Any) -> Any:
-        return self._result(accumulator)
 
 
 class Aggregate(Operator):
@@ -681,3 +612,100 @@ class Aggregate(Operator):
                 names=[self.key_field, self.output_field],
             )
         ]
+
+
+class PerElement(RichFunction):
+    """A :class:`KeyedProcessFunction` as the ``fn``/``on_timer`` pair of :class:`KeyedProcess`:
+    ``process_element`` once per row, in arrival order; ``on_timer`` per fired timer."""
+
+    def __init__(self, function: KeyedProcessFunction) -> None:
+        if not isinstance(function, KeyedProcessFunction):
+            raise InvalidArgumentError(
+                f"process_function needs a KeyedProcessFunction, got {function!r:.100}"
+            )
+        self.function = function
+
+    def open(self, ctx: Any) -> None:
+        open_function(self.function, ctx)
+
+    def close(self) -> None:
+        close_function(self.function)
+
+    def __call__(
+        self, key: Any, rows: list[dict[str, Any]], ctx: KeyedContext
+    ) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        process = self.function.process_element
+        for row in rows:
+            produced = process(row, ctx)
+            if produced is not None:
+                out.extend(produced)
+        return out
+
+    def on_timer(
+        self, timestamp: int, key: Any, ctx: KeyedContext
+    ) -> Iterable[dict[str, Any]] | None:
+        return self.function.on_timer(timestamp, ctx)
+
+
+def keyed_process_function(
+    key_field: str, function: KeyedProcessFunction, output_schema: pa.Schema | None = None
+) -> KeyedProcess:
+    """The operator running a :class:`KeyedProcessFunction` on a stream keyed by ``key_field``."""
+    adapter = PerElement(function)
+    return KeyedProcess(key_field, adapter, adapter.on_timer, output_schema)
+
+
+class KeyedBatchProcess(Operator):
+    """Vectorised keyed processing: a :class:`KeyedBatchFunction` gets every input batch and,
+    at a watermark, the due timers as one batch (``key``, ``timestamp``), with the bulk state
+    API on a :class:`KeyedBatchContext`. At the end of the input every remaining timer fires."""
+
+    _runtime_fields: tuple[str, ...] = ("_backend", "_bctx")
+
+    def __init__(self, key_field: str, function: KeyedBatchFunction) -> None:
+        if not isinstance(function, KeyedBatchFunction):
+            raise InvalidArgumentError(
+                f"process_batches needs a KeyedBatchFunction, got {function!r:.100}"
+            )
+        self.key_field = key_field
+        self.function = function
+
+    @property
+    def name(self) -> str:
+        return f"KeyedBatchProcess({type(self.function).__name__})"
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._backend = ctx.require_keyed_state(self.name)
+        self._bctx = KeyedBatchContext(self._backend, ctx)
+        open_function(self.function, runtime_context(ctx, KeyedContext(self._backend, ctx)))
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        if not batch.num_rows:
+            return []
+        keys = _key_column(batch, self.key_field, self.name)
+        bctx = self._bctx
+        bctx.keys = keys
+        bctx.key_groups = kgs.key_groups(keys, self._backend.max_parallelism)
+        return _batches_of(self.function.process_batch(batch, bctx), self.name)
+
+    def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
+        timers = fire_timers(self._backend, watermark_ms, self._context().operator_id)
+        if not timers:
+            return []
+        keys = pa.array([t.key for t in timers])
+        batch = pa.RecordBatch.from_arrays(
+            [keys, pa.array([t.timestamp for t in timers], pa.int64())],
+            names=["key", "timestamp"],
+        )
+        bctx = self._bctx
+        bctx.keys = keys
+        bctx.key_groups = pa.array([t.key_group for t in timers], pa.int32())
+        return _batches_of(self.function.on_timers(batch, bctx), self.name)
+
+    def end_input(self) -> list[pa.RecordBatch]:
+        return self.process_watermark(MAX_WATERMARK)
+
+    def close(self) -> None:
+        close_function(self.function)

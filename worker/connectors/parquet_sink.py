@@ -10,12 +10,19 @@ TransactionalParquetSink
     before); a restore re-commits the pending transactions of the restored state and aborts
     (deletes) the restored current one -- all inherited from the base classes.
 
+    On ``s3://bucket/prefix`` the transaction is spooled to a local temporary file and, on
+    pre-commit, uploaded as an S3 multipart upload under the part file's key; commit completes
+    the upload, abort aborts it: the ``MultipartStaging`` of
+    :mod:`snapflow.worker.connectors.file_sink`, with the same contract and request counts as
+    the Arrow IPC sink. An incomplete upload is not an object, so no reader lists it.
+
     Visibility: Spark's file listing skips every file and directory whose name starts with
     ``_`` or ``.``, so ``spark.read.parquet(directory)`` (and any reader that follows the same
     Hadoop convention, e.g. ``pyarrow.dataset`` with its default ``ignore_prefixes``) sees only
-    committed part files, each a complete Parquet file. A directory without any committed file
-    yet has no schema for Spark to infer: pass ``schema=`` to ``spark.read`` or wait for the
-    first commit. All batches of a transaction must have the same schema; every transaction of
+    committed part files, each a complete Parquet file; on S3 ``pyarrow.dataset`` over the
+    prefix (with a pyarrow or s3fs file system) sees only completed uploads. A directory
+    without any committed file yet has no schema for Spark to infer: pass ``schema=`` to
+    ``spark.read`` or wait for the first commit. All batches of a transaction must have the same schema; every transaction of
     a job should have the same schema for the directory to read as one table.
     :func:`read_committed_parquet` reads the committed rows with pyarrow, in (subtask,
     checkpoint, seq) order.
@@ -31,7 +38,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from snapflow.errors import InvalidArgumentError
-from snapflow.worker.connectors.file_sink import TransactionalFileSink
+from snapflow.worker.connectors.file_sink import (
+    TransactionalFileSink,
+    committed_part_files,
+    open_committed,
+)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.]+")
 
@@ -68,28 +79,21 @@ class TransactionalParquetSink(TransactionalFileSink):
 
 
 def committed_parquet_files(directory: str | os.PathLike[str]) -> list[str]:
-    """The committed part files of a :class:`TransactionalParquetSink` directory, ordered by
-    (subtask, checkpoint, seq, token)."""
-    directory = os.fspath(directory)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    parts = []
-    for name in names:
-        m = _PARQUET_PART.match(name)
-        if m:
-            parts.append(((int(m[1]), int(m[2]), int(m[3]), m[4]), name))
-    parts.sort()
-    return [os.path.join(directory, name) for _, name in parts]
+    """The committed part files of a :class:`TransactionalParquetSink` directory (a path or
+    ``s3://bucket/prefix``), ordered by (subtask, checkpoint, seq, token)."""
+    return committed_part_files(directory, _PARQUET_PART)
 
 
 def read_committed_parquet(
     directory: str | os.PathLike[str], schema: pa.Schema | None = None
 ) -> pa.Table:
-    """Every committed row of a :class:`TransactionalParquetSink` directory as one table (part
-    files in (subtask, checkpoint, seq) order); an empty table (of ``schema``) if none."""
-    tables = [pq.read_table(path) for path in committed_parquet_files(directory)]
+    """Every committed row of a :class:`TransactionalParquetSink` directory (a path or
+    ``s3://bucket/prefix``) as one table (part files in (subtask, checkpoint, seq) order); an
+    empty table (of ``schema``) if none."""
+    tables = []
+    for path in committed_parquet_files(directory):
+        with open_committed(path) as f:
+            tables.append(pq.read_table(f))
     if not tables:
         return schema.empty_table() if schema is not None else pa.table({})
     return pa.concat_tables(tables)

@@ -121,7 +121,12 @@ class Agent:
         port: int = 0,
         buffers_per_channel: int = 4,
         source_batch_records: int = 65_536,
+        final_checkpoint_without_interval: bool = False,
     ) -> None:
+        """``final_checkpoint_without_interval``: in a job without periodic checkpoints, a
+        source whose input ended asks the coordinator for a checkpoint (``TriggerCheckpoint``)
+        and the job ends with a final checkpoint that commits its sinks (the Spark bridge sets
+        it); off, such a job ends without one."""
         if not 0 <= slot < num_slots:
             raise ValueError(f"slot must be in 0..{num_slots - 1}, got {slot}")
         self.coordinator_address = coordinator_address
@@ -132,6 +137,7 @@ class Agent:
         self.port = port
         self.buffers_per_channel = buffers_per_channel
         self.source_batch_records = source_batch_records
+        self.final_checkpoint_without_interval = final_checkpoint_without_interval
         self.address = ""
         self.epoch = 0
         self.registry = ChannelRegistry()
@@ -299,6 +305,9 @@ class Agent:
                 decline=self._decline_fn(hosted.attempt),
                 source_batch_records=self.source_batch_records,
                 periodic_checkpoints=info.checkpoint_config.interval_ms > 0,
+                request_final_checkpoint=(
+                    self._request_checkpoint if self.final_checkpoint_without_interval else None
+                ),
             )
             task.open()
             hosted.task = task
@@ -409,6 +418,7 @@ class Agent:
                                 kind=str(h["kind"]),
                                 key_group_start=int(h["key_group_start"]),
                                 key_group_end=int(h["key_group_end"]),
+                                offset=int(h.get("offset", 0)),
                             )
                             for h in handles
                         ],
@@ -438,6 +448,19 @@ class Agent:
                 )
 
         return ack
+
+    async def _request_checkpoint(self) -> None:
+        """Ask the coordinator for a checkpoint until one completes (a failed or refused one is
+        asked for again); the task cancels this once its final checkpoint completed."""
+        while True:
+            try:
+                await self.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=self.job_id), timeout=600
+                )
+                return
+            except grpc.RpcError as e:
+                self._log.info("agent.final_checkpoint_request_failed", error=str(e)[:300])
+            await asyncio.sleep(0.5)
 
     def _decline_fn(self, attempt: pb.TaskAttempt) -> DeclineFn:
         async def decline(checkpoint_id: int, reason: DeclineReason, message: str) -> None:
@@ -533,6 +556,7 @@ def _restore_data(restore: cpb.TaskRestore) -> RestoreData:
                     "kind": h.kind,
                     "key_group_start": h.key_group_start,
                     "key_group_end": h.key_group_end,
+                    "offset": h.offset,
                 }
                 for h in op.handles
             ]

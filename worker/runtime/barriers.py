@@ -10,6 +10,10 @@ aligned-checkpoint timeout is measured from the barrier's creation, as in Flink.
 
 Channels are numbered ``0 .. num_channels - 1``. A number outside that range is a bug in the
 caller and raises ``ValueError``; an event on a channel that has already ended is ignored.
+Checkpoint ids are valid from 0 (Flink's handlers start below every id, at -1; the coordinator
+hands out ids from 1); a negative id raises ``ValueError``.
+
+Where these handlers differ from Flink on purpose: ``docs/flink-differences.md``.
 
 Handlers
 --------
@@ -68,12 +72,16 @@ Behaviours of ``SingleCheckpointBarrierHandler`` (at most one checkpoint in prog
    aligned_checkpoint_timeout_ms`` (``next_deadline_ms()``). The deadline is checked when a
    barrier of the checkpoint arrives and in ``on_timer``; when ``now_ms >= deadline`` (at the
    deadline itself, so that a timer set for ``next_deadline_ms()`` acts) and the alignment is
-   still incomplete, the checkpoint switches to unaligned: ``SwitchToUnaligned(n)``, ``TriggerSnapshot(n,
+   still incomplete, the checkpoint switches to unaligned. Besides ``on_timer``, every barrier of
+   the checkpoint and every end of partition checks the deadline (as Flink's
+   ``barrierReceived`` and ``endOfPartitionReceived`` do), so the switch never depends on a timer
+   having run. The switch: ``SwitchToUnaligned(n)``, ``TriggerSnapshot(n,
    unaligned=True, alignment_duration_ms=now - first barrier arrival)`` (its ``options`` have
    ``mode=UNALIGNED``, so the barrier forwarded downstream is unaligned, like Flink's
    ``asUnaligned()``), ``StartPersistingChannel`` for every open channel still missing barrier n,
-   then ``UnblockChannels`` for the blocked channels. A barrier that completes the alignment wins
-   over the deadline (an aligned snapshot, no channel state). A barrier of a pending aligned
+   then ``UnblockChannels`` for the blocked channels. A barrier (or end of partition) that
+   completes the alignment wins over the deadline (an aligned snapshot, no channel state), as in
+   Flink, which checks ``allBarriersReceived`` before ``isTimedOut``. A barrier of a pending aligned
    checkpoint that arrives with ``mode=UNALIGNED`` (an upstream task timed out and forwarded it
    unaligned) switches it at once, even when it is the last one, as in Flink: ``SwitchToUnaligned``,
    ``TriggerSnapshot``, ``PersistOvertakenData`` for its channel, ``StartPersistingChannel`` for
@@ -92,17 +100,19 @@ Behaviours of ``AtLeastOnceBarrierTracker`` (Flink's CheckpointBarrierTracker)
 7. Never blocks, never persists. Barriers are counted per checkpoint id; several checkpoints can
    be tracked at once (at most ``max_pending``, default 50). When barrier n has arrived on every
    open channel: ``TriggerSnapshot(n, unaligned=False)`` then ``CheckpointCompleteOnInput(n)``;
-   tracked checkpoints older than n are dropped, each one not already aborted with
-   ``AbortCheckpoint(k, SUBSUMED)`` (emitted before n's trigger: actions come in ascending id
-   order). End of partition can complete several tracked checkpoints at once: each is triggered,
-   in ascending order. A barrier of an id that is neither tracked nor newer than every id seen
-   so far is ignored (already completed, dropped or evicted). A cancel marker for m yields
-   ``AbortCheckpoint(m, CANCELED_BY_MARKER)`` once; m stays tracked as aborted, so its later
-   barriers and markers are only counted (once they arrived on every open channel the entry is
-   dropped together with older entries, like a completed one). When a new id would exceed
-   ``max_pending`` the oldest tracked id is evicted: ``AbortCheckpoint(oldest,
-   TOO_MANY_PENDING)`` unless it was already aborted. (Flink drops older and evicted entries
-   silently; here the task declines them so the coordinator does not wait for their timeout.)
+   tracked checkpoints older than n are dropped silently, as in Flink (the coordinator subsumes
+   them when n completes). End of partition can complete several tracked checkpoints at once:
+   each is triggered, in ascending order. A barrier of an id that is neither tracked nor newer
+   than every id seen so far is ignored (already completed, dropped or evicted). A cancel marker
+   for m first aborts every tracked checkpoint older than m not aborted yet, in ascending order,
+   and forgets them; then it yields ``AbortCheckpoint(m, CANCELED_BY_MARKER)`` once (if m is
+   tracked or newer than every id seen; a marker of an older, untracked id aborts only the
+   older tracked ones), as Flink's ``processCancellationBarrier`` does. m stays tracked as
+   aborted, so its later barriers and markers are only counted (once they arrived on every
+   open channel the entry is dropped). When a new id would exceed ``max_pending`` the oldest
+   tracked id is evicted: ``AbortCheckpoint(oldest, TOO_MANY_PENDING)`` unless it was already
+   aborted (Flink evicts silently; here the task declines it so that the coordinator aborts it
+   at once, uncounted, instead of letting it expire: see ``docs/flink-differences.md``).
 
 Contract with the task (what it must do for each action)
 --------------------------------------------------------
@@ -162,7 +172,7 @@ class BarrierAbortReason(enum.Enum):
     """Why the barrier handler gave up on a checkpoint (the task declines it)."""
 
     SUBSUMED = "subsumed"
-    """A newer checkpoint's barrier (or, at least once, its completion) superseded it."""
+    """A newer checkpoint's barrier (or cancel marker) superseded it."""
     CANCELED_BY_MARKER = "canceled_by_marker"
     """A cancel marker for it arrived on an input channel."""
     TOO_MANY_PENDING = "too_many_pending"
@@ -306,6 +316,11 @@ class BarrierHandler(ABC):
     def open_channels(self) -> frozenset[int]:
         return frozenset(self._open)
 
+    @staticmethod
+    def _check_id(checkpoint_id: int) -> None:
+        if checkpoint_id < 0:
+            raise ValueError(f"checkpoint id {checkpoint_id} is negative")
+
     @abstractmethod
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (tests call it after each step)."""
@@ -362,9 +377,10 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
 
     def __init__(self, num_channels: int) -> None:
         super().__init__(num_channels)
-        self._current_id = 0
-        """The highest checkpoint id started or aborted by a marker."""
-        self._last_ended_id = 0
+        self._current_id = -1
+        """The highest checkpoint id started or aborted by a marker (-1: none, so id 0 is valid
+        as in Flink)."""
+        self._last_ended_id = -1
         """The highest checkpoint id completed on this input or aborted."""
         self._pending: _Alignment | None = None
         self._blocked: set[int] = set()
@@ -393,7 +409,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
         assert self._blocked <= self._open, "a closed channel is blocked"
         assert self._persisting <= self._open, "a closed channel is persisted"
         assert not (self._blocked & self._persisting), "a channel is blocked and persisted"
-        assert 0 <= self._last_ended_id <= self._current_id
+        assert -1 <= self._last_ended_id <= self._current_id
         p = self._pending
         if p is None:
             assert not self._blocked, "blocked without a checkpoint in progress"
@@ -422,6 +438,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
                 "an AT_LEAST_ONCE barrier reached an exactly-once input gate; an at-least-once "
                 "job uses AtLeastOnceBarrierTracker (create_barrier_handler)"
             )
+        self._check_id(barrier.checkpoint_id)
         if channel not in self._open:
             return []
         cid = barrier.checkpoint_id
@@ -456,6 +473,7 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
 
     def on_cancel_marker(self, channel: int, checkpoint_id: int, now_ms: int) -> list[Action]:
         self._check_channel(channel)
+        self._check_id(checkpoint_id)
         if channel not in self._open:
             return []
         if checkpoint_id > self._current_id:
@@ -481,6 +499,8 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
             return actions + self._complete_if_all_arrived()
         if self._open <= p.arrived:
             return self._finish_aligned(now_ms)
+        if self._timed_out(p, now_ms):
+            return self._switch_to_unaligned(now_ms)
         return actions
 
     def on_timer(self, now_ms: int) -> list[Action]:
@@ -641,7 +661,7 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
             raise ValueError(f"max_pending must be at least 1, not {max_pending}")
         self.max_pending = max_pending
         self._pending: dict[int, _Tracked] = {}  # ascending ids (insertion order)
-        self._latest_id = 0
+        self._latest_id = -1  # below every valid id, as in Flink
 
     def pending_checkpoint_ids(self) -> tuple[int, ...]:
         """Tracked checkpoints (aborted ones included), ascending."""
@@ -651,7 +671,7 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
         ids = list(self._pending)
         assert ids == sorted(set(ids)), "tracked ids not ascending"
         assert len(ids) <= self.max_pending, "too many tracked checkpoints"
-        assert all(0 < i <= self._latest_id for i in ids)
+        assert all(0 <= i <= self._latest_id for i in ids)
         for cid, t in self._pending.items():
             assert cid == t.checkpoint_id
             assert t.arrived, "a tracked checkpoint without any barrier or marker"
@@ -666,6 +686,7 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
                 "an UNALIGNED barrier reached an at-least-once input gate: it may have overtaken "
                 "data that an at-least-once snapshot would miss"
             )
+        self._check_id(barrier.checkpoint_id)
         if channel not in self._open:
             return []
         cid = barrier.checkpoint_id
@@ -681,14 +702,19 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
 
     def on_cancel_marker(self, channel: int, checkpoint_id: int, now_ms: int) -> list[Action]:
         self._check_channel(channel)
+        self._check_id(checkpoint_id)
         if channel not in self._open:
             return []
+        actions: list[Action] = []
+        # Older tracked checkpoints cannot complete any more: abort them now, ascending.
+        for older in [cid for cid in self._pending if cid < checkpoint_id]:
+            if not self._pending.pop(older).aborted:
+                actions.append(AbortCheckpoint(older, BarrierAbortReason.CANCELED_BY_MARKER))
         t = self._pending.get(checkpoint_id)
         if t is None:
             if checkpoint_id <= self._latest_id:
-                return []
+                return actions  # a trailing marker: completed, dropped or evicted already
             t = self._track(_Tracked(checkpoint_id, None, now_ms))
-        actions: list[Action] = []
         if not t.aborted:
             t.aborted = True
             actions.append(AbortCheckpoint(checkpoint_id, BarrierAbortReason.CANCELED_BY_MARKER))
@@ -706,7 +732,7 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
         return t
 
     def _settle(self, now_ms: int) -> list[Action]:
-        """Trigger every checkpoint whose barriers all arrived; drop older ones."""
+        """Trigger every checkpoint whose barriers all arrived; drop older ones silently."""
         complete = [cid for cid, t in self._pending.items() if self._open <= t.arrived]
         if not complete:
             return []
@@ -714,10 +740,7 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
         actions: list[Action] = []
         for cid in [i for i in self._pending if i <= newest]:
             t = self._pending.pop(cid)
-            if t.aborted:
-                continue
-            if cid not in complete:
-                actions.append(AbortCheckpoint(cid, BarrierAbortReason.SUBSUMED))
+            if t.aborted or cid not in complete:
                 continue
             assert t.barrier is not None
             actions.append(

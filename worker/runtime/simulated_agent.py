@@ -2,8 +2,10 @@
 
 It serves ``WorkerControlService`` and, on a trigger, acknowledges the checkpoint for every
 subtask it hosts (as if the barrier had flowed through them), writing a small real state file
-per subtask into the checkpoint location. Used by the coordinator's tests and benchmark, where
-the coordinator must be exercised over the wire without the worker runtime.
+per subtask into the checkpoint location through the file store (a directory or an S3 prefix);
+a write that fails declines the checkpoint (``IO_ERROR``) with the error. Used by the
+coordinator's tests and benchmark, where the coordinator must be exercised over the wire without
+the worker runtime.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import grpc
 
 from snapflow import wire
 from snapflow.checkpointing import DeclineReason
+from snapflow.errors import SnapflowError
+from snapflow.filestore import store_for
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -146,12 +150,26 @@ class SimulatedAgent:
                 timeout=10,
             )
             return
-        path = os.path.join(
+        store = store_for(request.options.target_location)
+        path = store.join(
             request.options.target_location,
             f"{attempt.vertex_id}-{attempt.subtask_index}-{attempt.attempt}.state",
         )
         if self.write_state:
-            await asyncio.to_thread(_write, path, os.urandom(self.state_bytes))
+            try:
+                await asyncio.to_thread(store.write, path, os.urandom(self.state_bytes))
+            except (OSError, SnapflowError) as e:
+                await self.stub.DeclineCheckpoint(
+                    cpb.DeclineCheckpointRequest(
+                        job_id=self.job_id,
+                        attempt=attempt,
+                        checkpoint_id=request.checkpoint_id,
+                        reason=wire.DECLINE_REASON.to_pb(DeclineReason.IO_ERROR),
+                        message=f"cannot write state: {e}"[:500],
+                    ),
+                    timeout=10,
+                )
+                return
         handles = [pb.StateHandle(path=path, size_bytes=self.state_bytes, kind="operator")]
         ack = cpb.AcknowledgeCheckpointRequest(
             job_id=self.job_id,
@@ -171,12 +189,6 @@ class SimulatedAgent:
         else:
             await self.stub.AcknowledgeCheckpoint(ack, timeout=10)
         self.ack_latencies_s.append(time.perf_counter() - started)
-
-
-def _write(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 class _Control(wgrpc.WorkerControlServiceServicer):

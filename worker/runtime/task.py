@@ -15,6 +15,9 @@ Snapshot (``TriggerSnapshot`` on an input, or a trigger from the coordinator at 
    ``<target_location>/<vertex>-<subtask>-<attempt>/``; for unaligned checkpoints the input
    channel state (data that arrived on a channel before its barrier) is written once every
    input delivered its barrier; then the ack (handles + metrics) goes to the coordinator.
+   When the target is an object store (``s3://``) the subtask's files of the checkpoint (state
+   files and Arrow IPC channel state) are merged into one object, ``chk<id>-<uuid>.merged``,
+   written with one PUT (none when there is no state); each handle names its byte range.
 
 A snapshot that fails declines the checkpoint; an abort on the input forwards a cancel marker
 and declines. Restore: operator states are restored from every old subtask's handles (keyed
@@ -30,6 +33,7 @@ import contextlib
 import dataclasses
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Never, NoReturn
@@ -39,6 +43,7 @@ import structlog
 
 from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
 from snapflow.event_time import MAX_WATERMARK
+from snapflow.filestore import is_object_store_uri, store_for
 from snapflow.worker.runtime import barriers as b
 from snapflow.worker.runtime.channels import InputGate, OutputChannel
 from snapflow.worker.runtime.frames import (
@@ -54,6 +59,7 @@ from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext, S
 from snapflow.worker.runtime.partitioners import Partitioner
 from snapflow.worker.state.backend import (
     KeyedStateBackend,
+    MergedStateObject,
     OperatorStateBackend,
     SnapshotInProgress,
 )
@@ -160,6 +166,7 @@ class Subtask:
         decline: DeclineFn,
         source_batch_records: int = SOURCE_BATCH_RECORDS,
         periodic_checkpoints: bool = True,
+        request_final_checkpoint: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.job_id = job_id
         self.vertex_id = vertex_id
@@ -178,7 +185,11 @@ class Subtask:
         self.source_batch_records = source_batch_records
         self.periodic_checkpoints = periodic_checkpoints
         """False: the job has no periodic checkpoints, so a source whose input ended does not
-        wait for a final checkpoint (nothing would trigger it); its sinks commit nothing more."""
+        wait for a final checkpoint (nothing would trigger it); its sinks commit nothing more,
+        unless ``request_final_checkpoint`` is given."""
+        self.request_final_checkpoint = request_final_checkpoint
+        """Without periodic checkpoints: a source whose input ended calls it (it asks the
+        coordinator for a checkpoint) and then waits for the final checkpoint as with them."""
         self.name = f"{vertex_id}#{subtask_index}@{attempt}"
         self._log = log.bind(job_id=job_id, task=self.name)
         self.source: SourceOperator | None = (
@@ -305,6 +316,12 @@ class Subtask:
             if self.periodic_checkpoints:
                 # A final checkpoint must cover the last records before the sources end.
                 await self._serve_triggers_until_covered()
+            elif self.request_final_checkpoint is not None:
+                requester = asyncio.ensure_future(self.request_final_checkpoint())
+                try:
+                    await self._serve_triggers_until_covered()
+                finally:
+                    requester.cancel()
             else:
                 await self._advance_watermark(MAX_WATERMARK)
         else:
@@ -404,6 +421,11 @@ class Subtask:
         gate, handler = self.gate, self.handler
         while True:
             deadline = handler.next_deadline_ms()
+            if deadline is not None and now_ms() >= deadline:
+                # Checked before every frame, so a gate that always has data to deliver cannot
+                # delay the switch to unaligned past the aligned-checkpoint timeout.
+                await self._execute(handler.on_timer(now_ms()))
+                continue
             if deadline is None:
                 item = await gate.next()
             else:
@@ -577,7 +599,7 @@ class Subtask:
         task.add_done_callback(self._async_parts.discard)
 
     def _snapshot_dir(self, options: BarrierOptions) -> str:
-        return os.path.join(
+        return _join(
             options.target_location, f"{self.vertex_id}-{self.subtask_index}-{self.attempt}"
         )
 
@@ -627,10 +649,20 @@ class Subtask:
     def _write_snapshot(
         self, directory: str, pending: _PendingSnapshot
     ) -> tuple[dict[str, list[dict[str, Any]]], int, int]:
+        """Write the snapshot's files. Locally one file per state and channel, as written. On
+        an object store all of them go into one object (one PUT per subtask and checkpoint,
+        none for empty state), each handle naming its byte range in it."""
+        merged = (
+            MergedStateObject(
+                _join(directory, f"chk{pending.checkpoint_id}-{uuid.uuid4().hex[:12]}.merged")
+            )
+            if is_object_store_uri(directory)
+            else None
+        )
         handles: dict[str, list[dict[str, Any]]] = {}
         size = 0
         for op_id, snap in pending.snapshots:
-            written = snap.write(os.path.join(directory, op_id))
+            written = snap.write(_join(directory, op_id), into=merged)
             handles.setdefault(op_id, []).extend(dict(h) for h in written)
             size += sum(int(h["size_bytes"]) for h in written)
         in_flight = 0
@@ -641,10 +673,17 @@ class Subtask:
         ):
             by_channel: dict[int, list[pa.RecordBatch]] = {}
             for channel, batch in data:
-                by_channel.setdefault(channel, []).append(batch)
+                if batch.num_rows:  # an empty batch replays as nothing: no file for it
+                    by_channel.setdefault(channel, []).append(batch)
             for channel, batches in sorted(by_channel.items()):
-                path = os.path.join(directory, f"{kind}-{channel}.arrow")
-                written_bytes = _write_batches(path, batches)
+                offset = 0
+                if merged is None:
+                    path = os.path.join(directory, f"{kind}-{channel}.arrow")
+                    written_bytes = _write_batches(path, batches)
+                else:
+                    buffer = _batches_to_buffer(batches)
+                    path, offset = merged.path, merged.add([memoryview(buffer)])
+                    written_bytes = buffer.size
                 in_flight += written_bytes
                 # key_group_start carries the channel index for channel state handles
                 channel_handles.append(
@@ -654,11 +693,14 @@ class Subtask:
                         "kind": kind,
                         "key_group_start": channel,
                         "key_group_end": channel,
+                        "offset": offset,
                     }
                 )
         if channel_handles:
             handles.setdefault(self._channel_state_owner(), []).extend(channel_handles)
             size += in_flight
+        if merged is not None:
+            merged.write()
         return handles, size, in_flight
 
     def _channel_state_owner(self) -> str:
@@ -681,7 +723,9 @@ class Subtask:
         for h in sorted(
             channel_handles, key=lambda h: (h["kind"] != CHANNEL_OUTPUT, h["key_group_start"])
         ):
-            batches = await asyncio.to_thread(_read_batches, h["path"])
+            batches = await asyncio.to_thread(
+                _read_batches, h["path"], int(h.get("offset", 0)), int(h.get("size_bytes", 0))
+            )
             if h["kind"] == CHANNEL_OUTPUT:
                 channels = [c for edge in self.outputs for c in edge.channels]
                 target = (
@@ -764,6 +808,22 @@ def _unknown(what: str, value: Never) -> NoReturn:
     raise TypeError(f"unknown {what}: {value!r}")
 
 
+def _join(location: str, name: str) -> str:
+    """``name`` under a local directory or an ``s3://`` prefix (object keys join with '/')."""
+    if is_object_store_uri(location):
+        return store_for(location).join(location, name)
+    return os.path.join(location, name)
+
+
+def _batches_to_buffer(batches: list[pa.RecordBatch]) -> pa.Buffer:
+    """Channel state as an Arrow IPC file in memory (to be written whole to an object store)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batches[0].schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
 def _write_batches(path: str, batches: list[pa.RecordBatch]) -> int:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
@@ -774,7 +834,14 @@ def _write_batches(path: str, batches: list[pa.RecordBatch]) -> int:
     return os.path.getsize(path)
 
 
-def _read_batches(path: str) -> list[pa.RecordBatch]:
-    with pa.memory_map(path) as source:
-        reader = pa.ipc.open_file(source)
-        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+def _read_batches(path: str, offset: int = 0, size: int = 0) -> list[pa.RecordBatch]:
+    """Channel state written by :meth:`Subtask._write_snapshot`: a whole local file (memory
+    mapped), or ``size`` bytes at ``offset`` of a file or object (one ranged GET)."""
+    if not offset and not is_object_store_uri(path):
+        with pa.memory_map(path) as source:
+            reader = pa.ipc.open_file(source)
+            return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    store = store_for(path)
+    data = store.read_range(path, offset, size) if size else store.read(path)
+    reader = pa.ipc.open_file(pa.py_buffer(data))
+    return [reader.get_batch(i) for i in range(reader.num_record_batches)]

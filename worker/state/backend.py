@@ -47,14 +47,23 @@ Recovery contract
       subtask order and hands out contiguous, near-equal chunks (the first ``total % p`` subtasks
       get one more element). Union states are the concatenation of all old subtasks' lists, for
       every subtask, always.
-    * Files are written atomically (temporary name, fsync, rename to a unique name); a crash
-      leaves no partial file under a final name. Restore refuses, with a :class:`StateError`,
+    * Files are written atomically under unique names. Locally: temporary name, fsync, rename;
+      a crash leaves no partial file under a final name. On an object store (``s3://``
+      directories, handles carry the full URI) a file is built in memory and written whole with
+      one PUT, which makes it visible whole or not at all; a subtask's files of one checkpoint
+      may instead be appended to one :class:`MergedStateObject` (one PUT per subtask and
+      checkpoint), each handle naming its byte range (``offset``, ``size_bytes``). Reading an
+      object takes ranged GETs only: the file's last 256 KiB first (trailer, index and
+      metadata; all of a small file), then the sections a restore needs in one coalesced range
+      (and the 8-byte header when the tail did not hold it). Writing and restoring never LIST;
+      a HEAD only for a handle without its size. Restore refuses, with a :class:`StateError`,
       files that are corrupt or truncated (magic, sizes, CRC-32 of every section), of an unknown
       format version, written with another ``max_parallelism`` or key hash, or whose state kind
       differs from the one registered. A missing or unreadable file raises
       :class:`~snapflow.errors.StorageError`.
 
-State file format, version 1 (little endian; ``.state`` files)::
+State file format, version 1 (little endian; ``.state`` files, or a byte range of a merged
+object; every offset below is relative to the file's first byte)::
 
     header   "SFST" | u16 format version (1) | u16 kind (1 keyed, 2 timers, 3 operator, 4 union)
     sections pickle (protocol 5) blobs, one per key group (keyed: {state name: {key: value}},
@@ -97,6 +106,7 @@ import pyarrow.compute as pc
 from snapflow.durable_files import fsync_dir
 from snapflow.errors import StateError, StorageError
 from snapflow.event_time import MIN_WATERMARK
+from snapflow.filestore import FileStore, is_object_store_uri, store_for
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keygroups import KEY_HASH_VERSION, KeyGroupRange
 
@@ -109,6 +119,7 @@ __all__ = [
     "KeyedStateBackend",
     "ListState",
     "MapState",
+    "MergedStateObject",
     "OperatorListState",
     "OperatorStateBackend",
     "ReducingState",
@@ -172,13 +183,16 @@ _KIND_CODES = {KEYED: 1, TIMERS: 2, OPERATOR: 3, UNION: 4}
 
 class StateHandleDict(TypedDict):
     """One state file (the fields of ``snapflow.v1.StateHandle`` / ``coordinator.model``'s
-    ``StateHandle``). Operator and union handles have the empty key-group range ``0..-1``."""
+    ``StateHandle``). Operator and union handles have the empty key-group range ``0..-1``.
+    ``offset`` is where the file starts inside the object at ``path`` (0: it is the whole
+    object; see :class:`MergedStateObject`); ``size_bytes`` is its length."""
 
     path: str
     size_bytes: int
     kind: str
     key_group_start: int
     key_group_end: int
+    offset: int
 
 
 def _handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> StateHandleDict:
@@ -194,14 +208,26 @@ def _handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> Stat
         raise StateError(f"state handle without a path: {handle!r:.200}")
     if path.startswith("file://"):
         path = unquote(urlsplit(path).path)
-    if base_dir is not None and not os.path.isabs(path):
-        path = os.path.join(os.fspath(base_dir), path)
+    if base_dir is not None and not is_object_store_uri(path) and not os.path.isabs(path):
+        base = os.fspath(base_dir)
+        if is_object_store_uri(base):  # object keys join with '/', whatever the local OS does
+            path = f"{base.rstrip('/')}/{path}"
+        else:
+            path = os.path.join(base, path)
+    offset = int(field("offset", 0) or 0)
+    size = int(field("size_bytes", 0) or 0)
+    if offset < 0 or size < 0 or (offset and not size):
+        raise StateError(
+            f"state handle {path!r:.200}: offset {offset} and size {size} do not name a "
+            "byte range (a handle with an offset needs its size)"
+        )
     return StateHandleDict(
         path=path,
-        size_bytes=int(field("size_bytes", 0) or 0),
+        size_bytes=size,
         kind=str(field("kind", "") or KEYED),
         key_group_start=int(field("key_group_start", 0) or 0),
         key_group_end=int(field("key_group_end", 0) or 0),
+        offset=offset,
     )
 
 
@@ -231,6 +257,63 @@ def _dumps(obj: Any, what: str) -> bytes:
         raise StateError(f"cannot serialise {what}: {e}") from e
 
 
+class MergedStateObject:
+    """The files of one subtask's checkpoint collected into one object, written with one
+    request: on an object store every object costs a PUT, and a subtask may write several
+    small files per checkpoint (keyed state, timers, operator state, channel state).
+
+    As with Flink's file merging (FLIP-306), a handle names the shared object plus the byte
+    range of its own file (``offset``, ``size_bytes``); every file keeps its own format, so it
+    is read exactly as a file of its own. All files in one object belong to one checkpoint of
+    one subtask, so the object is discarded as a whole, with that checkpoint."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._parts: list[bytes | memoryview] = []
+        self.size = 0
+
+    def add(self, parts: Iterable[bytes | memoryview]) -> int:
+        """Append one file (given as consecutive parts); returns its offset in the object."""
+        offset = self.size
+        for part in parts:
+            self._parts.append(part)
+            self.size += len(part)
+        return offset
+
+    def write(self) -> bool:
+        """Write the object (one PUT; nothing when no file was added). Returns whether it
+        wrote."""
+        if not self.size:
+            return False
+        store_for(self.path).write(self.path, b"".join(self._parts))
+        self._parts = []
+        return True
+
+
+def _encode_state_file(
+    write: Callable[[bytes], object],
+    kind: str,
+    meta: dict[str, Any],
+    sections: Iterable[tuple[int, bytes]],
+) -> int:
+    """Write the file format (module docstring) through ``write``; returns the size."""
+    write(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
+    pos = _HEADER.size
+    index = bytearray()
+    count = 0
+    for section, blob in sections:
+        write(blob)
+        index += _INDEX_ENTRY.pack(section, pos, len(blob), zlib.crc32(blob))
+        pos += len(blob)
+        count += 1
+    meta_bytes = json.dumps(meta, sort_keys=True).encode()
+    write(meta_bytes)
+    write(bytes(index))
+    crc = zlib.crc32(index, zlib.crc32(meta_bytes))
+    write(_TRAILER.pack(pos, len(meta_bytes), pos + len(meta_bytes), count, crc, _TAIL_MAGIC))
+    return pos + len(meta_bytes) + len(index) + _TRAILER.size
+
+
 def _write_state_file(
     directory: str,
     filename: str,
@@ -238,32 +321,47 @@ def _write_state_file(
     meta: dict[str, Any],
     sections: Iterable[tuple[int, bytes]],
     key_group_range: KeyGroupRange,
+    into: MergedStateObject | None = None,
 ) -> StateHandleDict:
-    """Write one state file atomically; returns its handle."""
+    """Write one state file; returns its handle. Locally the file is streamed to a temporary
+    name, fsynced and renamed (atomic); on an object store it is built in memory and written
+    whole with one PUT (an object appears whole or not at all), or appended to ``into``."""
+    if into is None and not is_object_store_uri(directory):
+        return _write_local_state_file(directory, filename, kind, meta, sections, key_group_range)
+    parts: list[bytes] = []
+    size = _encode_state_file(parts.append, kind, meta, sections)
+    if into is not None:
+        path, offset = into.path, into.add(parts)
+    else:
+        store = store_for(directory)
+        path, offset = store.join(directory, filename), 0
+        store.write(path, b"".join(parts))
+    return StateHandleDict(
+        path=path,
+        size_bytes=size,
+        kind=kind,
+        key_group_start=key_group_range.start,
+        key_group_end=key_group_range.end,
+        offset=offset,
+    )
+
+
+def _write_local_state_file(
+    directory: str,
+    filename: str,
+    kind: str,
+    meta: dict[str, Any],
+    sections: Iterable[tuple[int, bytes]],
+    key_group_range: KeyGroupRange,
+) -> StateHandleDict:
     final = os.path.join(directory, filename)
     tmp = os.path.join(directory, f".{filename}.{uuid.uuid4().hex[:8]}.inprogress")
     try:
         os.makedirs(directory, exist_ok=True)
         with open(tmp, "xb") as f:
-            f.write(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
-            pos = _HEADER.size
-            index = bytearray()
-            count = 0
-            for section, blob in sections:
-                f.write(blob)
-                index += _INDEX_ENTRY.pack(section, pos, len(blob), zlib.crc32(blob))
-                pos += len(blob)
-                count += 1
-            meta_bytes = json.dumps(meta, sort_keys=True).encode()
-            f.write(meta_bytes)
-            f.write(index)
-            crc = zlib.crc32(index, zlib.crc32(meta_bytes))
-            f.write(
-                _TRAILER.pack(pos, len(meta_bytes), pos + len(meta_bytes), count, crc, _TAIL_MAGIC)
-            )
+            size = _encode_state_file(f.write, kind, meta, sections)
             f.flush()
             os.fsync(f.fileno())
-            size = f.tell()
         os.replace(tmp, final)  # the final name is unique: nothing is ever overwritten
     except BaseException as e:
         with suppress(OSError):
@@ -278,46 +376,165 @@ def _write_state_file(
         kind=kind,
         key_group_start=key_group_range.start,
         key_group_end=key_group_range.end,
+        offset=0,
     )
 
 
-class _StateFileReader:
-    """Validating reader of one state file: header, trailer, meta and index up front; sections
-    on demand (each checked against its CRC)."""
+def _discard_files(handles: Iterable[StateHandleDict]) -> None:
+    """Best effort: remove the whole files of a snapshot whose write failed (files inside a
+    merged object were never written: the object is written last)."""
+    by_store: dict[int, tuple[FileStore, list[str]]] = {}
+    for handle in handles:
+        path = handle["path"]
+        if handle["offset"]:
+            continue
+        if is_object_store_uri(path):
+            store = store_for(path)
+            by_store.setdefault(id(store), (store, []))[1].append(path)
+        else:
+            with suppress(OSError):
+                os.unlink(path)
+    for store, paths in by_store.values():
+        with suppress(Exception):
+            store.delete(paths)
 
-    def __init__(self, handle: StateHandleDict) -> None:
+
+#: What a reader of an object store fetches first, in one ranged GET: the end of the file, so
+#: the trailer, index and metadata (and all of a small file) arrive with one request.
+_TAIL_PREFETCH_BYTES = 256 * 1024
+
+
+class _LocalBytes:
+    """The bytes of a state file on a file system (a whole file, or a range of one)."""
+
+    def __init__(self, handle: StateHandleDict, corrupt: Callable[[str], Exception]) -> None:
         self.path = handle["path"]
         try:
             self._f: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         except OSError as e:
             raise StorageError(f"cannot open state file {self.path}: {e}") from e
         try:
-            self._parse(handle)
+            file_size = os.fstat(self._f.fileno()).st_size
+            self.base = handle["offset"]
+            if not self.base:
+                self.size = file_size
+                if handle["size_bytes"] and handle["size_bytes"] != file_size:
+                    raise corrupt(
+                        f"the handle says {handle['size_bytes']} bytes, the file has {file_size}"
+                    )
+            else:
+                self.size = handle["size_bytes"]
+                if file_size < self.base + self.size:
+                    raise corrupt(
+                        f"the handle says bytes {self.base}..{self.base + self.size}, the file "
+                        f"has {file_size}"
+                    )
         except BaseException:
             self._f.close()
+            raise
+
+    def read(self, offset: int, length: int) -> bytes:
+        try:
+            self._f.seek(self.base + offset)
+            return self._f.read(length)
+        except OSError as e:
+            raise StorageError(f"cannot read state file {self.path}: {e}") from e
+
+    def prefetch(self, offset: int, length: int) -> None:
+        pass  # the page cache does this
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class _ObjectBytes:
+    """The bytes of a state file in an object store, read with ranged GETs: the tail first
+    (trailer, index, metadata), then the sections a restore needs, coalesced."""
+
+    def __init__(self, handle: StateHandleDict, corrupt: Callable[[str], Exception]) -> None:
+        self.path = handle["path"]
+        self.base = handle["offset"]
+        self._store = store_for(self.path)
+        self._corrupt = corrupt
+        self._cache: list[tuple[int, bytes]] = []
+        # A handle always carries its size; a HEAD only for one written by hand without it.
+        self.size = handle["size_bytes"] or self._request(lambda: self._store.size(self.path))
+        if self.size >= _HEADER.size + _TRAILER.size:
+            self.prefetch(max(0, self.size - _TAIL_PREFETCH_BYTES), _TAIL_PREFETCH_BYTES)
+
+    def _request(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except FileNotFoundError as e:
+            raise StorageError(f"cannot open state file {self.path}: no such object") from e
+        except StorageError as e:
+            if "InvalidRange" in str(e):  # the object is shorter than the handle says
+                raise self._corrupt(f"the handle says {self.size} bytes") from None
+            raise
+
+    def prefetch(self, offset: int, length: int) -> None:
+        length = min(length, self.size - offset)
+        if any(s <= offset and offset + length <= s + len(d) for s, d in self._cache):
+            return
+        data = self._request(lambda: self._store.read_range(self.path, self.base + offset, length))
+        if len(data) != length:
+            raise self._corrupt(
+                f"the handle says {self.size} bytes, the object ends {length - len(data)} "
+                "bytes early"
+            )
+        self._cache.append((offset, data))
+
+    def read(self, offset: int, length: int) -> bytes:
+        for start, data in self._cache:
+            if start <= offset and offset + length <= start + len(data):
+                return data[offset - start : offset - start + length]
+        return self._request(lambda: self._store.read_range(self.path, self.base + offset, length))
+
+    def close(self) -> None:
+        self._cache = []
+
+
+class _StateFileReader:
+    """Validating reader of one state file: header, trailer, meta and index up front; sections
+    on demand (each checked against its CRC). A local file is read through its file handle, an
+    object with ranged GETs (:class:`_ObjectBytes`)."""
+
+    def __init__(self, handle: StateHandleDict) -> None:
+        self.path = handle["path"]
+        self._src: _LocalBytes | _ObjectBytes = (
+            _ObjectBytes(handle, self._corrupt)
+            if is_object_store_uri(self.path)
+            else _LocalBytes(handle, self._corrupt)
+        )
+        try:
+            self._parse(handle)
+        except BaseException:
+            self._src.close()
             raise
 
     def _corrupt(self, detail: str) -> CorruptStateError:
         return CorruptStateError(f"state file {self.path} is corrupt or truncated: {detail}")
 
     def _read_at(self, offset: int, length: int) -> bytes:
-        try:
-            self._f.seek(offset)
-            data = self._f.read(length)
-        except OSError as e:
-            raise StorageError(f"cannot read state file {self.path}: {e}") from e
+        data = self._src.read(offset, length)
         if len(data) != length:
             raise self._corrupt(f"expected {length} bytes at offset {offset}, got {len(data)}")
         return data
 
+    def prefetch(self, entries: Sequence[_Section]) -> None:
+        """Fetch the byte range spanning ``entries`` with one request (object stores), when
+        they lie close together (a restore's key groups are contiguous in the file)."""
+        if len(entries) < 2:
+            return
+        start = min(e.offset for e in entries)
+        end = max(e.offset + e.length for e in entries)
+        if end - start <= 2 * sum(e.length for e in entries):
+            self._src.prefetch(start, end - start)
+
     def _parse(self, handle: StateHandleDict) -> None:
-        size = os.fstat(self._f.fileno()).st_size
+        size = self._src.size
         if size < _HEADER.size + _TRAILER.size:
             raise self._corrupt(f"only {size} bytes")
-        if handle["size_bytes"] and handle["size_bytes"] != size:
-            raise self._corrupt(
-                f"the handle says {handle['size_bytes']} bytes, the file has {size}"
-            )
         magic, version, kind_code = _HEADER.unpack(self._read_at(0, _HEADER.size))
         if magic != _MAGIC:
             raise self._corrupt(f"not a Snapflow state file (magic {magic!r})")
@@ -374,7 +591,7 @@ class _StateFileReader:
             raise self._corrupt(f"section {entry.section} cannot be unpickled: {e!r}") from None
 
     def close(self) -> None:
-        self._f.close()
+        self._src.close()
 
     def __enter__(self) -> _StateFileReader:
         return self
@@ -396,6 +613,10 @@ def _file_name(prefix: str, kind: str, checkpoint_id: int, kg_range: KeyGroupRan
 # ---------------------------------------------------------------------------------------------
 
 
+#: The asynchronous part of a snapshot: (directory, merged object or None) -> handles.
+_Writer = Callable[[str, "MergedStateObject | None"], list[StateHandleDict]]
+
+
 class SnapshotInProgress:
     """A snapshot whose synchronous part is done; :meth:`write` is the asynchronous part.
 
@@ -408,7 +629,7 @@ class SnapshotInProgress:
     def __init__(
         self,
         checkpoint_id: int,
-        writer: Callable[[str], list[StateHandleDict]],
+        writer: _Writer,
         on_release: Callable[[SnapshotInProgress], None],
     ) -> None:
         self.checkpoint_id = checkpoint_id
@@ -416,7 +637,7 @@ class SnapshotInProgress:
         self.async_duration_s: float | None = None
         self.state_size_bytes = 0
         self.handles: list[StateHandleDict] | None = None
-        self._writer: Callable[[str], list[StateHandleDict]] | None = writer
+        self._writer: _Writer | None = writer
         self._on_release: Callable[[SnapshotInProgress], None] | None = on_release
         self._status = "pending"  # pending | writing | written | failed | released
 
@@ -425,9 +646,13 @@ class SnapshotInProgress:
         """True once :meth:`write` returned or raised."""
         return self._status in ("written", "failed")
 
-    def write(self, directory: str | os.PathLike[str]) -> list[StateHandleDict]:
-        """Serialise the snapshot into ``directory`` (created if missing); returns the handles
-        of the files written (none for empty state). Idempotent once it succeeded."""
+    def write(
+        self, directory: str | os.PathLike[str], *, into: MergedStateObject | None = None
+    ) -> list[StateHandleDict]:
+        """Serialise the snapshot into ``directory`` (a path, created if missing, or an
+        ``s3://`` prefix); returns the handles of the files written (none for empty state).
+        With ``into``, the files are appended to that object instead (the caller writes it).
+        Idempotent once it succeeded."""
         if self._status == "written" and self.handles is not None:
             return list(self.handles)
         writer = self._writer
@@ -438,7 +663,7 @@ class SnapshotInProgress:
         self._status = "writing"
         start = time.perf_counter()
         try:
-            handles = writer(os.fspath(directory))
+            handles = writer(os.fspath(directory), into)
         except BaseException:
             self._status = "failed"
             raise
@@ -1259,6 +1484,7 @@ class KeyedStateBackend:
             with _StateFileReader(handle) as reader:
                 self._check_meta(reader, file_range)
                 states = reader.meta.get("states", {})
+                wanted = []
                 for entry in reader.sections:
                     kg = entry.section
                     if kg not in file_range:
@@ -1271,6 +1497,10 @@ class KeyedStateBackend:
                             f"{reader.path}: the handles are not one snapshot"
                         )
                     seen[kind][kg] = reader.path
+                    wanted.append(entry)
+                reader.prefetch(wanted)
+                for entry in wanted:
+                    kg = entry.section
                     data = reader.read(entry)
                     idx = kg - self._start
                     if kind == TIMERS:
@@ -1355,25 +1585,28 @@ class _KeyedSnapshotWriter:
             if timers:
                 yield self.kg_range.start + idx, _dumps(list(timers), "timers")
 
-    def __call__(self, directory: str) -> list[StateHandleDict]:
+    def __call__(
+        self, directory: str, into: MergedStateObject | None = None
+    ) -> list[StateHandleDict]:
         handles: list[StateHandleDict] = []
         try:
-            self._write(directory, handles)
+            self._write(directory, handles, into)
         except BaseException:
-            for handle in handles:  # no orphans from a failed write
-                with suppress(OSError):
-                    os.unlink(handle["path"])
+            if into is None:
+                _discard_files(handles)  # no orphans from a failed write
             raise
         return handles
 
-    def _write(self, directory: str, handles: list[StateHandleDict]) -> None:
+    def _write(
+        self, directory: str, handles: list[StateHandleDict], into: MergedStateObject | None
+    ) -> None:
         if any(maps[i] for _, maps in self.views.values() for i in range(len(maps))):
             meta = self._meta(KEYED)
             meta["states"] = {name: kind for name, (kind, _) in self.views.items()}
             name = _file_name(self.prefix, KEYED, self.checkpoint_id, self.kg_range)
             handles.append(
                 _write_state_file(
-                    directory, name, KEYED, meta, self._keyed_sections(), self.kg_range
+                    directory, name, KEYED, meta, self._keyed_sections(), self.kg_range, into
                 )
             )
         if any(self.timer_view):
@@ -1386,6 +1619,7 @@ class _KeyedSnapshotWriter:
                     self._meta(TIMERS),
                     self._timer_sections(),
                     self.kg_range,
+                    into,
                 )
             )
 
@@ -1467,7 +1701,7 @@ class OperatorStateBackend:
         union = {n: list(s._items) for n, s in self._states.items() if s.mode == UNION_DISTRIBUTE}
         prefix = self.name
 
-        def write(directory: str) -> list[StateHandleDict]:
+        def write(directory: str, into: MergedStateObject | None) -> list[StateHandleDict]:
             handles = []
             for kind, lists in ((OPERATOR, split), (UNION, union)):
                 if not any(lists.values()):
@@ -1482,7 +1716,9 @@ class OperatorStateBackend:
                 sections = [(0, _dumps(lists, f"{kind} state"))]
                 name = _file_name(prefix, kind, checkpoint_id, None)
                 handles.append(
-                    _write_state_file(directory, name, kind, meta, sections, KeyGroupRange.empty())
+                    _write_state_file(
+                        directory, name, kind, meta, sections, KeyGroupRange.empty(), into
+                    )
                 )
             return handles
 

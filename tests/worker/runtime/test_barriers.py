@@ -730,8 +730,8 @@ def test_at_least_once_tracks_several_checkpoints_and_drops_older_ones() -> None
     g.barrier(1, 1, now=1003)
     assert isinstance(g.h, AtLeastOnceBarrierTracker)
     assert g.h.pending_checkpoint_ids() == (1, 2)
+    # 1 is dropped silently, as in Flink: the coordinator subsumes it when 2 completes.
     assert g.barrier(2, 2, now=1004, ts=1001) == [
-        AbortCheckpoint(1, SUBSUMED),
         trigger(2, alignment=3, ts=1001),
         CheckpointCompleteOnInput(2),
     ]
@@ -747,15 +747,16 @@ def test_at_least_once_duplicate_barrier_is_not_counted_twice() -> None:
     assert g.barrier(1, 1, now=1002) == [trigger(1, alignment=2), CheckpointCompleteOnInput(1)]
 
 
-def test_at_least_once_cancel_marker_aborts_that_id_only() -> None:
+def test_at_least_once_cancel_marker_aborts_older_tracked_ones_first() -> None:
     g = tracker(3)
     g.barrier(0, 1, now=1000)
     g.barrier(0, 2, now=1000)
     g.barrier(1, 1, now=1001)
-    assert g.cancel(1, 2, now=1001) == [AbortCheckpoint(2, CANCELED)]
+    # Flink's processCancellationBarrier: every older tracked id is aborted at once, ascending.
+    assert g.cancel(1, 2, now=1001) == [AbortCheckpoint(1, CANCELED), AbortCheckpoint(2, CANCELED)]
     assert g.cancel(1, 2, now=1002) == []  # already aborted: only counted
     assert g.barrier(0, 2, now=1002) == []
-    assert g.barrier(2, 1, now=1004) == [trigger(1, alignment=4), CheckpointCompleteOnInput(1)]
+    assert g.barrier(2, 1, now=1004) == []  # 1 was aborted and forgotten
     assert isinstance(g.h, AtLeastOnceBarrierTracker)
     assert g.h.pending_checkpoint_ids() == (2,)
     assert g.barrier(2, 2, now=1005) == []  # aborted: no trigger; seen everywhere: forgotten
@@ -776,13 +777,23 @@ def test_at_least_once_cancel_marker_for_an_unknown_newer_id() -> None:
     assert g.h.pending_checkpoint_ids() == (4,)
 
 
-def test_at_least_once_aborted_entry_seen_everywhere_drops_older_ones() -> None:
+def test_at_least_once_cancel_marker_of_a_new_id_aborts_older_ones_at_once() -> None:
     g = tracker(2)
     assert g.barrier(0, 1, now=1000) == []
-    assert g.cancel(0, 2, now=1001) == [AbortCheckpoint(2, CANCELED)]
-    # Channel 1 never delivered barrier 1 before the marker for 2: 1 cannot complete.
-    assert g.cancel(1, 2, now=1002) == [AbortCheckpoint(1, SUBSUMED)]
+    # Channel 0 will deliver nothing more of 1: it cannot complete, so it aborts now, first.
+    assert g.cancel(0, 2, now=1001) == [AbortCheckpoint(1, CANCELED), AbortCheckpoint(2, CANCELED)]
+    assert g.cancel(1, 2, now=1002) == []
     assert g.barrier(1, 1, now=1003) == []
+
+
+def test_at_least_once_marker_of_an_untracked_older_id_aborts_only_older_tracked_ones() -> None:
+    g = tracker(2)
+    g.barrier(0, 1, now=1000)
+    g.barrier(0, 3, now=1000)
+    # 2 was never seen and is older than 3: it is not aborted, but 1 is (as in Flink).
+    assert g.cancel(1, 2, now=1001) == [AbortCheckpoint(1, CANCELED)]
+    assert isinstance(g.h, AtLeastOnceBarrierTracker)
+    assert g.h.pending_checkpoint_ids() == (3,)
 
 
 def test_at_least_once_bounds_the_tracked_checkpoints() -> None:
@@ -790,15 +801,17 @@ def test_at_least_once_bounds_the_tracked_checkpoints() -> None:
     g = tracker(2, max_pending=2)
     assert isinstance(g.h, AtLeastOnceBarrierTracker)
     assert g.barrier(0, 1, now=1000) == []
-    assert g.cancel(0, 2, now=1000) == [AbortCheckpoint(2, CANCELED)]
+    assert g.barrier(0, 2, now=1000) == []
     assert g.barrier(0, 3, now=1000) == [AbortCheckpoint(1, too_many)]
     assert g.h.pending_checkpoint_ids() == (2, 3)
-    assert g.barrier(0, 4, now=1000) == []  # evicts 2, already aborted: silent
-    assert g.h.pending_checkpoint_ids() == (3, 4)
     assert g.barrier(1, 1, now=1001) == []  # evicted: ignored
-    assert g.barrier(1, 5, now=1002) == [AbortCheckpoint(3, too_many)]
-    assert g.barrier(1, 4, now=1003) == [trigger(4, alignment=3), CheckpointCompleteOnInput(4)]
-    assert g.h.pending_checkpoint_ids() == (5,)
+    assert g.barrier(1, 4, now=1002) == [AbortCheckpoint(2, too_many)]
+    assert g.barrier(1, 3, now=1003) == [trigger(3, alignment=3), CheckpointCompleteOnInput(3)]
+    assert g.h.pending_checkpoint_ids() == (4,)
+    assert g.cancel(0, 5, now=1004) == [AbortCheckpoint(4, CANCELED), AbortCheckpoint(5, CANCELED)]
+    assert g.barrier(0, 6, now=1005) == []
+    assert g.barrier(0, 7, now=1005) == []  # evicts 5, already aborted: silent
+    assert g.h.pending_checkpoint_ids() == (6, 7)
 
 
 def test_at_least_once_end_of_partition_completes_pending_checkpoints() -> None:
@@ -831,7 +844,6 @@ def test_at_least_once_end_of_partition_drops_older_incomplete_ones() -> None:
     g.barrier(1, 2, now=1001)
     g.barrier(0, 2, now=1002)
     assert g.eop(2, now=1003) == [
-        AbortCheckpoint(1, SUBSUMED),
         trigger(2, alignment=2, delay=1),
         CheckpointCompleteOnInput(2),
     ]
@@ -845,6 +857,149 @@ def test_at_least_once_ignores_closed_channels_and_all_ended() -> None:
     assert g.eop(1, now=1002) == []
     assert g.barrier(1, 1, now=1003) == []
     assert g.h.open_channels() == frozenset()
+
+
+# --- Flink's scenarios, ported (Flink 1.18 tests; the expected sequences are Flink's) --------
+
+
+def _outcomes(actions: list[Action]) -> list[int]:
+    """Flink's CheckpointSequenceValidator: +id triggered, -id aborted, in order."""
+    out: list[int] = []
+    for a in actions:
+        if isinstance(a, TriggerSnapshot):
+            out.append(a.checkpoint_id)
+        elif isinstance(a, AbortCheckpoint):
+            out.append(-a.checkpoint_id)
+    return out
+
+
+def _run(g: Gate, events: list[tuple[str, int, int]]) -> list[int]:
+    """("b" | "c", checkpoint id, channel): barriers and cancel markers in order."""
+    seen: list[int] = []
+    for now, (kind, cid, channel) in enumerate(events, start=1000):
+        if kind == "b":
+            seen += _outcomes(g.barrier(channel, cid, now=now, options=AT_LEAST_ONCE))
+        else:
+            seen += _outcomes(g.cancel(channel, cid, now=now))
+    return seen
+
+
+def test_flink_tracker_single_channel_abort_checkpoint() -> None:
+    """CheckpointBarrierTrackerTest.testSingleChannelAbortCheckpoint: (1, 2, -4, 5, -6)."""
+    events = [("b", 1, 0), ("b", 2, 0), ("c", 4, 0), ("b", 5, 0), ("c", 6, 0)]
+    assert _run(tracker(1), events) == [1, 2, -4, 5, -6]
+
+
+def test_flink_tracker_multi_channel_abort_checkpoint() -> None:
+    """CheckpointBarrierTrackerTest.testMultiChannelAbortCheckpoint: (1, -2, 3, -4, 5, -6)."""
+    events = [
+        *[("b", 1, 0), ("b", 1, 1), ("b", 1, 2)],
+        *[("b", 2, 0), ("b", 2, 2), ("c", 2, 1)],  # aborted on the last barrier
+        *[("b", 3, 1), ("b", 3, 2), ("b", 3, 0)],
+        *[("c", 4, 1), ("b", 4, 2), ("b", 4, 0)],  # aborted on the first barrier
+        *[("b", 5, 2), ("b", 5, 1), ("b", 5, 0)],
+        *[("c", 6, 1), ("c", 6, 2), ("b", 6, 0)],  # several markers, then a barrier
+    ]
+    g = tracker(3)
+    assert _run(g, events) == [1, -2, 3, -4, 5, -6]
+    assert isinstance(g.h, AtLeastOnceBarrierTracker)
+    assert g.h.pending_checkpoint_ids() == ()
+
+
+def test_flink_tracker_interleaved_cancellation_barriers() -> None:
+    """CheckpointBarrierTrackerTest.testInterleavedCancellationBarriers: (-1, -2)."""
+    events = [("b", 1, 0), ("c", 2, 0), ("c", 1, 1), ("c", 2, 1), ("c", 1, 2), ("c", 2, 2)]
+    assert _run(tracker(3), events) == [-1, -2]
+
+
+def test_flink_tracker_multi_channel_skipping_checkpoints() -> None:
+    """Modelled on CheckpointBarrierTrackerTest.testMultiChannelSkippingCheckpoints (no buffers):
+    (1, 3, 4); the incomplete 2 is dropped silently when 3 completes, its late barrier ignored."""
+    events = [
+        *[("b", 1, 1), ("b", 1, 2), ("b", 1, 0)],
+        *[("b", 2, 0), ("b", 2, 1)],
+        *[("b", 3, 2), ("b", 3, 0), ("b", 3, 1)],
+        ("b", 2, 2),
+        *[("b", 4, 1), ("b", 4, 2), ("b", 4, 0)],
+    ]
+    assert _run(tracker(3), events) == [1, 3, 4]
+
+
+def test_checkpoint_id_zero_is_valid_and_negative_ids_are_refused() -> None:
+    g = single(2)
+    assert g.barrier(0, 0, now=1000) == [BlockChannel(0)]
+    assert g.barrier(1, 0, now=1001) == [
+        trigger(0, alignment=1),
+        UnblockChannels((0,)),
+        CheckpointCompleteOnInput(0),
+    ]
+    u = single(1)
+    assert u.cancel(0, 0, now=1000) == [AbortCheckpoint(0, CANCELED)]
+    assert u.barrier(0, 0, now=1000) == []  # aborted by the marker
+    t = tracker(1)
+    assert t.barrier(0, 0, now=1000, options=AT_LEAST_ONCE) == [
+        trigger(0, AT_LEAST_ONCE),
+        CheckpointCompleteOnInput(0),
+    ]
+    for handler in (SingleCheckpointBarrierHandler(2), AtLeastOnceBarrierTracker(2)):
+        options = AT_LEAST_ONCE if isinstance(handler, AtLeastOnceBarrierTracker) else ALIGNED
+        with pytest.raises(ValueError, match="checkpoint id -1 is negative"):
+            handler.on_barrier(0, Barrier(-1, 0, options), 0)
+        with pytest.raises(ValueError, match="checkpoint id -1 is negative"):
+            handler.on_cancel_marker(0, -1, 0)
+        handler.check_invariants()
+
+
+def test_end_of_partition_after_the_aligned_timeout_switches_without_a_timer() -> None:
+    """Flink's endOfPartitionReceived checks isTimedOut after allBarriersReceived."""
+    g = single(3)
+    assert g.barrier(0, 1, now=1010, options=TIMEOUT) == [BlockChannel(0)]
+    # No timer ran; the deadline (1100) has passed when channel 2 ends.
+    assert g.eop(2, now=1150) == [
+        SwitchToUnaligned(1),
+        trigger(1, SWITCHED, unaligned=True, alignment=140, delay=10),
+        StartPersistingChannel(1, 1),
+        UnblockChannels((0,)),
+    ]
+    assert g.barrier(1, 1, now=1160, options=TIMEOUT) == [
+        StopPersistingChannel(1, 1),
+        CheckpointCompleteOnInput(1),
+    ]
+
+
+def test_end_of_partition_completing_the_alignment_after_the_timeout_stays_aligned() -> None:
+    g = single(2)
+    assert g.barrier(0, 1, now=1010, options=TIMEOUT) == [BlockChannel(0)]
+    assert g.eop(1, now=1500) == [
+        trigger(1, TIMEOUT, alignment=490, delay=10),
+        UnblockChannels((0,)),
+        CheckpointCompleteOnInput(1),
+    ]
+
+
+def test_end_of_partition_before_the_timeout_neither_switches_nor_completes() -> None:
+    g = single(3)
+    assert g.barrier(0, 1, now=1010, options=TIMEOUT) == [BlockChannel(0)]
+    assert g.eop(2, now=1099) == []
+    assert g.h.next_deadline_ms() == 1100
+    assert g.timer(1100)[0] == SwitchToUnaligned(1)
+
+
+def test_cancel_marker_for_a_newer_checkpoint_declines_the_pending_one_too() -> None:
+    """AlignedCheckpointsTest.testMissingCancellationBarriers' sequence. Flink notifies only the
+    marker's checkpoint (2, then 3); Snapflow also declines 1, SUBSUMED (a documented
+    difference: the coordinator aborts 1 at once, uncounted, instead of letting it expire)."""
+    g = single(2)
+    assert g.barrier(0, 1, now=1000) == [BlockChannel(0)]
+    assert g.cancel(0, 2, now=1001) == [
+        AbortCheckpoint(1, SUBSUMED),
+        UnblockChannels((0,)),
+        AbortCheckpoint(2, CANCELED),
+    ]
+    assert g.cancel(0, 3, now=1002) == [AbortCheckpoint(3, CANCELED)]
+    assert g.cancel(1, 3, now=1003) == []
+    assert g.h.blocked_channels() == frozenset()
+    assert pending_id(g) is None
 
 
 # --- factory and invariants ----------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import random
@@ -16,11 +17,13 @@ import pytest
 
 from snapflow.coordinator.model import StateHandle
 from snapflow.errors import SnapflowError, StateError, StorageError
+from snapflow.filestore import store_for
 from snapflow.worker.state.backend import (
     CorruptStateError,
     IncompatibleStateError,
     KeyedStateBackend,
     KeyGroupRangeError,
+    MergedStateObject,
     OperatorStateBackend,
     StateFormatVersionError,
     StateHandleDict,
@@ -768,3 +771,147 @@ def test_operator_restore_refuses_corrupt_and_mismatched_files(tmp_path: Path) -
     good = [h for h in handles[0] if h["kind"] == "operator"]
     with pytest.raises(IncompatibleStateError):
         b.restore([good], 0, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# On S3 (moto's server): whole objects, merged objects, ranged reads, request counts
+# ---------------------------------------------------------------------------------------------
+
+
+def s3_requests() -> dict[str, int]:
+    return store_for("s3://x").requests.snapshot()
+
+
+def delta(before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before[k] for k, v in s3_requests().items() if v != before[k]}
+
+
+@pytest.mark.parametrize(("old_p", "new_p"), [(2, 2), (2, 3), (3, 1)])
+def test_keyed_state_on_s3_restores_at_any_parallelism(
+    s3_bucket: str, old_p: int, new_p: int
+) -> None:
+    old = build_job(old_p)
+    expected = union_of(old)
+    expected_timers = Counter(t[:3] for b in old for t in b.timer_service.timers())
+    before = s3_requests()
+    handles = [h for i, b in enumerate(old) for h in b.snapshot(3).write(f"s3://{s3_bucket}/c/{i}")]
+    # one PUT per file (keyed + timers per subtask), nothing else on the write path
+    assert delta(before) == {"put": 2 * old_p}
+    assert all(h["path"].startswith(f"s3://{s3_bucket}/c/") and h["offset"] == 0 for h in handles)
+    sizes = {h["path"]: h["size_bytes"] for h in handles}
+    for path, size in sizes.items():
+        assert store_for(path).size(path) == size
+    before = s3_requests()
+    new = [KeyedStateBackend.for_subtask(MAX_P, new_p, i) for i in range(new_p)]
+    for b in new:
+        b.restore(handles)
+    assert union_of(new) == expected
+    assert Counter(t[:3] for b in new for t in b.timer_service.timers()) == expected_timers
+    # files up to 256 KiB: one ranged GET for every file a new subtask's key groups overlap
+    assert all(h["size_bytes"] <= 256 * 1024 for h in handles)
+    opened = sum(
+        1
+        for b in new
+        for h in handles
+        if KeyGroupRange(h["key_group_start"], h["key_group_end"]).overlaps(b.key_group_range)
+    )
+    assert delta(before) == {"get": opened}
+
+
+def test_merged_object_holds_a_subtasks_files_in_one_put(s3_bucket: str) -> None:
+    """Keyed state, timers, operator and union state of two subtasks, each subtask's files
+    merged into one object; restored at parallelism 3 from the byte ranges."""
+    old = build_job(2)
+    expected = union_of(old)
+    handles: list[list[StateHandleDict]] = [[], []]
+    keyed_handles: list[StateHandleDict] = []
+    before = s3_requests()
+    for i, b in enumerate(old):
+        merged = MergedStateObject(f"s3://{s3_bucket}/chk-3/sub{i}.merged")
+        written = b.snapshot(3).write(f"s3://{s3_bucket}/unused", into=merged)
+        op = OperatorStateBackend(name=f"src-{i}")
+        op.get_list_state("offsets").add_all([f"p{i}-{j}" for j in range(i + 2)])
+        op.get_union_list_state("watermarks").add(i * 10)
+        op_written = op.snapshot(3).write(f"s3://{s3_bucket}/unused", into=merged)
+        assert merged.write()
+        assert {h["path"] for h in written + op_written} == {merged.path}
+        offsets = sorted((h["offset"], h["size_bytes"]) for h in written + op_written)
+        assert offsets[0][0] == 0 and sum(n for _, n in offsets) == merged.size
+        assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(offsets))  # back to back
+        keyed_handles.extend(written)
+        handles[i] = op_written
+    assert delta(before) == {"put": 2}  # one object per subtask
+    assert not MergedStateObject(f"s3://{s3_bucket}/empty").write()  # nothing: no request
+    new = [KeyedStateBackend.for_subtask(MAX_P, 3, i) for i in range(3)]
+    for b in new:
+        b.restore([StateHandle(**h) for h in keyed_handles])
+    assert union_of(new) == expected
+    restored = restore_operator(dict(enumerate(handles)), 3)
+    assert [x for b in restored for x in b.get_list_state("offsets").get()] == [
+        "p0-0",
+        "p0-1",
+        "p1-0",
+        "p1-1",
+        "p1-2",
+    ]
+    assert all(b.get_union_list_state("watermarks").get() == [0, 10] for b in restored)
+    assert not list_keys(s3_bucket, "unused")  # merged: nothing written under the directory
+
+
+def list_keys(bucket: str, prefix: str) -> list[str]:
+    return store_for("s3://x").list(f"s3://{bucket}/{prefix}")
+
+
+def test_large_state_file_on_s3_is_read_with_few_ranged_gets(s3_bucket: str) -> None:
+    """A file larger than the tail prefetch: the subtask that owns a quarter of the key groups
+    fetches the tail, the header and one coalesced range of its sections, not the file."""
+    b = full_backend()
+    v = b.get_value_state("v")
+    for k in range(20_000):
+        b.set_current_key(k)
+        v.update(f"{k:>100}")  # distinct strings: pickle does not share them
+    (handle,) = b.snapshot(1).write(f"s3://{s3_bucket}/big")
+    assert handle["size_bytes"] > 1024 * 1024
+    before = s3_requests()
+    quarter = KeyedStateBackend.for_subtask(MAX_P, 4, 1)
+    quarter.restore([handle])
+    assert delta(before) == {"get": 3}
+    assert dict(quarter.entries("v")) == {
+        k: f"{k:>100}"
+        for k in range(20_000)
+        if key_group_for_key(k, MAX_P) in quarter.key_group_range
+    }
+
+
+def test_restore_from_s3_refuses_corrupt_truncated_and_missing_objects(s3_bucket: str) -> None:
+    b = full_backend()
+    populate(b, list(range(50)))
+    handle = next(h for h in b.snapshot(1).write(f"s3://{s3_bucket}/c") if h["kind"] == "keyed")
+    store = store_for(handle["path"])
+    data = store.read(handle["path"])
+    store.write(handle["path"], data[:-10])
+    with pytest.raises(CorruptStateError, match="handle says"):
+        restore_one(handle)
+    with pytest.raises(CorruptStateError, match="trailer"):
+        restore_one({**handle, "size_bytes": 0})  # size unknown (one HEAD): the trailer
+    flipped = bytearray(data)
+    flipped[20] ^= 0xFF
+    store.write(handle["path"], bytes(flipped))
+    with pytest.raises(CorruptStateError, match="checksum mismatch in section"):
+        restore_one(handle)
+    with pytest.raises(StorageError, match="no such object"):
+        restore_one({**handle, "path": f"s3://{s3_bucket}/c/gone.state"})
+    with pytest.raises(StateError, match="needs its size"):
+        restore_one({**handle, "offset": 10, "size_bytes": 0})
+
+
+def test_s3_handles_keep_their_uri_and_join_relative_paths_with_slashes(s3_bucket: str) -> None:
+    old = build_job(1)
+    handles = old[0].snapshot(1).write(f"s3://{s3_bucket}/base/sub")
+    relative = [{**h, "path": h["path"].split("/base/", 1)[1]} for h in handles]
+    b = full_backend()
+    b.restore(relative, base_dir=f"s3://{s3_bucket}/base/")
+    assert dump(b) == dump(old[0])
+    b2 = full_backend()
+    b2.restore(handles, base_dir="/some/local/dir")  # a full URI is never joined to a base
+    assert dump(b2) == dump(old[0])
