@@ -26,8 +26,8 @@ checkpoints); target <= 3), ``s3_gets_per_subtask_checkpoint``,
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,16 +111,27 @@ def classify(method: str, url: str) -> str:
     return "get"
 
 
+# moto appends one JSON object per request, from several server threads; an entry with a large
+# body is written in several system calls, so entries can interleave inside their bodies. The
+# method and URL are adjacent, short fields written together: count those, not whole lines.
+_ENTRY = re.compile(r'"method": "([A-Z]+)", "url": "([^"]*)"')
+
+
 def count_requests(recording: Path) -> dict[str, Counter[str]]:
     """Counts by class, split into the coordinator's (``_metadata``) and the tasks'."""
-    out: dict[str, Counter[str]] = {"coordinator": Counter(), "tasks": Counter()}
+    out: dict[str, Counter[str]] = {
+        "coordinator": Counter(),
+        "tasks": Counter(),
+        "list_requests": Counter(),  # which LISTs, to find where they come from
+    }
     if not recording.exists():
         return out
-    for line in recording.read_text().splitlines():
-        entry = json.loads(line)
-        url = entry["url"]
+    for method, url in _ENTRY.findall(recording.read_text(errors="replace")):
         who = "coordinator" if urlsplit(url).path.endswith("/_metadata") else "tasks"
-        out[who][classify(entry["method"], url)] += 1
+        kind = classify(method, url)
+        out[who][kind] += 1
+        if kind == "list":
+            out["list_requests"][f"{method} {urlsplit(url).path}?{urlsplit(url).query}"] += 1
     return out
 
 
@@ -135,7 +146,14 @@ def _spec(name: str) -> RunSpec:
     )
 
 
-async def _one_run(
+def _one_run(console: Console, storage_root: str, workdir: Path, name: str) -> RunResult:
+    # A Redis of its own: a coordinator recovers every job in its Redis at start, and a job of
+    # the other run would be recovered against this run's storage root.
+    with RedisServer() as redis:
+        return asyncio.run(_run_on(console, storage_root, workdir, redis.url, name))
+
+
+async def _run_on(
     console: Console, storage_root: str, workdir: Path, redis_url: str, name: str
 ) -> RunResult:
     port = free_port()
@@ -143,7 +161,7 @@ async def _one_run(
     try:
         runner = Runner(console, f"127.0.0.1:{port}", workdir, process.pid)
         async with grpc.aio.insecure_channel(runner.address) as channel:
-            stub = cgrpc.CoordinatorServiceAsyncStub(channel)
+            stub: cgrpc.CoordinatorServiceAsyncStub = cgrpc.CoordinatorServiceStub(channel)
             return await runner.run(stub, _spec(name))
     finally:
         stop_process(process)
@@ -158,7 +176,7 @@ def main() -> int:
     metrics: dict[str, float] = {}
     errors: dict[str, str] = {}
     requests: dict[str, dict[str, int]] = {}
-    with tempfile.TemporaryDirectory(prefix="snapflow-storage-") as tmp, RedisServer() as redis:
+    with tempfile.TemporaryDirectory(prefix="snapflow-storage-") as tmp:
         work = Path(tmp)
         recording = work / "s3-requests.jsonl"
         s3, endpoint = _start_s3(recording)
@@ -169,12 +187,8 @@ def main() -> int:
 
             boto3.client("s3").create_bucket(Bucket=BUCKET)
             recording.write_text("")  # count the job's requests only
-            local = asyncio.run(
-                _one_run(console, str(work / "checkpoints"), work, redis.url, "local")
-            )
-            s3_run = asyncio.run(
-                _one_run(console, f"s3://{BUCKET}/checkpoints", work, redis.url, "s3")
-            )
+            local = _one_run(console, str(work / "checkpoints"), work, "local")
+            s3_run = _one_run(console, f"s3://{BUCKET}/checkpoints", work, "s3")
             counts = count_requests(recording)
         finally:
             _stop_s3(s3)

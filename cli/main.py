@@ -30,6 +30,8 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from snapflow.errors import ConfigError
+from snapflow.security import SECURITY_FIELDS, SecuritySettings, sync_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -185,14 +187,52 @@ class Client:
         self.timeout = timeout_s
 
 
+CLIENT_SECURITY_FLAGS = (
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_server_name",
+    "token_file",
+)
+
+
+def _security(args: argparse.Namespace) -> SecuritySettings:
+    """TLS and token of a client or worker: ``SNAPFLOW_TLS_*``/``SNAPFLOW_TOKEN_FILE`` (or
+    ``SNAPFLOW_TOKEN``), overridden by the file flags; a token itself is never a flag."""
+    base = SecuritySettings.from_env()
+    flags = {
+        name: value for name in SECURITY_FIELDS if (value := getattr(args, name, None)) is not None
+    }
+    return base.replace(**flags) if flags else base
+
+
+def _add_security_flags(group: Any, names: Sequence[str]) -> None:
+    helps = {
+        "tls_ca_file": "PEM CA bundle to verify the server's certificate (turns TLS on)",
+        "tls_cert_file": "PEM certificate to present (mutual TLS; a server's own certificate)",
+        "tls_key_file": "PEM private key of --tls-cert-file",
+        "tls_server_name": "name to check the server certificate against",
+        "tls_client_ca_file": "PEM CA bundle to verify client certificates (mutual TLS)",
+        "token_file": "file with the bearer token to send (else $SNAPFLOW_TOKEN)",
+        "auth_tokens_file": "accepted tokens, one 'ROLE[,ROLE] TOKEN' per line",
+        "auth_identities": "roles of client certificates: NAME=ROLE[+ROLE],...",
+    }
+    for name in names:
+        env = "SNAPFLOW_" + name.upper()
+        group.add_argument(
+            "--" + name.replace("_", "-"), default=None, help=f"{helps[name]} (default ${env})"
+        )
+
+
 def _address(args: argparse.Namespace) -> str:
     return str(args.address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS)
 
 
 @contextlib.contextmanager
 def _client(args: argparse.Namespace) -> Iterator[Client]:
-    channel = grpc.insecure_channel(
+    channel = sync_channel(
         _address(args),
+        _security(args),
         options=[
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
             ("grpc.enable_retries", 0),
@@ -631,6 +671,10 @@ COORDINATOR_FLAGS = (
     "metrics_port",
     "log_level",
     "log_format",
+    *SECURITY_FIELDS,
+    "savepoint_roots",
+    "redis_password_file",
+    "metrics_host",
 )
 
 
@@ -893,6 +937,7 @@ def _client_options() -> argparse.ArgumentParser:
     group.add_argument(
         "--json", action="store_true", help="print the raw response as JSON instead of tables"
     )
+    _add_security_flags(parent.add_argument_group("security"), CLIENT_SECURITY_FLAGS)
     return parent
 
 
@@ -933,6 +978,19 @@ def _add_coordinator(sub: Any) -> None:
     )
     p.add_argument("--log-level", default=None, help="debug, info, warning, error or critical")
     p.add_argument("--log-format", default=None, help="auto, json or console")
+    security = p.add_argument_group("security (docs/security.md)")
+    _add_security_flags(security, SECURITY_FIELDS)
+    security.add_argument(
+        "--savepoint-roots",
+        default=None,
+        help="comma-separated roots where savepoints, restores and disposals may lie",
+    )
+    security.add_argument(
+        "--redis-password-file", default=None, help="file with the Redis password"
+    )
+    security.add_argument(
+        "--metrics-host", default=None, help="address of the /metrics endpoint (default: --host)"
+    )
     p.set_defaults(handler=cmd_coordinator)
 
 
@@ -953,6 +1011,10 @@ def _add_worker(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
     p.add_argument("--log-level", default="info", help="log level (default info)")
+    _add_security_flags(
+        p.add_argument_group("security (docs/security.md)"),
+        (*CLIENT_SECURITY_FLAGS, "tls_client_ca_file", "auth_tokens_file", "auth_identities"),
+    )
     p.set_defaults(handler=cmd_worker)
 
 
@@ -965,15 +1027,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not 0 <= args.slot < args.slots:
         print(f"snapflow worker: --slot must be in 0..{args.slots - 1}", file=sys.stderr)
         return 2
+    try:
+        security = _security(args)
+    except ConfigError as e:
+        print(f"snapflow worker: configuration error: {e}", file=sys.stderr)
+        return 2
 
     async def run() -> int:
         agent = Agent(
-            address, args.job, slot=args.slot, num_slots=args.slots, host=args.host, port=args.port
+            address,
+            args.job,
+            slot=args.slot,
+            num_slots=args.slots,
+            host=args.host,
+            port=args.port,
+            security=security,
         )
         await agent.start()
         try:
             await agent.run()
             return 0
+        except asyncio.CancelledError:  # CancelTask: the job failed over or was canceled
+            print("snapflow worker: the coordinator canceled the tasks", file=sys.stderr)
+            return 1
         except Exception as e:
             print(f"snapflow worker: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
@@ -1333,6 +1409,12 @@ def _report_rpc_error(error: grpc.RpcError, args: argparse.Namespace) -> None:
             "still complete",
             file=sys.stderr,
         )
+    elif code is grpc.StatusCode.UNAUTHENTICATED:
+        print(
+            "hint: set SNAPFLOW_TOKEN_FILE (or --token-file) to a file with a valid token, and "
+            "SNAPFLOW_TLS_CA_FILE to the coordinator's CA",
+            file=sys.stderr,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1347,6 +1429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except grpc.RpcError as error:
         _report_rpc_error(error, args)
         return 1
+    except ConfigError as error:  # TLS or token files (messages name files, never contents)
+        print(f"snapflow {args.command}: configuration error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -18,6 +18,7 @@ from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.checkpoint_coordinator import BarrierOptions
 from snapflow.coordinator.model import ExecutionAttempt
+from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
@@ -31,8 +32,11 @@ ByAddress = dict[str, list[ExecutionAttempt]]
 class AgentClients:
     """gRPC stubs for worker agents, one channel per address, with deadlines on every call."""
 
-    def __init__(self, timeout_s: float, max_message_bytes: int) -> None:
+    def __init__(
+        self, timeout_s: float, max_message_bytes: int, security: SecuritySettings = PLAINTEXT
+    ) -> None:
         self.timeout_s = timeout_s
+        self._security = security
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -43,7 +47,7 @@ class AgentClients:
     def stub(self, address: str) -> wgrpc.WorkerControlServiceAsyncStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = aio_channel(address, self._security, self._options)
             self._channels[address] = channel
             stub = self._stubs[address] = wgrpc.WorkerControlServiceStub(channel)
         return stub

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 from snapflow.coordinator.checkpoint_storage import check_storage_location
 from snapflow.errors import ConfigError
 from snapflow.filestore import S3Settings
+from snapflow.security import SECURITY_FIELDS, SecuritySettings
 
 ENV_PREFIX = "SNAPFLOW_"
 CONFIG_FILE_ENV = "SNAPFLOW_CONFIG"
@@ -89,6 +90,15 @@ class CoordinatorSettings:
     default_rpc_deadline_s: float = 30.0
     """The longest a client's trigger-checkpoint or savepoint call waits for the outcome."""
 
+    heartbeat_interval_s: float = 2.0
+    """How often each worker agent sends a heartbeat (the coordinator tells the agents), in
+    seconds (Flink's ``heartbeat.interval``, 10 s, scaled down for local jobs)."""
+
+    heartbeat_timeout_s: float = 10.0
+    """An agent silent this long fails its deployment (``heartbeat timeout of agent ...``); an
+    agent whose heartbeats fail this long re-registers its tasks. Seconds, greater than
+    ``heartbeat_interval_s`` (Flink's ``heartbeat.timeout``, 50 s, scaled down)."""
+
     max_jobs: int = 1000
     """Most jobs (in any state) the coordinator keeps; submissions beyond are refused."""
 
@@ -107,6 +117,49 @@ class CoordinatorSettings:
     shutdown_grace_s: float = 5.0
     """On shutdown, how long in-flight calls may finish before they are cancelled."""
 
+    # --- security (docs/security.md); every one empty: plaintext and open, as before ---
+
+    tls_cert_file: str = ""
+    """PEM certificate chain of the gRPC server (and of the coordinator's calls to agents);
+    with ``tls_key_file`` the server speaks TLS only. Re-read when it changes."""
+
+    tls_key_file: str = ""
+    """PEM private key of ``tls_cert_file``."""
+
+    tls_ca_file: str = ""
+    """PEM CA bundle the coordinator verifies the agents' server certificates with."""
+
+    tls_client_ca_file: str = ""
+    """PEM CA bundle client certificates are verified with; set: mutual TLS, every client
+    must present a certificate signed by it."""
+
+    tls_server_name: str = ""
+    """Name the agents' certificates are checked against instead of their address's host."""
+
+    token_file: str = ""
+    """File with the bearer token the coordinator sends to agents (else ``SNAPFLOW_TOKEN``)."""
+
+    auth_tokens_file: str = ""
+    """Accepted bearer tokens, one ``ROLE[,ROLE] TOKEN`` per line; set: every RPC but health
+    and reflection needs a role (docs/security.md has the matrix)."""
+
+    auth_identities: str = ""
+    """Roles of verified client certificates: ``NAME=ROLE[+ROLE],...`` (NAME: subject CN or
+    SAN; ``*``: any verified certificate)."""
+
+    savepoint_roots: str = ""
+    """Comma-separated directories (local paths or ``s3://`` prefixes) where savepoint
+    targets, restore paths and disposals may lie, besides ``storage_root``; set: any other
+    path is PERMISSION_DENIED before any I/O. Empty: no confinement."""
+
+    redis_password_file: str = ""
+    """File with the Redis password (ACL user: in ``redis_url``, ``redis://user@host``); it
+    overrides a password in the URL and is never logged."""
+
+    metrics_host: str = ""
+    """Address the ``/metrics`` endpoint binds to; empty: ``host``. With TLS on, the
+    endpoint serves HTTPS with the same certificate, and a token when tokens are on."""
+
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name, value in values.items():
@@ -124,6 +177,15 @@ class CoordinatorSettings:
             profile=self.s3_profile or None,
             max_attempts=self.s3_max_attempts,
         )
+
+    def security(self) -> SecuritySettings:
+        """TLS and access-control settings of the coordinator's servers and clients."""
+        return SecuritySettings(**{name: getattr(self, name) for name in SECURITY_FIELDS})
+
+    def allowed_roots(self) -> tuple[str, ...]:
+        """Where savepoints, restores and disposals may point (empty: anywhere)."""
+        roots = [r.strip() for r in self.savepoint_roots.split(",") if r.strip()]
+        return (self.storage_root, *roots) if roots else ()
 
     def to_dict(self, *, redact_secrets: bool = True) -> dict[str, Any]:
         """The settings as a plain dict (for logging at start); a password in ``redis_url``
@@ -381,10 +443,39 @@ def _validate(values: dict[str, Any], sources: Mapping[str, str]) -> dict[str, A
         )
     positive("worker_rpc_timeout_s", "seconds greater than 0")
     positive("default_rpc_deadline_s", "seconds greater than 0")
+    positive("heartbeat_interval_s", "seconds greater than 0")
+    if out["heartbeat_timeout_s"] <= out["heartbeat_interval_s"]:
+        raise bad(
+            "heartbeat_timeout_s",
+            f"{out['heartbeat_timeout_s']} is not greater than heartbeat_interval_s "
+            f"({out['heartbeat_interval_s']})",
+            "seconds greater than heartbeat_interval_s (e.g. 5 times it)",
+        )
     if out["shutdown_grace_s"] < 0:
         raise bad("shutdown_grace_s", f"{out['shutdown_grace_s']} is negative", "seconds >= 0")
     for name in ("max_jobs", "max_queued_trigger_requests", "history_size"):
         int_range(name, 1, None, "an integer >= 1")
+
+    for name in (*SECURITY_FIELDS, "redis_password_file", "metrics_host", "savepoint_roots"):
+        out[name] = out[name].strip()
+    try:
+        SecuritySettings(**{name: out[name] for name in SECURITY_FIELDS})
+    except ConfigError as e:
+        named = [n for n in SECURITY_FIELDS if out[n] and sources[n] != "default"]
+        where = f" (set from {', '.join(sorted({sources[n] for n in named}))})" if named else ""
+        raise ConfigError(f"invalid security settings{where}: {e}") from None
+    if out["redis_password_file"] and urlsplit(out["redis_url"]).password:
+        raise bad(
+            "redis_password_file",
+            "redis_url carries a password too (the URL's would win)",
+            "the password in one place: drop it from redis_url",
+        )
+    for root in (r.strip() for r in out["savepoint_roots"].split(",")):
+        if root:
+            try:
+                check_storage_location(root, what="savepoint_roots")
+            except ConfigError as e:
+                raise bad("savepoint_roots", str(e), storage_allowed) from None
 
     level = out["log_level"].strip().lower()
     if level == "warn":

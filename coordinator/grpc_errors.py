@@ -15,8 +15,8 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from snapflow.coordinator.request_parsing import MalformedRequest
 from snapflow.errors import SnapflowError
+from snapflow.request_parsing import MalformedRequest
 
 log = structlog.get_logger("snapflow.coordinator")
 

@@ -69,7 +69,9 @@ class JobManager:
         self.metrics = metrics
         self.clock = clock
         self.rng = rng or random.Random()
-        self.workers = AgentClients(settings.worker_rpc_timeout_s, settings.max_message_bytes)
+        self.workers = AgentClients(
+            settings.worker_rpc_timeout_s, settings.max_message_bytes, settings.security()
+        )
         self.jobs: dict[str, JobRunner] = {}
         self.epoch = 0
         self.fenced = False

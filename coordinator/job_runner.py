@@ -188,6 +188,8 @@ class JobRunner:
         self._next_request_id = 1
         self._background: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        self._heartbeats: dict[str, float] = {}
+        """Agent address -> monotonic time of its registration or last heartbeat."""
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -196,6 +198,7 @@ class JobRunner:
         self._loops = [
             asyncio.create_task(self._timer_loop(), name=f"timer-{self.job_id}"),
             asyncio.create_task(self.io.run(), name=f"io-{self.job_id}"),
+            asyncio.create_task(self._heartbeat_loop(), name=f"heartbeats-{self.job_id}"),
         ]
 
     async def close(self, reason: AbortReason = AbortReason.COORDINATOR_SHUTDOWN) -> None:
@@ -250,6 +253,7 @@ class JobRunner:
             self.manager.check_not_fenced()
             registration = self.execution.register(key, address)
             if registration.new_deployment:
+                self._heartbeats.clear()  # only the agents of this deployment are watched
                 now = self.manager.clock()
                 self._process(self.core.on_tasks_not_running(now, "the job is being redeployed"))
                 self.restore_point = await self._resolve_restore_point()
@@ -270,6 +274,7 @@ class JobRunner:
                 self.watchers.state_changed(
                     self.execution.state, f"deployment {self.execution.deployment} started"
                 )
+            self._heartbeats[address] = time.monotonic()  # monitored from its registration
             self._log.debug("task.registered", task=str(registration.attempt), address=address)
             return registration.attempt, self.restore_point
 
@@ -327,6 +332,68 @@ class JobRunner:
             await self._persist_record()
             self.manager.refresh_job_gauges()
         self.agents.cancel(self.execution.group_by_address(to_cancel))
+
+    # --- heartbeats ---------------------------------------------------------------------------
+
+    def heartbeat(self, address: str, attempts: list[ExecutionAttempt]) -> bool:
+        """An agent's heartbeat; whether every attempt it names is current and live here."""
+        self.manager.check_not_fenced()
+        current = all(self._is_live(a, address) for a in attempts)
+        if current and attempts:
+            self._heartbeats[address] = time.monotonic()
+        return current
+
+    def _is_live(self, attempt: ExecutionAttempt, address: str) -> bool:
+        record = self.execution.tasks.get(attempt.key)
+        # FINISHED counts: its report may overtake the heartbeat that still names it.
+        return (
+            record is not None
+            and record.attempt == attempt
+            and record.address == address
+            and record.state not in (TaskState.FAILED, TaskState.CANCELED)
+        )
+
+    def _silent_agents(self, now: float) -> dict[str, list[ExecutionAttempt]]:
+        """Agents of the live deployment silent for longer than the heartbeat timeout, with
+        their unfinished attempts. A deployment that already failed is not watched."""
+        tasks = self.execution.tasks.values()
+        if self.execution.state.is_terminal or any(
+            t.state in (TaskState.FAILED, TaskState.CANCELED) for t in tasks
+        ):
+            return {}
+        timeout = self.manager.settings.heartbeat_timeout_s
+        silent: dict[str, list[ExecutionAttempt]] = {}
+        for t in tasks:
+            if t.state is TaskState.FINISHED:
+                continue
+            last = self._heartbeats.setdefault(t.address, now)
+            if now - last > timeout:
+                silent.setdefault(t.address, []).append(t.attempt)
+        return silent
+
+    async def _heartbeat_loop(self) -> None:
+        settings = self.manager.settings
+        period = min(settings.heartbeat_interval_s, settings.heartbeat_timeout_s / 4)
+        while not self._closed and not self.manager.fenced:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for address, attempts in self._silent_agents(now).items():
+                silent_s = now - self._heartbeats.get(address, now)
+                reason = (
+                    f"heartbeat timeout of agent {address}: no heartbeat for {silent_s:.1f} s "
+                    f"(heartbeat_timeout_s {settings.heartbeat_timeout_s:g})"
+                )
+                self._heartbeats.pop(address, None)
+                # The agent's tasks fail: the deployment fails over as for a reported failure.
+                for attempt in sorted(attempts):
+                    try:
+                        await self.update_task_state(attempt, TaskState.FAILED, reason)
+                    except SnapflowError as e:
+                        self._log.warning(
+                            "task.heartbeat_failure_not_recorded",
+                            task=str(attempt),
+                            error=str(e)[:300],
+                        )
 
     async def cancel(self) -> None:
         self.manager.check_not_fenced()

@@ -12,11 +12,13 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Mapping
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from snapflow.coordinator.model import AbortReason, AckResult, JobState, TriggerRefusal
+from snapflow.security import PLAINTEXT, SecuritySettings
 
 # 5 ms .. 10 min
 DURATION_BUCKETS_S: tuple[float, ...] = (
@@ -197,9 +199,13 @@ class MetricsServer:
 
 
 def start_metrics_server(
-    metrics: CoordinatorMetrics, host: str, port: int
+    metrics: CoordinatorMetrics, host: str, port: int, security: SecuritySettings = PLAINTEXT
 ) -> tuple[MetricsServer, int]:
     """Serve ``metrics.registry`` at ``http://host:port/metrics`` in a daemon thread.
+
+    With TLS in ``security`` the endpoint serves HTTPS with the gRPC server's certificate,
+    and with ``tls_client_ca_file`` it requires a client certificate signed by that CA
+    (the scraper's); otherwise bind it (``metrics_host``) to the scrape network only.
 
     ``port`` 0 picks a free port. Returns the server (stop it with ``server.shutdown()`` or
     :func:`stop_metrics_server`) and the bound port. A negative port (disabled) is the caller's
@@ -207,7 +213,15 @@ def start_metrics_server(
     """
     if port < 0 or port > 65535:
         raise ValueError(f"metrics port {port} is out of range 0..65535 (-1 means disabled)")
-    result = start_http_server(port, addr=host, registry=metrics.registry)
+    tls: dict[str, Any] = {}
+    if security.server_tls:
+        tls = {
+            "certfile": security.tls_cert_file,
+            "keyfile": security.tls_key_file,
+            "client_cafile": security.tls_client_ca_file or None,
+            "client_auth_required": bool(security.tls_client_ca_file),
+        }
+    result = start_http_server(port, addr=host, registry=metrics.registry, **tls)
     if not isinstance(result, tuple):  # prometheus_client < 0.20 returned None
         raise RuntimeError("prometheus_client >= 0.20 is required (start_http_server -> tuple)")
     httpd, thread = result

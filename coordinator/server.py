@@ -2,8 +2,8 @@
 
 ``create_server(address, manager)`` follows the grpc examples: it returns ``(server, port)``
 with the port actually bound (bind ``127.0.0.1:0`` in tests). ``Coordinator`` wires a whole
-incarnation together: settings -> Redis (or an embedded redis-server) -> store epoch ->
-recovered jobs -> gRPC server and ``/metrics``.
+incarnation together: settings -> Redis (or an embedded redis-server) -> bound ports (gRPC
+and ``/metrics``) -> store epoch -> recovered jobs -> serving.
 """
 
 from __future__ import annotations
@@ -23,10 +23,18 @@ from snapflow.coordinator.config import CoordinatorSettings
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.metrics import CoordinatorMetrics, MetricsServer, start_metrics_server
 from snapflow.coordinator.redis_store import CheckpointStore
-from snapflow.coordinator.request_parsing import add_servicer
 from snapflow.coordinator.service import CoordinatorServicer
+from snapflow.errors import ConfigError
 from snapflow.filestore import is_object_store_uri
 from snapflow.redis_server import RedisServer
+from snapflow.request_parsing import add_servicer
+from snapflow.security import (
+    PLAINTEXT,
+    SecuritySettings,
+    add_port,
+    read_secret_file,
+    server_interceptors,
+)
 from snapflow.v1 import coordinator_pb2
 
 log = structlog.get_logger("snapflow.coordinator")
@@ -46,10 +54,17 @@ def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 async def create_server(
-    address: str, manager: JobManager, max_message_bytes: int = 16 * 1024 * 1024
+    address: str,
+    manager: JobManager,
+    max_message_bytes: int = 16 * 1024 * 1024,
+    security: SecuritySettings = PLAINTEXT,
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
-    """A started-but-not-yet-serving gRPC server bound to ``address``; returns the bound port."""
-    server = grpc.aio.server(options=server_options(max_message_bytes))
+    """A started-but-not-yet-serving gRPC server bound to ``address``; returns the bound port.
+    ``security``: TLS and the access check (``snapflow.security``); default plaintext, open."""
+    server = grpc.aio.server(
+        options=server_options(max_message_bytes),
+        interceptors=server_interceptors(security),
+    )
     add_servicer(
         server,
         coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"],
@@ -65,10 +80,41 @@ async def create_server(
         ],
         server,
     )
-    port = server.add_insecure_port(address)
+    try:
+        port = add_port(server, address, security)
+    except RuntimeError:  # grpc >= 1.60 raises instead of returning 0
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind the gRPC server to {address}")
+        raise PortInUseError(address, "gRPC")
     return server, port, health
+
+
+class PortInUseError(OSError):
+    """A port of the coordinator could not be bound: in use, or not a local address."""
+
+    def __init__(self, address: str, what: str) -> None:
+        super().__init__(
+            f"could not bind the {what} port {address}: it is in use (another coordinator?) "
+            f"or the address is not local"
+        )
+        self.address = address
+
+
+def _redis_password(settings: CoordinatorSettings) -> dict[str, str]:
+    """``password=`` for redis-py from ``redis_password_file`` (never logged); TLS and the ACL
+    user come with the URL (``rediss://user@host:6380/0?ssl_ca_certs=/path/ca.pem``)."""
+    if not settings.redis_password_file:
+        return {}
+    raw = read_secret_file(settings.redis_password_file, "redis_password_file")
+    try:
+        password = raw.decode().strip()
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"redis_password_file: {settings.redis_password_file} is not UTF-8 text"
+        ) from None
+    if not password:
+        raise ConfigError(f"redis_password_file: {settings.redis_password_file} is empty")
+    return {"password": password}
 
 
 @dataclass
@@ -118,21 +164,27 @@ class Coordinator:
             namespace=s.redis_namespace,
             socket_timeout=5.0,
             socket_connect_timeout=5.0,
+            **_redis_password(s),
         )
         metrics = CoordinatorMetrics()
         self.manager = JobManager(s, self._store, metrics)
         self.manager.on_fenced_callbacks.append(self._on_fenced)
-        await self.manager.start()
+        # Ports first: a second coordinator started on a busy port must fail before it takes
+        # the fencing epoch, which would fence the live one.
         self._server, self.port, self._health = await create_server(
-            f"{s.host}:{s.port}", self.manager, s.max_message_bytes
+            f"{s.host}:{s.port}", self.manager, s.max_message_bytes, s.security()
         )
+        if s.metrics_port >= 0:
+            try:
+                self._metrics_server, self.metrics_port = start_metrics_server(
+                    metrics, s.metrics_host or s.host, s.metrics_port, s.security()
+                )
+            except OSError:
+                raise PortInUseError(f"{s.host}:{s.metrics_port}", "metrics") from None
+        await self.manager.start()
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        if s.metrics_port >= 0:
-            self._metrics_server, self.metrics_port = start_metrics_server(
-                metrics, s.host, s.metrics_port
-            )
         log.info(
             "coordinator.started",
             address=f"{s.host}:{self.port}",

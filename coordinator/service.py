@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from snapflow.coordinator import convert
+from snapflow.coordinator.confinement import check_confined
 from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.job_runner import JobRunner
@@ -22,6 +23,7 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 MAX_HISTORY = 1000
 MAX_ACKS_PER_BATCH = 4096
+MAX_HEARTBEAT_TASKS = 32768
 
 
 class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
@@ -48,6 +50,10 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         job_id = convert.parse_job_id(request.job_id, allow_empty=True)
         graph = convert.graph_from_pb(request.graph)
         config = convert.config_from_pb(request.checkpoint_config)
+        roots = self.manager.settings.allowed_roots()
+        check_confined(config.storage_uri, roots, "checkpoint_config.storage_uri", allow_root=True)
+        if request.restore.WhichOneof("source") == "savepoint_path":
+            check_confined(request.restore.savepoint_path, roots, "restore.savepoint_path")
         runner = await self.manager.submit(job_id, graph, config, request.restore)
         return cpb.SubmitJobResponse(job=runner.job_info())
 
@@ -109,6 +115,8 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
             ),
             checkpoint_config=convert.config_to_pb(runner.record.checkpoint_config),
             checkpoint_storage_uri=runner.storage.job_dir(runner.job_id),
+            heartbeat_interval_ms=round(self.manager.settings.heartbeat_interval_s * 1000),
+            heartbeat_timeout_ms=round(self.manager.settings.heartbeat_timeout_s * 1000),
         )
 
     @grpc_errors
@@ -122,6 +130,24 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
             raise InvalidArgumentError("state must be RUNNING, FINISHED, FAILED or CANCELED")
         await runner.update_task_state(attempt, state, request.failure)
         return cpb.UpdateTaskStateResponse()
+
+    @grpc_errors
+    async def Heartbeat(
+        self, request: cpb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.HeartbeatResponse:
+        runner = self._runner(request.job_id)
+        if len(request.tasks) > MAX_HEARTBEAT_TASKS:
+            raise InvalidArgumentError(
+                f"{len(request.tasks)} tasks in one heartbeat; at most {MAX_HEARTBEAT_TASKS}"
+            )
+        attempts = [convert.attempt_from_pb(a) for a in request.tasks]
+        settings = self.manager.settings
+        return cpb.HeartbeatResponse(
+            coordinator_epoch=self.manager.epoch,
+            tasks_current=runner.heartbeat(request.address, attempts),
+            heartbeat_interval_ms=round(settings.heartbeat_interval_s * 1000),
+            heartbeat_timeout_ms=round(settings.heartbeat_timeout_s * 1000),
+        )
 
     @grpc_errors
     async def ListTasks(
@@ -186,6 +212,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         self, job_id: str, kind: CheckpointKind, target: str, context: grpc.aio.ServicerContext
     ) -> cpb.CheckpointSummary:
         runner = self._runner(job_id)
+        check_confined(target, self.manager.settings.allowed_roots(), "target_directory")
         cp: CompletedCheckpoint = await runner.trigger(kind, target, self._deadline(context))
         return runner.summary_of_completed(cp)
 
@@ -220,6 +247,9 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     ) -> cpb.DisposeSavepointResponse:
         if not request.savepoint_path:
             raise InvalidArgumentError("savepoint_path is required")
+        check_confined(
+            request.savepoint_path, self.manager.settings.allowed_roots(), "savepoint_path"
+        )
         await self.manager.dispose_savepoint(request.savepoint_path)
         return cpb.DisposeSavepointResponse()
 

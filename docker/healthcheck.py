@@ -14,18 +14,24 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from snapflow.errors import ConfigError
+from snapflow.security import SecuritySettings, sync_channel
+
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 TIMEOUT_S = 3.0
 
 
 def check(address: str, service: str = "", timeout_s: float = TIMEOUT_S) -> tuple[bool, str]:
     try:
-        with grpc.insecure_channel(address) as channel:
+        # TLS as the coordinator's SNAPFLOW_TLS_* settings say (health needs no token).
+        with sync_channel(address, SecuritySettings.from_env()) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
             )
     except grpc.RpcError as e:
         return False, f"{address}: {e.code().name} {e.details()}"
+    except ConfigError as e:
+        return False, f"{address}: {e}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     return response.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
 

@@ -94,6 +94,12 @@ class InvalidStatePathError(InvalidArgumentError):
     """A state handle points outside the job's checkpoint storage; it is never touched."""
 
 
+class PermissionDeniedError(SnapflowError):
+    """The caller may not do this (a path outside the allowed roots, a missing role)."""
+
+    status = grpc.StatusCode.PERMISSION_DENIED
+
+
 class ConfigError(SnapflowError):
     """Invalid configuration; the message names the setting and what is allowed."""
 

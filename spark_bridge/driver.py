@@ -60,6 +60,7 @@ from snapflow.errors import (
     SnapflowError,
     UnavailableError,
 )
+from snapflow.security import PLAINTEXT, SecuritySettings, sync_channel
 from snapflow.spark_bridge.executor import SlotConfig, run_slot
 from snapflow.spark_bridge.restart import (
     Finish,
@@ -149,6 +150,10 @@ class RunOptions:
     poll_interval_s: float = 0.1
     job_id: str | None = None
     progress: bool | None = None
+    security: SecuritySettings | None = None
+    """TLS and token of the driver's and the agents' calls to a coordinator given by address
+    (docs/security.md); None: from the ``SNAPFLOW_*`` environment. An embedded coordinator is
+    plaintext on 127.0.0.1."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.startup_barrier, bool):
@@ -230,10 +235,11 @@ def _rpc_error(error: grpc.RpcError, what: str) -> SnapflowError:
 class CoordinatorClient:
     """A synchronous client of the coordinator (the driver's side): thread-safe."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, security: SecuritySettings = PLAINTEXT) -> None:
         self.address = address
+        self.security = security
         self._closed = False
-        self._channel = grpc.insecure_channel(address)
+        self._channel = sync_channel(address, security)
         self._stub = cgrpc.CoordinatorServiceStub(self._channel)
 
     def close(self) -> None:
@@ -545,6 +551,7 @@ class JobHandle:
             source_batch_records=o.source_batch_records,
             log_level=o.executor_log_level,
             startup_barrier=o.startup_barrier,
+            security=self._client.security,
         )
         rdd = (
             sc.parallelize(range(self.slots), self.slots)
@@ -732,7 +739,9 @@ def _abs_dir(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     if not isinstance(text, str) or not text:
         raise InvalidArgumentError(f"target_directory must be a non-empty path, got {path!r}")
-    return text if text.startswith("file://") else os.path.abspath(text)
+    # A URI (file://, s3://) is the coordinator's to check; a plain path is made absolute here,
+    # where the caller's working directory means something.
+    return text if "://" in text else os.path.abspath(text)
 
 
 def submit(
@@ -782,7 +791,8 @@ def submit(
             )
         embedded = EmbeddedCoordinator().start()
         coordinator_address = embedded.address
-    client = CoordinatorClient(coordinator_address)
+    security = PLAINTEXT if embedded is not None else (opts.security or SecuritySettings.from_env())
+    client = CoordinatorClient(coordinator_address, security)
     try:
         response = client.call(
             "SubmitJob",

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from snapflow.security import PLAINTEXT, SecuritySettings
+
 if TYPE_CHECKING:
     pass
 
@@ -31,6 +33,7 @@ class SlotConfig:
     source_batch_records: int
     log_level: str
     startup_barrier: bool
+    security: SecuritySettings = PLAINTEXT
 
 
 def _host_of(address: str) -> str:
@@ -51,6 +54,7 @@ async def _run_agent(config: SlotConfig, slot: int, host: str) -> str:
         host=host,
         source_batch_records=config.source_batch_records,
         final_checkpoint_without_interval=True,
+        security=config.security,
     )
     await agent.start()
     try:

@@ -50,9 +50,10 @@ from pyspark import cloudpickle
 
 from snapflow import wire
 from snapflow.checkpointing import CheckpointMode
-from snapflow.errors import InvalidArgumentError
+from snapflow.coordinator.checkpoint_storage import check_storage_location
+from snapflow.errors import ConfigError, InvalidArgumentError
 from snapflow.spark_bridge.driver import JobHandle, JobResult, run, submit
-from snapflow.spark_bridge.restart import FixedDelay, RestartStrategy
+from snapflow.spark_bridge.restart import DEFAULT_RESTART_STRATEGY, RestartStrategy
 from snapflow.spark_bridge.submission import default_parallelism
 from snapflow.spark_bridge.submission import execute as execute_pipeline
 from snapflow.v1 import common_pb2 as pb
@@ -173,10 +174,11 @@ class CheckpointSettings:
             raise InvalidArgumentError(f"storage must be a path or a URI, got {storage!r}")
         if storage and "://" not in storage:
             storage = os.path.abspath(storage)
-        elif storage and not storage.startswith("file://"):
-            raise InvalidArgumentError(
-                f"storage must be a local or shared file system path or a file:// URI, got {storage!r}"
-            )
+        elif storage:
+            try:  # the coordinator's own rule: a path, file:// or s3://bucket/prefix
+                storage = check_storage_location(storage, what="storage")
+            except ConfigError as e:
+                raise InvalidArgumentError(str(e)) from None
         object.__setattr__(self, "storage", storage)
 
     def to_pb(self) -> pb.CheckpointConfig:
@@ -532,7 +534,7 @@ class Pipeline:
             parallelism = default_parallelism() or 1
         self.parallelism = _check_int("parallelism", parallelism, 1, self.max_parallelism)
         self.checkpoint_settings = CheckpointSettings()
-        self.restart: RestartStrategy = FixedDelay(attempts=3, delay_s=1.0)
+        self.restart: RestartStrategy = DEFAULT_RESTART_STRATEGY
         self._vertices: list[_Vertex] = []
         self._edges: list[_Edge] = []
 
@@ -602,7 +604,9 @@ class Pipeline:
         return self
 
     def restart_strategy(self, strategy: RestartStrategy) -> Pipeline:
-        """How the driver restarts the job after a failure (default ``FixedDelay(3, 1.0)``)."""
+        """How the driver restarts the job after a failure (default
+        ``DEFAULT_RESTART_STRATEGY``: exponential back-off 1 s .. 60 s, multiplier 1.5, no
+        limit on the number of restarts)."""
         if not isinstance(strategy, RestartStrategy):
             raise InvalidArgumentError(
                 f"restart_strategy needs FixedDelay, ExponentialBackoff or NoRestart, got {strategy!r:.100}"

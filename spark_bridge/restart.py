@@ -14,6 +14,11 @@ Restart strategies (Flink's, bounded):
 * :class:`ExponentialBackoff` ``(initial_s, max_s, attempts, multiplier=2.0)``: restart ``k``
   (1-based) waits ``min(initial_s * multiplier ** (k - 1), max_s)``; at most ``attempts``.
 * :class:`NoRestart`: the first failure fails the job.
+
+:data:`DEFAULT_RESTART_STRATEGY` (a pipeline without ``restart_strategy``): exponential
+back-off from 1 s to at most 60 s, multiplier 1.5, :data:`UNLIMITED_ATTEMPTS`; a job with
+checkpoints should not fail because of its fourth task failure (Flink's default with
+checkpointing on never gives up either, see docs/flink-differences.md).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from enum import StrEnum
 from snapflow.errors import InvalidArgumentError
 
 __all__ = [
+    "DEFAULT_RESTART_STRATEGY",
+    "UNLIMITED_ATTEMPTS",
     "ExponentialBackoff",
     "Finish",
     "FixedDelay",
@@ -70,6 +77,10 @@ class JobStatus(StrEnum):
 # ---------------------------------------------------------------------------------------------
 # Restart strategies
 # ---------------------------------------------------------------------------------------------
+
+
+UNLIMITED_ATTEMPTS = 2**31 - 1
+"""As many restarts as Flink's ``Integer.MAX_VALUE``: never give up."""
 
 
 def _check_attempts(attempts: object) -> int:
@@ -262,3 +273,10 @@ class RecoveryTracker:
     @property
     def recovering(self) -> bool:
         return self._failed_at is not None
+
+
+DEFAULT_RESTART_STRATEGY = ExponentialBackoff(
+    initial_s=1.0, max_s=60.0, attempts=UNLIMITED_ATTEMPTS, multiplier=1.5
+)
+"""The driver's strategy when the pipeline names none (Flink 1.19+'s exponential-delay
+defaults for initial, maximum and multiplier, without jitter or reset)."""

@@ -199,18 +199,22 @@ class VertexSubtaskState(_message.Message):
     def __init__(self, subtask_index: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[_common_pb2.OperatorSubtaskState, _Mapping]]] = ...) -> None: ...
 
 class RegisterTaskResponse(_message.Message):
-    __slots__ = ("attempt", "coordinator_epoch", "restore", "checkpoint_config", "checkpoint_storage_uri")
+    __slots__ = ("attempt", "coordinator_epoch", "restore", "checkpoint_config", "checkpoint_storage_uri", "heartbeat_interval_ms", "heartbeat_timeout_ms")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_CONFIG_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STORAGE_URI_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     attempt: _common_pb2.TaskAttempt
     coordinator_epoch: int
     restore: TaskRestore
     checkpoint_config: _common_pb2.CheckpointConfig
     checkpoint_storage_uri: str
-    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., coordinator_epoch: _Optional[int] = ..., restore: _Optional[_Union[TaskRestore, _Mapping]] = ..., checkpoint_config: _Optional[_Union[_common_pb2.CheckpointConfig, _Mapping]] = ..., checkpoint_storage_uri: _Optional[str] = ...) -> None: ...
+    heartbeat_interval_ms: int
+    heartbeat_timeout_ms: int
+    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., coordinator_epoch: _Optional[int] = ..., restore: _Optional[_Union[TaskRestore, _Mapping]] = ..., checkpoint_config: _Optional[_Union[_common_pb2.CheckpointConfig, _Mapping]] = ..., checkpoint_storage_uri: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class UpdateTaskStateRequest(_message.Message):
     __slots__ = ("job_id", "attempt", "state", "failure")
@@ -233,6 +237,28 @@ class ListTasksRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("job_id", "address", "tasks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    address: str
+    tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskAttempt]
+    def __init__(self, job_id: _Optional[str] = ..., address: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskAttempt, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("coordinator_epoch", "tasks_current", "heartbeat_interval_ms", "heartbeat_timeout_ms")
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TASKS_CURRENT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    coordinator_epoch: int
+    tasks_current: bool
+    heartbeat_interval_ms: int
+    heartbeat_timeout_ms: int
+    def __init__(self, coordinator_epoch: _Optional[int] = ..., tasks_current: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
     __slots__ = ("tasks",)

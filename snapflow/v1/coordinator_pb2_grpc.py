@@ -74,6 +74,11 @@ class CoordinatorServiceStub:
                 request_serializer=snapflow_dot_v1_dot_coordinator__pb2.ListTasksRequest.SerializeToString,
                 response_deserializer=snapflow_dot_v1_dot_coordinator__pb2.ListTasksResponse.FromString,
                 _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/snapflow.v1.CoordinatorService/Heartbeat',
+                request_serializer=snapflow_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=snapflow_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
         self.AcknowledgeCheckpoint = channel.unary_unary(
                 '/snapflow.v1.CoordinatorService/AcknowledgeCheckpoint',
                 request_serializer=snapflow_dot_v1_dot_coordinator__pb2.AcknowledgeCheckpointRequest.SerializeToString,
@@ -171,6 +176,15 @@ class CoordinatorServiceServicer:
 
     def ListTasks(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Liveness: every agent calls it every heartbeat interval while it hosts tasks. An agent
+        silent for the heartbeat timeout fails its deployment; an agent that sees a newer epoch
+        in the answer (a restarted coordinator) registers its tasks again.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -276,6 +290,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ListTasks,
                     request_deserializer=snapflow_dot_v1_dot_coordinator__pb2.ListTasksRequest.FromString,
                     response_serializer=snapflow_dot_v1_dot_coordinator__pb2.ListTasksResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=snapflow_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
+                    response_serializer=snapflow_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
             ),
             'AcknowledgeCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.AcknowledgeCheckpoint,
@@ -539,6 +558,33 @@ class CoordinatorService:
             '/snapflow.v1.CoordinatorService/ListTasks',
             snapflow_dot_v1_dot_coordinator__pb2.ListTasksRequest.SerializeToString,
             snapflow_dot_v1_dot_coordinator__pb2.ListTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapflow.v1.CoordinatorService/Heartbeat',
+            snapflow_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+            snapflow_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,11 @@ class CoordinatorServiceStub:
     """Task lifecycle (called by worker agents)."""
     UpdateTaskState: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.UpdateTaskStateRequest, _coordinator_pb2.UpdateTaskStateResponse]
     ListTasks: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListTasksRequest, _coordinator_pb2.ListTasksResponse]
+    Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]
+    """Liveness: every agent calls it every heartbeat interval while it hosts tasks. An agent
+    silent for the heartbeat timeout fails its deployment; an agent that sees a newer epoch
+    in the answer (a restarted coordinator) registers its tasks again.
+    """
     AcknowledgeCheckpoint: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AcknowledgeCheckpointRequest, _coordinator_pb2.AcknowledgeCheckpointResponse]
     """Checkpoints on the task side."""
     AcknowledgeCheckpoints: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AcknowledgeCheckpointsRequest, _coordinator_pb2.AcknowledgeCheckpointsResponse]
@@ -72,6 +77,11 @@ class CoordinatorServiceAsyncStub(CoordinatorServiceStub):
     """Task lifecycle (called by worker agents)."""
     UpdateTaskState: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.UpdateTaskStateRequest, _coordinator_pb2.UpdateTaskStateResponse]  # type: ignore[assignment]
     ListTasks: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListTasksRequest, _coordinator_pb2.ListTasksResponse]  # type: ignore[assignment]
+    Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.HeartbeatRequest, _coordinator_pb2.HeartbeatResponse]  # type: ignore[assignment]
+    """Liveness: every agent calls it every heartbeat interval while it hosts tasks. An agent
+    silent for the heartbeat timeout fails its deployment; an agent that sees a newer epoch
+    in the answer (a restarted coordinator) registers its tasks again.
+    """
     AcknowledgeCheckpoint: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AcknowledgeCheckpointRequest, _coordinator_pb2.AcknowledgeCheckpointResponse]  # type: ignore[assignment]
     """Checkpoints on the task side."""
     AcknowledgeCheckpoints: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AcknowledgeCheckpointsRequest, _coordinator_pb2.AcknowledgeCheckpointsResponse]  # type: ignore[assignment]
@@ -147,6 +157,17 @@ class CoordinatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.ListTasksRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.ListTasksResponse, _abc.Awaitable[_coordinator_pb2.ListTasksResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Heartbeat(
+        self,
+        request: _coordinator_pb2.HeartbeatRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.HeartbeatResponse, _abc.Awaitable[_coordinator_pb2.HeartbeatResponse]]:
+        """Liveness: every agent calls it every heartbeat interval while it hosts tasks. An agent
+        silent for the heartbeat timeout fails its deployment; an agent that sees a newer epoch
+        in the answer (a restarted coordinator) registers its tasks again.
+        """
 
     @_abc_1.abstractmethod
     def AcknowledgeCheckpoint(

@@ -78,20 +78,22 @@ class ExchangeMessage(_message.Message):
     def __init__(self, open: _Optional[_Union[ChannelId, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("batch", "barrier", "cancel_marker", "end_of_partition", "watermark", "latency_marker")
+    __slots__ = ("batch", "barrier", "cancel_marker", "end_of_partition", "watermark", "latency_marker", "end_of_data")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     CANCEL_MARKER_FIELD_NUMBER: _ClassVar[int]
     END_OF_PARTITION_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MARKER_FIELD_NUMBER: _ClassVar[int]
+    END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
     batch: DataBatch
     barrier: CheckpointBarrier
     cancel_marker: CancelCheckpointMarker
     end_of_partition: EndOfPartition
     watermark: Watermark
     latency_marker: LatencyMarker
-    def __init__(self, batch: _Optional[_Union[DataBatch, _Mapping]] = ..., barrier: _Optional[_Union[CheckpointBarrier, _Mapping]] = ..., cancel_marker: _Optional[_Union[CancelCheckpointMarker, _Mapping]] = ..., end_of_partition: _Optional[_Union[EndOfPartition, _Mapping]] = ..., watermark: _Optional[_Union[Watermark, _Mapping]] = ..., latency_marker: _Optional[_Union[LatencyMarker, _Mapping]] = ...) -> None: ...
+    end_of_data: EndOfData
+    def __init__(self, batch: _Optional[_Union[DataBatch, _Mapping]] = ..., barrier: _Optional[_Union[CheckpointBarrier, _Mapping]] = ..., cancel_marker: _Optional[_Union[CancelCheckpointMarker, _Mapping]] = ..., end_of_partition: _Optional[_Union[EndOfPartition, _Mapping]] = ..., watermark: _Optional[_Union[Watermark, _Mapping]] = ..., latency_marker: _Optional[_Union[LatencyMarker, _Mapping]] = ..., end_of_data: _Optional[_Union[EndOfData, _Mapping]] = ...) -> None: ...
 
 class DataBatch(_message.Message):
     __slots__ = ("arrow_ipc", "num_records")
@@ -118,6 +120,10 @@ class CancelCheckpointMarker(_message.Message):
     def __init__(self, checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class EndOfPartition(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EndOfData(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -27,6 +27,7 @@ from kit.coordinator_env import (
     ack_request,
     attempt,
     checkpoint_completes,
+    checkpoint_details,
     expect_error,
     finish,
     ignore_all,
@@ -128,10 +129,7 @@ def test_duplicate_ack_of_a_pending_checkpoint_is_duplicate(env: Env) -> None:
         async with job_with_agent(env.coordinator, env.storage_root, policy=ignore_all) as job:
             trigger, checkpoint_id = await start_pending_checkpoint(env.stub, job)
             try:
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 location = Path(details.summary.external_path)
                 first = write_file(location / "src-first.state")
                 assert (
@@ -196,10 +194,7 @@ def test_ack_with_invalid_fields_is_invalid_argument(
         async with job_with_agent(env.coordinator, env.storage_root, policy=ignore_all) as job:
             trigger, checkpoint_id = await start_pending_checkpoint(env.stub, job)
             try:
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 state = write_file(Path(details.summary.external_path) / "src-bad-ack.state")
                 request = ack_request(
                     job.id,
@@ -216,10 +211,7 @@ def test_ack_with_invalid_fields_is_invalid_argument(
                     fragment,
                 )
                 assert await asyncio.to_thread(env.job_keys, job.id) == keys_before
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 assert details.summary.num_acknowledged == 0, "the invalid ack was counted"
                 await ack_all_by_hand(
                     env.stub, job.id, job.agent, checkpoint_id, details.summary.external_path
@@ -297,10 +289,7 @@ def test_ack_with_state_path_outside_the_job_storage_is_refused_and_never_delete
                         fragment,
                     )
                 assert await asyncio.to_thread(env.job_keys, job.id) == keys_before
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 assert details.summary.num_acknowledged == 0
                 await ack_all_by_hand(
                     env.stub, job.id, job.agent, checkpoint_id, details.summary.external_path
@@ -400,10 +389,7 @@ def test_batched_acks_are_judged_one_by_one(env: Env, tmp_path: Path) -> None:
         async with job_with_agent(env.coordinator, env.storage_root, policy=ignore_all) as job:
             trigger, checkpoint_id = await start_pending_checkpoint(env.stub, job)
             try:
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 location = Path(details.summary.external_path)
                 good = write_file(location / "src-batched.state")
                 victim = write_file(tmp_path / "outside" / "victim", b"keep me")
@@ -462,10 +448,7 @@ def test_batched_acks_are_judged_one_by_one(env: Env, tmp_path: Path) -> None:
                     Code.INVALID_ARGUMENT,
                     "4097 acks in one call; at most 4096",
                 )
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 assert details.summary.num_acknowledged == 1
                 map_state = write_file(location / "map-batched.state")
                 response = await env.stub.AcknowledgeCheckpoints(
@@ -517,10 +500,7 @@ def test_decline_with_invalid_fields_is_invalid_argument(env: Env) -> None:
                     timeout=T,
                 )
                 assert not trigger.done()
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 assert details.summary.status == pb.CHECKPOINT_STATUS_IN_PROGRESS
                 await ack_all_by_hand(
                     env.stub, job.id, job.agent, checkpoint_id, details.summary.external_path

@@ -6,6 +6,8 @@ disposed and restored, and a missing bucket fails the checkpoint with a message 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -32,12 +34,19 @@ def agents_store() -> FileStore:
     return store_for("s3://any")
 
 
-async def _agents(address: str, job_id: str, **kwargs: Any) -> list[SimulatedAgent]:
+@contextlib.asynccontextmanager
+async def _agents(address: str, job_id: str, **kwargs: Any) -> AsyncIterator[list[SimulatedAgent]]:
+    """Two simulated agents, agent i hosting ``src`` and ``map`` subtask i, their tasks
+    registered; stopped on exit."""
     agents = [SimulatedAgent(address, job_id, [("src", i), ("map", i)], **kwargs) for i in range(2)]
-    for agent in agents:
-        await agent.start()
-        await agent.register_all()
-    return agents
+    try:
+        for agent in agents:
+            await agent.start()
+            await agent.register_all()
+        yield agents
+    finally:
+        for agent in agents:
+            await agent.stop()
 
 
 def _coordinator(redis_url: str, root: str) -> Any:
@@ -52,29 +61,27 @@ def test_checkpoints_complete_on_s3_within_the_request_budget(
     async def main() -> None:
         async with _coordinator(redis_url, root) as c:
             job_id = await submit(c.stub, retained=1)
-            agents = await _agents(c.address, job_id)
             counts = []
             summaries = []
-            for _ in range(3):
-                before = coordinator_store().requests.snapshot()
-                summaries.append(
-                    await c.stub.TriggerCheckpoint(
-                        cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+            async with _agents(c.address, job_id):
+                for _ in range(3):
+                    before = coordinator_store().requests.snapshot()
+                    summaries.append(
+                        await c.stub.TriggerCheckpoint(
+                            cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                        )
                     )
-                )
-                checkpoint_id = summaries[-1].checkpoint_id
-                if checkpoint_id > 1:  # retention of the previous one runs after the commit
-                    retired = f"{root}/{job_id}/chk-{checkpoint_id - 1}/_metadata"
+                    checkpoint_id = summaries[-1].checkpoint_id
+                    if checkpoint_id > 1:  # retention of the previous one runs after the commit
+                        retired = f"{root}/{job_id}/chk-{checkpoint_id - 1}/_metadata"
 
-                    def retired_deleted(path: str = retired) -> bool:
-                        return not agents_store().exists(path)
+                        def retired_deleted(path: str = retired) -> bool:
+                            return not agents_store().exists(path)
 
-                    await wait_until_async(retired_deleted, "the retired checkpoint deleted")
-                await asyncio.sleep(0.05)  # the I/O queue is idle again
-                after = coordinator_store().requests.snapshot()
-                counts.append({k: after[k] - before[k] for k in after})
-            for a in agents:
-                await a.stop()
+                        await wait_until_async(retired_deleted, "the retired checkpoint deleted")
+                    await asyncio.sleep(0.05)  # the I/O queue is idle again
+                    after = coordinator_store().requests.snapshot()
+                    counts.append({k: after[k] - before[k] for k in after})
 
         first = summaries[0]
         assert first.status == pb.CHECKPOINT_STATUS_COMPLETED
@@ -102,16 +109,15 @@ def test_savepoint_on_s3_restores_a_new_job_and_is_disposed(
     async def main() -> None:
         async with _coordinator(redis_url, root) as c:
             job_id = await submit(c.stub)
-            agents = await _agents(c.address, job_id)
             target = f"s3://{s3_bucket}/savepoints"
-            savepoint = await c.stub.TriggerSavepoint(
-                cpb.TriggerSavepointRequest(job_id=job_id, target_directory=target), timeout=10
-            )
-            path = savepoint.external_path
-            assert path.startswith(f"{target}/savepoint-{job_id[:6]}-")
-            assert len(agents_store().list(path)) == 5  # 4 state files and _metadata
-            for a in agents:
-                await a.stop()
+            async with _agents(c.address, job_id):
+                savepoint = await c.stub.TriggerSavepoint(
+                    cpb.TriggerSavepointRequest(job_id=job_id, target_directory=target),
+                    timeout=10,
+                )
+                path = savepoint.external_path
+                assert path.startswith(f"{target}/savepoint-{job_id[:6]}-")
+                assert len(agents_store().list(path)) == 5  # 4 state files and _metadata
 
             # A new job restores from the savepoint: the tasks get its state, paths on S3.
             response = await c.stub.SubmitJob(
@@ -123,15 +129,13 @@ def test_savepoint_on_s3_restores_a_new_job_and_is_disposed(
                 timeout=10,
             )
             restored_job = response.job.job_id
-            agents = await _agents(c.address, restored_job)
-            restore = agents[0].restores[("map", 0)]
-            assert restore.checkpoint_id == savepoint.checkpoint_id
-            handle_paths = [
-                h.path for v in restore.vertex_state for o in v.operators for h in o.handles
-            ]
-            assert handle_paths and all(p.startswith(f"{path}/") for p in handle_paths)
-            for a in agents:
-                await a.stop()
+            async with _agents(c.address, restored_job) as agents:
+                restore = agents[0].restores[("map", 0)]
+                assert restore.checkpoint_id == savepoint.checkpoint_id
+                handle_paths = [
+                    h.path for v in restore.vertex_state for o in v.operators for h in o.handles
+                ]
+                assert handle_paths and all(p.startswith(f"{path}/") for p in handle_paths)
 
             await c.stub.DisposeSavepoint(
                 cpb.DisposeSavepointRequest(savepoint_path=path), timeout=10
@@ -151,24 +155,22 @@ def test_a_missing_bucket_fails_the_checkpoint_naming_it(
     async def main() -> None:
         async with _coordinator(redis_url, root) as c:
             job_id = await submit(c.stub, tolerable_failures_unlimited=True)
-            agents = await _agents(c.address, job_id, write_state=write_state)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await c.stub.TriggerCheckpoint(
-                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+            async with _agents(c.address, job_id, write_state=write_state):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await c.stub.TriggerCheckpoint(
+                        cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                    )
+                assert err.value.code() == grpc.StatusCode.ABORTED
+                details = err.value.details() or ""
+                reason = "DECLINED" if write_state else "FINALIZE_FAILED"
+                assert details.startswith(reason)
+                assert bucket in details and "put_object" in details and "does not exist" in details
+                stats = await c.stub.GetCheckpointStats(
+                    cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
                 )
-            assert err.value.code() == grpc.StatusCode.ABORTED
-            details = err.value.details() or ""
-            reason = "DECLINED" if write_state else "FINALIZE_FAILED"
-            assert details.startswith(reason)
-            assert bucket in details and "put_object" in details and "does not exist" in details
-            stats = await c.stub.GetCheckpointStats(
-                cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
-            )
-            assert stats.latest_failed.failure_reason == reason
-            assert bucket in stats.latest_failed.failure_message
-            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
-            assert info.state == pb.JOB_STATE_RUNNING
-            for a in agents:
-                await a.stop()
+                assert stats.latest_failed.failure_reason == reason
+                assert bucket in stats.latest_failed.failure_message
+                info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+                assert info.state == pb.JOB_STATE_RUNNING
 
     asyncio.run(main())

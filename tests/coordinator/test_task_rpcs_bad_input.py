@@ -19,6 +19,7 @@ from kit.coordinator_env import (
     ack_all_by_hand,
     attempt,
     checkpoint_completes,
+    checkpoint_details,
     expect_error,
     finish,
     ignore_all,
@@ -235,10 +236,7 @@ def test_stale_attempt_is_refused_ignored_and_its_state_discarded(env: Env) -> N
                     timeout=T,
                 )
                 assert not trigger.done(), "a stale decline aborted the checkpoint"
-                details = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=checkpoint_id),
-                    timeout=T,
-                )
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 assert details.summary.status == pb.CHECKPOINT_STATUS_IN_PROGRESS
                 assert details.summary.num_acknowledged == 0
                 location = details.summary.external_path

@@ -18,6 +18,7 @@ from kit.coordinator_env import (
     T,
     ack_all_by_hand,
     checkpoint_completes,
+    checkpoint_details,
     decline_all,
     expect_error,
     ignore_all,
@@ -171,16 +172,12 @@ def test_trigger_with_short_client_deadline_is_deadline_exceeded(env: Env) -> No
                 Code.DEADLINE_EXCEEDED,
             )
             # the checkpoint is still pending and may still complete
-            details = await env.stub.GetCheckpointDetails(
-                cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=1), timeout=T
-            )
+            details = await checkpoint_details(env.stub, job.id, 1)
             assert details.summary.status == pb.CHECKPOINT_STATUS_IN_PROGRESS
             await ack_all_by_hand(env.stub, job.id, job.agent, 1, details.summary.external_path)
 
             async def completed() -> bool:
-                d = await env.stub.GetCheckpointDetails(
-                    cpb.GetCheckpointDetailsRequest(job_id=job.id, checkpoint_id=1), timeout=T
-                )
+                d = await checkpoint_details(env.stub, job.id, 1)
                 return d.summary.status == pb.CHECKPOINT_STATUS_COMPLETED
 
             await wait_until_async(completed, "checkpoint 1 completed after the late acks")

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from snapflow.coordinator.embedded import local_settings
 from snapflow.coordinator.server import Coordinator
+from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -27,13 +28,14 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def running_coordinator(
-    redis_url: str, storage_root: str, **overrides: Any
+    redis_url: str, storage_root: str, client: SecuritySettings = PLAINTEXT, **overrides: Any
 ) -> AsyncIterator[Running]:
-    # On this test's loop (its objects are reachable), with the settings of an embedded one.
+    # On this test's loop (its objects are reachable), with the settings of an embedded one;
+    # ``client``: TLS and token of the yielded stub (tests/kit/tls.py makes them).
     coordinator = Coordinator(local_settings(redis_url, storage_root, **overrides))
     await coordinator.start()
     address = f"127.0.0.1:{coordinator.port}"
-    channel = grpc.aio.insecure_channel(address)
+    channel = aio_channel(address, client)
     try:
         yield Running(coordinator, cgrpc.CoordinatorServiceStub(channel), channel, address)
     finally:

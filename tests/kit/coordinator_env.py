@@ -232,6 +232,15 @@ async def ack(
     return int(response.result)
 
 
+async def checkpoint_details(
+    stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str, checkpoint_id: int
+) -> cpb.CheckpointDetails:
+    """GetCheckpointDetails of one checkpoint of the job."""
+    return await stub.GetCheckpointDetails(
+        cpb.GetCheckpointDetailsRequest(job_id=job_id, checkpoint_id=checkpoint_id), timeout=T
+    )
+
+
 async def ack_all_by_hand(
     stub: cgrpc.CoordinatorServiceAsyncStub,
     job_id: str,

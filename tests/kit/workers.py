@@ -1,7 +1,9 @@
-"""Build small job graphs of real operators for worker tests."""
+"""Build small job graphs of real operators for worker tests, and run them on in-process
+agents."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import Counter
 from typing import Any
@@ -9,8 +11,12 @@ from typing import Any
 import pyarrow as pa
 from pyspark import cloudpickle
 
+from kit.coordinator import Running
 from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.worker.connectors.split_sources import GeneratorSource
+from snapflow.worker.runtime.agent import Agent
 
 
 def op_spec(operator_id: str, operator: Any, kind: str = "") -> pb.OperatorSpec:
@@ -82,3 +88,51 @@ def check_exactly_once(table: pa.Table, expected: Counter[int]) -> None:
         )
     finals = {key: counts[-1] for key, counts in by_key.items()}
     assert finals == dict(expected), "final counts differ from the true counts"
+
+
+async def run_agents(
+    address: str, job_id: str, *, slots: int = 2, timeout_s: float = 60, **agent_options: Any
+) -> None:
+    """Start one in-process agent per slot for the job, run them all until the job's tasks end
+    (within ``timeout_s``), and stop every agent whatever happened."""
+    agents = [
+        Agent(address, job_id, slot=s, num_slots=slots, **agent_options) for s in range(slots)
+    ]
+    for a in agents:
+        await a.start()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(a.run() for a in agents))
+    finally:
+        for a in agents:
+            await a.stop()
+
+
+async def run_job(
+    c: Running,
+    graph: pb.JobGraph,
+    checkpoint_config: pb.CheckpointConfig | None = None,
+    **run_options: Any,
+) -> str:
+    """Submit ``graph`` to the coordinator and run it on in-process agents to its end (see
+    :func:`run_agents` for ``run_options``); returns the job id."""
+    job_id = await submit_graph(c.stub, graph, checkpoint_config)
+    await run_agents(c.address, job_id, **run_options)
+    return job_id
+
+
+async def submit_graph(
+    stub: cgrpc.CoordinatorServiceAsyncStub,
+    graph: pb.JobGraph,
+    checkpoint_config: pb.CheckpointConfig | None = None,
+    restore: cpb.RestoreSettings | None = None,
+) -> str:
+    """Submit ``graph`` (with these checkpoint and restore settings, if given); returns the
+    job id."""
+    request = cpb.SubmitJobRequest(graph=graph)
+    if checkpoint_config is not None:
+        request.checkpoint_config.CopyFrom(checkpoint_config)
+    if restore is not None:
+        request.restore.CopyFrom(restore)
+    job_id: str = (await stub.SubmitJob(request, timeout=10)).job.job_id
+    return job_id

@@ -157,15 +157,43 @@ class _FnAggregate(AggregateFunction):
         return self._result(accumulator)
 
 
-class KeyedContext:
-    """What a :class:`KeyedProcess` function sees: the current key, its keyed state (names
-    are scoped to the operator) and event-time timers for the current key."""
+class _KeyedStateAccess:
+    """What both keyed contexts share: an operator's keyed state, by names scoped to the
+    operator (each state object created once), its timers' namespace and the watermark."""
 
     def __init__(self, backend: KeyedStateBackend, ctx: OperatorContext) -> None:
         self._backend = backend
         self._ctx = ctx
         self._states: dict[tuple[str, str], Any] = {}
         self._namespace = (ctx.operator_id, None)  # timers of this operator
+
+    @property
+    def current_watermark(self) -> int:
+        return self._backend.timer_service.current_watermark
+
+    def _cached(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
+        state = self._states.get((kind, name))
+        if state is None:
+            state = self._states[(kind, name)] = make(self._ctx.state_name(name))
+        return state
+
+    def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
+        return self._cached("value", name, lambda n: self._backend.get_value_state(n, default))
+
+    def get_reducing_state(
+        self, name: str, reduce_fn: Callable[[Any, Any], Any]
+    ) -> ReducingState[Any]:
+        return self._cached(
+            "reducing", name, lambda n: self._backend.get_reducing_state(n, reduce_fn)
+        )
+
+
+class KeyedContext(_KeyedStateAccess):
+    """What a :class:`KeyedProcess` function sees: the current key, its keyed state (names
+    are scoped to the operator) and event-time timers for the current key."""
+
+    def __init__(self, backend: KeyedStateBackend, ctx: OperatorContext) -> None:
+        super().__init__(backend, ctx)
         self.timestamp: int | None = None  # the firing time inside on_timer, else None
 
     @property
@@ -177,34 +205,14 @@ class KeyedContext:
         return self._backend.current_key_group
 
     @property
-    def current_watermark(self) -> int:
-        return self._backend.timer_service.current_watermark
-
-    @property
     def subtask_index(self) -> int:
         return self._ctx.subtask_index
-
-    def _cached(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
-        state = self._states.get((kind, name))
-        if state is None:
-            state = self._states[(kind, name)] = make(self._ctx.state_name(name))
-        return state
-
-    def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
-        return self._cached("value", name, lambda n: self._backend.get_value_state(n, default))
 
     def get_list_state(self, name: str) -> ListState[Any]:
         return self._cached("list", name, self._backend.get_list_state)
 
     def get_map_state(self, name: str) -> MapState:
         return self._cached("map", name, self._backend.get_map_state)
-
-    def get_reducing_state(
-        self, name: str, reduce_fn: Callable[[Any, Any], Any]
-    ) -> ReducingState[Any]:
-        return self._cached(
-            "reducing", name, lambda n: self._backend.get_reducing_state(n, reduce_fn)
-        )
 
     def get_aggregating_state(self, name: str, fn: AggregateFunction) -> AggregatingState[Any]:
         return self._cached(
@@ -338,7 +346,7 @@ class KeyedProcessFunction(RichFunction):
         return None
 
 
-class KeyedBatchContext:
+class KeyedBatchContext(_KeyedStateAccess):
     """What a :class:`KeyedBatchFunction` sees: the bulk state API and bulk timers.
 
     ``keys`` and ``key_groups``: the key column of the current batch (or of the fired timers)
@@ -349,16 +357,9 @@ class KeyedBatchContext:
     """
 
     def __init__(self, backend: KeyedStateBackend, ctx: OperatorContext) -> None:
-        self._backend = backend
-        self._ctx = ctx
-        self._states: dict[tuple[str, str], Any] = {}
-        self._namespace = (ctx.operator_id, None)
+        super().__init__(backend, ctx)
         self.keys: pa.Array = pa.array([])
         self.key_groups: pa.Array = pa.array([], pa.int32())
-
-    @property
-    def current_watermark(self) -> int:
-        return self._backend.timer_service.current_watermark
 
     @property
     def max_parallelism(self) -> int:
@@ -370,20 +371,6 @@ class KeyedBatchContext:
 
         return kgs.key_groups(
             keys if isinstance(keys, pa.Array) else pa.array(keys), self.max_parallelism
-        )
-
-    def _cached(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
-        state = self._states.get((kind, name))
-        if state is None:
-            state = self._states[(kind, name)] = make(self._ctx.state_name(name))
-        return state
-
-    def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
-        return self._cached("value", name, lambda n: self._backend.get_value_state(n, default))
-
-    def get_reducing_state(self, name: str, reduce_fn: Callable[[Any, Any], Any]) -> Any:
-        return self._cached(
-            "reducing", name, lambda n: self._backend.get_reducing_state(n, reduce_fn)
         )
 
     def register_event_time_timers(self, keys: Any, timestamps: Any) -> None:

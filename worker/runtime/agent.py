@@ -18,6 +18,11 @@ every vertex where ``i % num_slots == slot``. Deployment:
    their agents' addresses), then connect the remote output channels;
 5. report RUNNING and run all subtasks; a failure of any subtask is reported as FAILED and
    ends the agent (the driver redeploys the whole graph: Flink's full restart).
+
+Meanwhile the agent sends heartbeats to the coordinator. If the coordinator is lost (the
+heartbeats fail for the heartbeat timeout) or replaced (a newer epoch in an answer), the agent
+cancels its subtasks and goes back to step 1 (docs/worker.md, "Heartbeats and
+re-registration").
 """
 
 from __future__ import annotations
@@ -35,6 +40,14 @@ from pyspark import cloudpickle
 from snapflow import wire
 from snapflow.checkpointing import CheckpointMode, DeclineReason
 from snapflow.errors import FailedPreconditionError, SnapflowError
+from snapflow.request_parsing import add_servicer
+from snapflow.security import (
+    PLAINTEXT,
+    SecuritySettings,
+    add_port,
+    aio_channel,
+    server_interceptors,
+)
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -69,6 +82,13 @@ from snapflow.worker.runtime.task import (
 log = structlog.get_logger("snapflow.worker")
 
 DEPLOY_TIMEOUT_S = 60.0
+RECONNECT_TIMEOUT_S = 60.0
+"""How long an agent that lost its coordinator tries to register its tasks again."""
+HEARTBEAT_INTERVAL_S = 2.0
+HEARTBEAT_TIMEOUT_S = 10.0
+"""Until the first heartbeat answer brings the coordinator's settings (the same defaults)."""
+_CONTROL_SERVICE = wpb.DESCRIPTOR.services_by_name["WorkerControlService"]
+_EXCHANGE_SERVICE = wpb.DESCRIPTOR.services_by_name["DataExchangeService"]
 RPC_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -122,11 +142,13 @@ class Agent:
         buffers_per_channel: int = 4,
         source_batch_records: int = 65_536,
         final_checkpoint_without_interval: bool = False,
+        security: SecuritySettings = PLAINTEXT,
     ) -> None:
         """``final_checkpoint_without_interval``: in a job without periodic checkpoints, a
         source whose input ended asks the coordinator for a checkpoint (``TriggerCheckpoint``)
         and the job ends with a final checkpoint that commits its sinks (the Spark bridge sets
-        it); off, such a job ends without one."""
+        it); off, such a job ends without one. ``security``: TLS, tokens and the access
+        check of the agent's servers and its calls (``snapflow.security``); default plaintext."""
         if not 0 <= slot < num_slots:
             raise ValueError(f"slot must be in 0..{num_slots - 1}, got {slot}")
         self.coordinator_address = coordinator_address
@@ -138,8 +160,17 @@ class Agent:
         self.buffers_per_channel = buffers_per_channel
         self.source_batch_records = source_batch_records
         self.final_checkpoint_without_interval = final_checkpoint_without_interval
+        self.security = security
         self.address = ""
         self.epoch = 0
+        self.heartbeat_interval_s = HEARTBEAT_INTERVAL_S
+        self.heartbeat_timeout_s = HEARTBEAT_TIMEOUT_S
+        self.deployments = 0
+        """Deployments this agent took part in (more than 1 after a re-registration)."""
+        self._redeploy = asyncio.Event()
+        self._beat = asyncio.Event()
+        self._redeploy_reason = ""
+        self._last_contact = time.monotonic()
         self.registry = ChannelRegistry()
         self.hosted: dict[tuple[str, int], _Hosted] = {}
         self._server: grpc.aio.Server | None = None
@@ -153,15 +184,16 @@ class Agent:
 
     async def start(self) -> None:
         options = exchange_grpc_options(MAX_MESSAGE_BYTES)
-        self._server = grpc.aio.server(options=options)
-        wgrpc.add_WorkerControlServiceServicer_to_server(_ControlServicer(self), self._server)
-        wgrpc.add_DataExchangeServiceServicer_to_server(
-            DataExchangeServicer(self.registry), self._server
+        self._server = grpc.aio.server(
+            options=options, interceptors=server_interceptors(self.security)
         )
-        port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        # Undecodable requests are INVALID_ARGUMENT, as on the coordinator.
+        add_servicer(self._server, _CONTROL_SERVICE, _ControlServicer(self))
+        add_servicer(self._server, _EXCHANGE_SERVICE, DataExchangeServicer(self.registry))
+        port = add_port(self._server, f"{self.host}:{self.port}", self.security)
         await self._server.start()
         self.address = f"{self.host}:{port}"
-        self._channel = grpc.aio.insecure_channel(self.coordinator_address, options=options)
+        self._channel = aio_channel(self.coordinator_address, self.security, options)
         self._stub = cgrpc.CoordinatorServiceStub(self._channel)
         self._batcher = AckBatcher(self._stub)
 
@@ -184,8 +216,45 @@ class Agent:
         return self._stub
 
     async def run(self) -> None:
-        """Deploy, run until every hosted subtask finished; raise if one failed."""
-        await self._deploy()
+        """Deploy, run until every hosted subtask finished; raise if one failed.
+
+        Heartbeats go to the coordinator meanwhile. When the coordinator is lost (heartbeats
+        fail for the heartbeat timeout) or a new one answers (a newer epoch), the tasks are
+        cancelled and registered again: the job restarts from its latest completed checkpoint.
+        """
+        heartbeats = asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeats")
+        try:
+            while True:
+                self._redeploy.clear()
+                work = asyncio.create_task(
+                    self._deploy_and_run(reconnect=self.deployments > 0), name="agent-work"
+                )
+                signal = asyncio.create_task(self._redeploy.wait())
+                try:
+                    await asyncio.wait({work, signal}, return_when=asyncio.FIRST_COMPLETED)
+                except BaseException:  # run() itself cancelled: take the tasks down with it
+                    work.cancel()
+                    await asyncio.gather(work, return_exceptions=True)
+                    raise
+                finally:
+                    signal.cancel()
+                if work.done():
+                    error = work.exception()  # raises CancelledError if the tasks were canceled
+                    if error is None:
+                        return
+                    if not await self._coordinator_changed():
+                        raise error
+                else:
+                    work.cancel()
+                    await asyncio.gather(work, return_exceptions=True)
+                await self._reset()
+        finally:
+            heartbeats.cancel()
+            await asyncio.gather(heartbeats, return_exceptions=True)
+
+    async def _deploy_and_run(self, reconnect: bool) -> None:
+        self.deployments += 1
+        await self._deploy(reconnect)
         runners = [h.runner for h in self.hosted.values() if h.runner is not None]
         try:
             await asyncio.gather(*runners)
@@ -199,11 +268,8 @@ class Agent:
 
     # --- deployment --------------------------------------------------------------------------
 
-    async def _deploy(self) -> None:
-        info = await self.stub.GetJob(
-            cpb.GetJobRequest(job_id=self.job_id, include_operator_payloads=True),
-            timeout=RPC_TIMEOUT_S,
-        )
+    async def _deploy(self, reconnect: bool = False) -> None:
+        info = await self._get_job(reconnect)
         graph = info.graph
         # As before the shared vocabulary: a mode this worker does not know runs aligned.
         mode = wire.CHECKPOINT_MODE.from_pb_or(info.checkpoint_config.mode, CheckpointMode.ALIGNED)
@@ -222,6 +288,7 @@ class Agent:
                     timeout=RPC_TIMEOUT_S,
                 )
                 self.epoch = max(self.epoch, response.coordinator_epoch)
+                self._follow_settings(response.heartbeat_interval_ms, response.heartbeat_timeout_ms)
                 self.hosted[(v.vertex_id, i)] = _Hosted(v, i, response.attempt, response.restore)
         if not self.hosted:
             return
@@ -321,6 +388,115 @@ class Agent:
             "agent.deployed", attempt=attempt, tasks=len(self.hosted), address=self.address
         )
 
+    async def _get_job(self, reconnect: bool) -> cpb.JobInfo:
+        """The job with its operators; when reconnecting, retried while the coordinator is
+        unreachable (it may be restarting), up to ``RECONNECT_TIMEOUT_S``."""
+        request = cpb.GetJobRequest(job_id=self.job_id, include_operator_payloads=True)
+        deadline = time.monotonic() + RECONNECT_TIMEOUT_S
+        while True:
+            try:
+                return await self.stub.GetJob(request, timeout=RPC_TIMEOUT_S)
+            except grpc.aio.AioRpcError as e:
+                retry = e.code() in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                )
+                if not (reconnect and retry) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(min(1.0, self.heartbeat_interval_s))
+
+    # --- heartbeats and re-registration --------------------------------------------------------
+
+    def _live_attempts(self) -> list[pb.TaskAttempt]:
+        return [h.attempt for h in self.hosted.values() if h.runner is None or not h.runner.done()]
+
+    async def _heartbeat(self) -> cpb.HeartbeatResponse:
+        response = await self.stub.Heartbeat(
+            cpb.HeartbeatRequest(
+                job_id=self.job_id, address=self.address, tasks=self._live_attempts()
+            ),
+            timeout=min(RPC_TIMEOUT_S, self.heartbeat_timeout_s),
+        )
+        self._follow_settings(response.heartbeat_interval_ms, response.heartbeat_timeout_ms)
+        return response
+
+    def _follow_settings(self, interval_ms: int, timeout_ms: int) -> None:
+        """The coordinator answered: note the contact and follow its heartbeat settings."""
+        self._last_contact = time.monotonic()
+        if interval_ms > 0 and interval_ms / 1000 != self.heartbeat_interval_s:
+            self.heartbeat_interval_s = interval_ms / 1000
+            self._beat.set()  # the loop's current sleep may be longer than the new interval
+        if timeout_ms > 0:
+            self.heartbeat_timeout_s = timeout_ms / 1000
+
+    def _request_redeploy(self, reason: str) -> None:
+        if not self._redeploy.is_set():
+            self._redeploy_reason = reason
+            self._log.warning("agent.reregistering", reason=reason, epoch=self.epoch)
+            self._redeploy.set()
+
+    async def _heartbeat_loop(self) -> None:
+        """Every heartbeat interval while tasks are hosted (Flink's TaskManager heartbeat)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.heartbeat_interval_s):
+                    await self._beat.wait()
+            self._beat.clear()
+            if not self.hosted or self._redeploy.is_set():
+                continue
+            try:
+                response = await self._heartbeat()
+            except grpc.aio.AioRpcError as e:
+                silent_s = time.monotonic() - self._last_contact
+                if silent_s > self.heartbeat_timeout_s:
+                    self._request_redeploy(
+                        f"coordinator lost: heartbeats failed for {silent_s:.1f} s "
+                        f"({e.code().name}: {(e.details() or '')[:200]})"
+                    )
+                continue
+            if response.coordinator_epoch > self.epoch:
+                self._request_redeploy(
+                    f"new coordinator epoch {response.coordinator_epoch} (was {self.epoch})"
+                )
+            elif response.coordinator_epoch == self.epoch and not response.tasks_current:
+                # The coordinator moved on without us (a missed CancelTask): stop as told.
+                self._log.warning("agent.tasks_not_current", epoch=self.epoch)
+                for hosted in self.hosted.values():
+                    if hosted.runner is not None:
+                        hosted.runner.cancel()
+
+    async def _coordinator_changed(self) -> bool:
+        """After a task failed: whether it was because the coordinator is gone or was
+        replaced (then the tasks register again instead of the agent failing)."""
+        if self._redeploy.is_set():
+            return True
+        if self.epoch == 0:
+            return False  # never registered: nothing to register again
+        try:
+            response = await self._heartbeat()
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return False
+            self._request_redeploy(
+                f"a task failed while the coordinator is unreachable ({e.code().name})"
+            )
+            return True
+        if response.coordinator_epoch > self.epoch:
+            self._request_redeploy(
+                f"a task failed and a new coordinator answers (epoch {response.coordinator_epoch})"
+            )
+            return True
+        return False
+
+    async def _reset(self) -> None:
+        """Cancel every hosted task and forget the deployment, to register again."""
+        hosted, self.hosted = self.hosted, {}
+        runners = [h.runner for h in hosted.values() if h.runner is not None]
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
+        self.registry.unregister_job(self.job_id)
+
     def _channel_id(self, pv: str, ps: int, cv: str, cs: int, attempt: int) -> wpb.ChannelId:
         return wpb.ChannelId(
             job_id=self.job_id,
@@ -356,9 +532,7 @@ class Agent:
     async def _connect(self, address: str, cid: wpb.ChannelId) -> RemoteOutputChannel:
         channel = self._peer_channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(
-                address, options=exchange_grpc_options(MAX_MESSAGE_BYTES)
-            )
+            channel = aio_channel(address, self.security, exchange_grpc_options(MAX_MESSAGE_BYTES))
             self._peer_channels[address] = channel
         stub = wgrpc.DataExchangeServiceStub(channel)
         deadline = time.monotonic() + DEPLOY_TIMEOUT_S
@@ -480,6 +654,11 @@ class Agent:
 
     # --- control from the coordinator ----------------------------------------------------------
 
+    def _hosts(self, attempt: pb.TaskAttempt) -> bool:
+        """Whether ``attempt`` is the current attempt of a subtask hosted here."""
+        hosted = self.hosted.get((attempt.vertex_id, attempt.subtask_index))
+        return hosted is not None and hosted.attempt.attempt == attempt.attempt
+
     def _tasks_for(self, attempts: Sequence[pb.TaskAttempt]) -> list[Subtask]:
         out = []
         for a in attempts:
@@ -497,18 +676,41 @@ class _ControlServicer(wgrpc.WorkerControlServiceServicer):
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    async def _check_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
-        if epoch < self.agent.epoch:
+    async def _check(
+        self,
+        job_id: str,
+        epoch: int,
+        attempts: Sequence[pb.TaskAttempt],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Refuse a message of another job or an older epoch. A newer epoch is adopted only
+        from a message that names current attempts of tasks hosted here, so one forged message
+        cannot make the agent refuse its real coordinator."""
+        agent = self.agent
+        if job_id != agent.job_id:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"coordinator epoch {epoch} is older than {self.agent.epoch}: ignored",
+                f"job {job_id[:64]!r} is not hosted by this agent: ignored",
             )
-        self.agent.epoch = epoch
+        if epoch < agent.epoch:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"coordinator epoch {epoch} is older than {agent.epoch}: ignored",
+            )
+        if epoch > agent.epoch:
+            if not attempts or not all(agent._hosts(a) for a in attempts):
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"coordinator epoch {epoch} is newer than {agent.epoch} but the message "
+                    f"names tasks this agent does not run: ignored",
+                )
+            agent._log.info("agent.epoch_adopted", epoch=epoch, previous=agent.epoch)
+            agent.epoch = epoch
 
     async def TriggerCheckpoint(
         self, request: wpb.TriggerTaskCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerAck:
-        await self._check_epoch(request.coordinator_epoch, context)
+        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
         options = wire.barrier_options_from_pb(request.options)
         for task in self.agent._tasks_for(request.tasks):
             task.trigger(request.checkpoint_id, request.timestamp_ms, options)
@@ -517,7 +719,7 @@ class _ControlServicer(wgrpc.WorkerControlServiceServicer):
     async def NotifyCheckpointComplete(
         self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerAck:
-        await self._check_epoch(request.coordinator_epoch, context)
+        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
         for task in self.agent._tasks_for(request.tasks):
             task.notify_complete(request.checkpoint_id, request.final)
         return wpb.WorkerAck()
@@ -525,7 +727,7 @@ class _ControlServicer(wgrpc.WorkerControlServiceServicer):
     async def NotifyCheckpointAborted(
         self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerAck:
-        await self._check_epoch(request.coordinator_epoch, context)
+        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
         for task in self.agent._tasks_for(request.tasks):
             task.notify_aborted(request.checkpoint_id)
         return wpb.WorkerAck()
@@ -533,7 +735,7 @@ class _ControlServicer(wgrpc.WorkerControlServiceServicer):
     async def CancelTask(
         self, request: wpb.CancelTaskRequest, context: grpc.aio.ServicerContext
     ) -> wpb.WorkerAck:
-        await self._check_epoch(request.coordinator_epoch, context)
+        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
         for a in request.tasks:
             hosted = self.agent.hosted.get((a.vertex_id, a.subtask_index))
             if (

@@ -43,6 +43,7 @@ import grpc
 import grpc.aio
 
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError
+from snapflow.request_parsing import MalformedRequest
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.channels import (
@@ -206,8 +207,8 @@ class ChannelRegistry:
 class DataExchangeServicer(wgrpc.DataExchangeServiceServicer):
     """Serves ``Exchange`` streams into registered input channels (the consumer's agent).
 
-    Register on the agent's ``grpc.aio`` server with
-    ``worker_pb2_grpc.add_DataExchangeServiceServicer_to_server``; give that server
+    Register on the agent's ``grpc.aio`` server with ``snapflow.request_parsing.add_servicer``
+    (undecodable messages are INVALID_ARGUMENT); give that server
     ``exchange_grpc_options(max_message_bytes)`` when batches may exceed 4 MiB.
     """
 
@@ -226,6 +227,8 @@ class DataExchangeServicer(wgrpc.DataExchangeServiceServicer):
                 first = await context.read()
         except TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no open message in time")
+        if isinstance(first, MalformedRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, first.describe())
         if first is _EOF or first.WhichOneof("message") != "open":
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message of a stream must be open"
@@ -311,6 +314,8 @@ class _ConsumerStream:
                     return
                 if self.outcome.done():
                     return
+                if isinstance(msg, MalformedRequest):
+                    raise InvalidArgumentError(msg.describe())
                 if msg.WhichOneof("message") != "frame":
                     raise InvalidArgumentError("a second open message on the stream")
                 receive(frame_from_proto(msg.frame))

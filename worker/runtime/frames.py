@@ -2,8 +2,8 @@
 
 A channel carries one ordered stream of frames (docs/worker.md): data batches
 (:class:`DataFrame`, one ``pyarrow.RecordBatch``) and events (:class:`BarrierFrame`,
-:class:`CancelMarkerFrame`, :class:`EndOfPartitionFrame`, :class:`WatermarkFrame`,
-:class:`LatencyMarkerFrame`). In-process channels hand these objects over as they are; the gRPC
+:class:`CancelMarkerFrame`, :class:`EndOfDataFrame`, :class:`EndOfPartitionFrame`,
+:class:`WatermarkFrame`, :class:`LatencyMarkerFrame`). In-process channels hand these objects over as they are; the gRPC
 transport converts them to and from ``snapflow.v1.Frame`` with :func:`frame_to_proto` and
 :func:`frame_from_proto`. A batch travels as Arrow IPC *stream* bytes holding exactly one
 record batch (schema message + batch message + end-of-stream marker), so each message is
@@ -37,6 +37,7 @@ __all__ = [
     "BarrierFrame",
     "CancelMarkerFrame",
     "DataFrame",
+    "EndOfDataFrame",
     "EndOfPartitionFrame",
     "Frame",
     "FrameTooLargeError",
@@ -93,6 +94,13 @@ class CancelMarkerFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class EndOfDataFrame:
+    """The producer's input ended and its chain ran ``end_input``: no data follows, only events
+    (barriers, cancel markers, watermarks) and then end of partition (Flink's ``EndOfData``).
+    A task ends its own input once every input channel delivered one."""
+
+
+@dataclass(frozen=True, slots=True)
 class EndOfPartitionFrame:
     """The last frame of a channel: the producer will send nothing more."""
 
@@ -113,6 +121,7 @@ Frame = (
     DataFrame
     | BarrierFrame
     | CancelMarkerFrame
+    | EndOfDataFrame
     | EndOfPartitionFrame
     | WatermarkFrame
     | LatencyMarkerFrame
@@ -216,6 +225,8 @@ def frame_to_proto(
     elif tp is CancelMarkerFrame:
         assert isinstance(frame, CancelMarkerFrame)
         out.cancel_marker.checkpoint_id = frame.checkpoint_id
+    elif tp is EndOfDataFrame:
+        out.end_of_data.SetInParent()
     elif tp is EndOfPartitionFrame:
         out.end_of_partition.SetInParent()
     elif tp is WatermarkFrame:
@@ -249,6 +260,8 @@ def frame_from_proto(msg: wpb.Frame) -> Frame:
         return BarrierFrame(b.checkpoint_id, b.timestamp_ms, barrier_options_from_pb(b.options))
     if which == "cancel_marker":
         return CancelMarkerFrame(msg.cancel_marker.checkpoint_id)
+    if which == "end_of_data":
+        return EndOfDataFrame()
     if which == "end_of_partition":
         return EndOfPartitionFrame()
     if which == "watermark":

@@ -13,7 +13,8 @@ Life cycle (driven by the task, ``snapflow.worker.runtime.task``)::
     op.process_watermark(wm_ms) -> [batch, ...]     # e.g. windows fire
     op.snapshot_state(checkpoint_id)    # synchronously, right before the backends snapshot
     op.notify_checkpoint_complete(id) / op.notify_checkpoint_aborted(id)
-    op.end_input() -> [batch, ...]      # bounded input ended: flush
+    op.end_input() -> [batch, ...]      # bounded input ended (end of data on every input):
+                                        # flush; runs before the final checkpoint's snapshot
     op.close()
 
 Conventions

@@ -65,6 +65,10 @@ class SimulatedAgent:
     batch_acks: bool = True
     """Send acks through the agent's ``AckBatcher`` (False: one unary RPC per subtask ack)."""
     _batcher: AckBatcher | None = None
+    heartbeats: bool = True
+    """Send heartbeats for the registered tasks (False: a silent agent, as if it died)."""
+    heartbeat_interval_s: float = 0.5
+    _heartbeat_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._server = grpc.aio.server()
@@ -75,6 +79,26 @@ class SimulatedAgent:
         self._channel = grpc.aio.insecure_channel(self.coordinator_address)
         self._stub = cgrpc.CoordinatorServiceStub(self._channel)
         self._batcher = AckBatcher(self._stub)
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            if not self.heartbeats or not self.attempts:
+                continue
+            try:
+                response = await self.stub.Heartbeat(
+                    cpb.HeartbeatRequest(
+                        job_id=self.job_id,
+                        address=self.address,
+                        tasks=list(self.attempts.values()),
+                    ),
+                    timeout=5,
+                )
+            except grpc.aio.AioRpcError:
+                continue
+            if response.heartbeat_interval_ms > 0:
+                self.heartbeat_interval_s = response.heartbeat_interval_ms / 1000
 
     @property
     def stub(self) -> cgrpc.CoordinatorServiceAsyncStub:
@@ -114,6 +138,8 @@ class SimulatedAgent:
                 )
 
     async def stop(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
         for task in list(self._acks):
             task.cancel()
         if self._server is not None:

@@ -20,10 +20,19 @@ Snapshot (``TriggerSnapshot`` on an input, or a trigger from the coordinator at 
    written with one PUT (none when there is no state); each handle names its byte range.
 
 A snapshot that fails declines the checkpoint; an abort on the input forwards a cancel marker
-and declines. Restore: operator states are restored from every old subtask's handles (keyed
-state by key group, list state split, union state broadcast); channel state of an unaligned
-checkpoint is replayed before any new input (output channel state is sent first downstream,
-input channel state is processed first), which needs an unchanged parallelism.
+and declines.
+
+End of input (FLIP-147's order, docs/worker.md): a source whose input ended runs its chain's
+``end_input``, emits the maximum watermark and *end of data*; a task that received end of data
+on every input channel runs ``end_input`` and emits end of data itself. Only then come the
+final checkpoint's barriers (behind that output on every channel) and, once it completed, end
+of partition. A snapshot taken after ``end_input`` records it (``END_OF_DATA_STATE``), so that a
+restore from it does not run ``end_input`` again.
+
+Restore: operator states are restored from every old subtask's handles (keyed state by key
+group, list state split, union state broadcast); channel state of an unaligned checkpoint is
+replayed before any new input (output channel state is sent first downstream, input channel
+state is processed first), which needs an unchanged parallelism.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import dataclasses
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Never, NoReturn
 
@@ -50,6 +59,7 @@ from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
     DataFrame,
+    EndOfDataFrame,
     EndOfPartitionFrame,
     Frame,
     LatencyMarkerFrame,
@@ -70,6 +80,9 @@ SOURCE_BATCH_RECORDS = 65_536
 BACKPRESSURE_POLL_S = 0.005  # how often a task blocked on output looks for priority events
 CHANNEL_INPUT = "channel_input"
 CHANNEL_OUTPUT = "channel_output"
+END_OF_DATA_STATE = "snapflow/end-of-data"
+"""Union list state (of the chain's first operator) holding the index of a subtask that had
+run ``end_input`` and sent end of data when it snapshotted."""
 
 
 def barrier_from_frame(frame: BarrierFrame) -> b.Barrier:
@@ -215,6 +228,10 @@ class Subtask:
         self._last_completed_id = 0
         self._completed = asyncio.Event()
         self._end_of_input = False
+        self._ended_data = False  # end_input ran (or was restored as run), end of data sent
+        self._ending_data = False  # _end_data is flushing: a source defers its triggers
+        self._restored_ended = False  # restored from a snapshot taken after end_input
+        self._data_ended = [False] * (gate.num_channels if gate else 0)  # end of data per input
         self._stopping_at = 0  # id of a stop-with-savepoint this source took; 0 = none
         self._stopped_with_savepoint = False
         self._final_completed = False  # the coordinator said: every source ended, all committed
@@ -266,6 +283,27 @@ class Subtask:
                 restored_checkpoint_id=restored_id,
             )
             op.open(ctx)
+        self._restore_end_of_data()
+
+    def _restore_end_of_data(self) -> None:
+        backend = self.operator_state.get(self._channel_state_owner())
+        if backend is None or END_OF_DATA_STATE not in backend.state_names():
+            return
+        state = backend.get_union_list_state(END_OF_DATA_STATE)
+        ended = set(state.get())
+        old_parallelism = self.restore_data.previous_parallelism or self.parallelism
+        if old_parallelism == self.parallelism:
+            self._restored_ended = self.subtask_index in ended
+        elif ended:
+            # A rescaled subtask takes key groups of several old ones: it may skip end_input
+            # only if all of them had run it.
+            if ended != set(range(old_parallelism)):
+                raise TaskFailedError(
+                    "cannot rescale a vertex whose subtasks had partly ended their input "
+                    f"(ended: {sorted(ended)} of {old_parallelism})"
+                )
+            self._restored_ended = True
+        state.update([self.subtask_index] if self._restored_ended else [])
 
     def operator_ids(self) -> list[str]:
         return list(self.operator_state)
@@ -286,8 +324,8 @@ class Subtask:
         for op in self.operators:
             op.notify_checkpoint_aborted(checkpoint_id)
         if self._stopping_at == checkpoint_id:
-            self._stopping_at = 0  # a failed stop-with-savepoint: the job goes on
-            self._completed.set()
+            self._stopping_at = 0  # a failed stop-with-savepoint: the job goes on (or fails
+            self._completed.set()  # over after a drain, see _run_source)
 
     async def run(self) -> None:
         try:
@@ -308,11 +346,12 @@ class Subtask:
         """Input ended: flush, wait until everything emitted is covered by a completed
         checkpoint (two-phase-commit sinks commit on that notification), then end the
         partitions downstream."""
-        self._end_of_input = True
         if self._stopped_with_savepoint:
             pass  # the savepoint covers everything; nothing more is emitted or committed
         elif self.source is not None:
-            await self._emit(self.chain.end_input())
+            await self._end_data()
+            # Only now may a snapshot say input_ended (be final): its barrier follows end of data.
+            self._end_of_input = True
             if self.periodic_checkpoints:
                 # A final checkpoint must cover the last records before the sources end.
                 await self._serve_triggers_until_covered()
@@ -322,10 +361,9 @@ class Subtask:
                     await self._serve_triggers_until_covered()
                 finally:
                     requester.cancel()
-            else:
-                await self._advance_watermark(MAX_WATERMARK)
         else:
-            await self._emit(self.chain.end_input())
+            # end_input ran at end of data (_end_data); end of partition without end of data on
+            # every input (a stop-with-savepoint without drain) does not run it, as in Flink.
             while self._last_snapshot_id > self._last_completed_id or self._async_parts:
                 self._completed.clear()
                 if self._async_parts:
@@ -336,13 +374,41 @@ class Subtask:
             for channel in edge.channels:
                 await channel.close()
 
+    async def _end_data(self) -> None:
+        """The input ended: flush the chain (``end_input``; not again after a restore from a
+        snapshot taken after it), a source emits the maximum watermark, then end of data goes on
+        every output channel, ahead of the final checkpoint's barrier."""
+        if self._ended_data:
+            return
+        self._ending_data = True
+        if not self._restored_ended:
+            await self._emit(self.chain.end_input())
+        if self.source is not None and self._watermark < MAX_WATERMARK:
+            await self._advance_watermark(MAX_WATERMARK)
+        self._ended_data = True
+        owner = self._channel_state_owner()
+        backend = self.operator_state.setdefault(owner, OperatorStateBackend(name=owner))
+        backend.get_union_list_state(END_OF_DATA_STATE).update([self.subtask_index])
+        frame = EndOfDataFrame()
+        for edge in self.outputs:
+            for channel in edge.channels:
+                await channel.send(frame)
+        self._ending_data = False
+
     # --- sources -----------------------------------------------------------------------------
 
     async def _run_source(self) -> None:
         assert self.source is not None
+        if self._restored_ended:
+            return  # it ended before the snapshot it restored (end of input or a drain)
         while True:
             while not self._triggers.empty():
                 await self._snapshot_at_source(*self._triggers.get_nowait())
+            if self._ended_data and not self._stopping_at:
+                # A stop-with-savepoint with drain failed after end of data went downstream:
+                # the tasks there ran end_input, so the job cannot go on; restart it from its
+                # latest completed checkpoint (Flink fails the task too).
+                raise TaskFailedError("stop-with-savepoint with drain failed after end of data")
             if self._stopping_at:
                 # Stop-with-savepoint: emit nothing more; end once it completed, resume if it
                 # was aborted.
@@ -376,7 +442,6 @@ class Subtask:
         completes that the coordinator marks final, i.e. every source of the job had ended
         before it. Only then do the partitions end: an earlier end would stop the checkpoints
         of the sources that are still running (FLIP-147's end of input, slimmed)."""
-        await self._advance_watermark(MAX_WATERMARK)
         while not self._final_completed:
             while not self._triggers.empty():
                 await self._snapshot_at_source(*self._triggers.get_nowait())
@@ -395,7 +460,9 @@ class Subtask:
         if checkpoint_id <= self._last_snapshot_id:
             return
         if options.kind is CheckpointKind.SAVEPOINT_TERMINATE:
-            await self._advance_watermark(MAX_WATERMARK)  # drain: fire every event-time timer
+            # Drain, as Flink's: the maximum watermark (fire every event-time timer), end_input
+            # and end of data go ahead of the savepoint's barrier, so it covers their output.
+            await self._end_data()
         if options.kind.is_synchronous:  # stop-with-savepoint
             self._stopping_at = checkpoint_id
         if self._end_of_input and options.mode is not CheckpointMode.AT_LEAST_ONCE:
@@ -460,6 +527,10 @@ class Subtask:
                 await self._execute(
                     handler.on_cancel_marker(channel, frame.checkpoint_id, now_ms())
                 )
+            elif isinstance(frame, EndOfDataFrame):
+                self._data_ended[channel] = True
+                if all(self._data_ended):
+                    await self._end_data()
             elif isinstance(frame, EndOfPartitionFrame):
                 await self._execute(handler.on_end_of_partition(channel, now_ms()))
                 self._channel_watermarks[channel] = MAX_WATERMARK
@@ -743,19 +814,27 @@ class Subtask:
     # --- output ------------------------------------------------------------------------------
 
     async def _emit(self, batches: list[pa.RecordBatch]) -> None:
+        # Everything one input produced is enqueued before the task waits for credit: a barrier
+        # taken while it waits (a trigger at a source, an unaligned barrier elsewhere) must find
+        # all of it before the barrier (in the channels, or in the output channel state), since
+        # the input that produced it is already behind the snapshot. Flink's overdraft buffers
+        # (FLIP-227) serve the same purpose. Memory stays bounded by one input batch's output.
+        sends: list[Coroutine[Any, Any, None]] = []
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             self.records_out += batch.num_rows
-            sends = [
+            sends.extend(
                 edge.channels[index].send(DataFrame(part))
                 for edge in self.outputs
                 for index, part in edge.partitioner.partition(batch)
-            ]
-            if len(sends) == 1 and not self._backpressured():
-                await sends[0]
-            else:
-                await self._send_all(sends)
+            )
+        if not sends:
+            return
+        if len(sends) == 1 and not self._backpressured():
+            await sends[0]
+        else:
+            await self._send_all(sends)
 
     def _backpressured(self) -> bool:
         return any(c.queued_data > 0 for edge in self.outputs for c in edge.channels)
@@ -774,7 +853,9 @@ class Subtask:
             if not pending:
                 break
             if self.source is not None:
-                while not self._triggers.empty():
+                # Not while flushing at end of input: a barrier must not split end_input's
+                # output from its end of data.
+                while not self._ending_data and not self._triggers.empty():
                     await self._snapshot_at_source(*self._triggers.get_nowait())
             elif (
                 self.gate is not None

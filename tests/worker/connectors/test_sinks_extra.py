@@ -15,7 +15,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
-from kit.sinks import kb, sink_ctx
+from kit.sinks import (
+    crash_after_a_lost_notice,
+    crash_before_a_completion,
+    crash_sink,
+    finish_sink,
+    kb,
+    restore_sink,
+    sink_ctx,
+)
 from kit.workers import check_exactly_once, expected_counts
 from pyspark import cloudpickle
 
@@ -128,54 +136,25 @@ def test_parquet_sink_pickles_without_runtime_state(tmp_path: Path) -> None:
     sink.close()
 
 
-def _checkpoint(backend: OperatorStateBackend, sink: Any, cid: int, root: Path) -> list[Any]:
-    sink.snapshot_state(cid)
-    return backend.snapshot(cid).write(root / f"chk-{cid}")
-
-
-def _restored(root: Path, cid: int, handles: list[Any], attempt: int) -> TransactionalParquetSink:
-    backend = OperatorStateBackend()
-    backend.restore({0: handles}, 0, 1)
-    sink = cloudpickle.loads(cloudpickle.dumps(TransactionalParquetSink(root / "out")))
-    sink.open(sink_ctx(backend, restored=cid, attempt=attempt))
-    return sink
-
-
-def _crash(sink: TransactionalParquetSink) -> None:
-    """The process dies: its files are closed, nothing is aborted (nor the Parquet footers
-    written: the writers are marked closed so that their finalizers leave the files alone)."""
-    for f, writer, _ in sink._writers.values():
-        f.close()
-        writer.is_open = False
+def _restored(out: Path, cid: int, handles: list[Any], attempt: int) -> Any:
+    return restore_sink(TransactionalParquetSink(out), cid, handles, attempt)
 
 
 @pytest.mark.parametrize("twice", [False, True])
 def test_parquet_restore_recommits_pending_no_duplicates(tmp_path: Path, twice: bool) -> None:
     out = tmp_path / "out"
-    backend = OperatorStateBackend()
-    sink = TransactionalParquetSink(out)
-    sink.open(sink_ctx(backend))
-    sink.process_batch(kb([1, 2]))
-    _checkpoint(backend, sink, 1, tmp_path)
-    sink.notify_checkpoint_complete(1)
-    sink.process_batch(kb([3, 4]))
-    h2 = _checkpoint(backend, sink, 2, tmp_path)  # 2 completes; its notification is lost
-    sink.process_batch(kb([5]))  # after the barrier: replayed by the sources
-    _crash(sink)
+    h2 = crash_after_a_lost_notice(TransactionalParquetSink(out), tmp_path)
     assert visible(out) == [1, 2]
     attempt = 1
     if twice:  # the first recovery re-commits 2, then crashes again before any checkpoint
-        again = _restored(tmp_path, 2, h2, attempt)
+        again = _restored(out, 2, h2, attempt)
         assert visible(out) == [1, 2, 3, 4]
         again.process_batch(kb([5, 6]))
-        _crash(again)
+        crash_sink(again)
         attempt += 1
-    restored = _restored(tmp_path, 2, h2, attempt)  # re-commit: idempotent
+    restored = _restored(out, 2, h2, attempt)  # re-commit: idempotent
     assert committed(out) == [1, 2, 3, 4]
-    restored.process_batch(kb([5, 6]))  # the replay
-    _checkpoint(restored.ctx.operator_state, restored, 3, tmp_path)  # type: ignore[union-attr]
-    restored.notify_checkpoint_complete(3)
-    restored.close()
+    finish_sink(restored, [5, 6], 3, tmp_path)  # the replay
     assert committed(out) == [1, 2, 3, 4, 5, 6]
     assert visible(out) == [1, 2, 3, 4, 5, 6]
     # the restored current transaction (row 5) was aborted; the one written after the first
@@ -185,20 +164,9 @@ def test_parquet_restore_recommits_pending_no_duplicates(tmp_path: Path, twice: 
 
 def test_parquet_restore_of_an_earlier_checkpoint_discards_later_data(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    backend = OperatorStateBackend()
-    sink = TransactionalParquetSink(out)
-    sink.open(sink_ctx(backend))
-    sink.process_batch(kb([1]))
-    h1 = _checkpoint(backend, sink, 1, tmp_path)
-    sink.notify_checkpoint_complete(1)
-    sink.process_batch(kb([2]))
-    _checkpoint(backend, sink, 2, tmp_path)  # never completes
-    _crash(sink)
-    restored = _restored(tmp_path, 1, h1, 1)
-    restored.process_batch(kb([2, 3]))
-    _checkpoint(restored.ctx.operator_state, restored, 2, tmp_path)  # type: ignore[union-attr]
-    restored.notify_checkpoint_complete(2)
-    restored.close()
+    h1 = crash_before_a_completion(TransactionalParquetSink(out), tmp_path)  # 2 never completes
+    restored = _restored(out, 1, h1, 1)
+    finish_sink(restored, [2, 3], 2, tmp_path)
     assert committed(out) == [1, 2, 3] and visible(out) == [1, 2, 3]
     # the file pre-committed for the failed checkpoint 2 was checkpoint 1's current
     # transaction: the restore aborted (deleted) it

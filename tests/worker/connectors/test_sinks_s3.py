@@ -15,9 +15,16 @@ import pyarrow.dataset as ds
 import pyarrow.fs
 import pytest
 from kit.s3 import S3Server
-from kit.sinks import kb, sink_ctx
+from kit.sinks import (
+    crash_after_a_lost_notice,
+    crash_before_a_completion,
+    crash_sink,
+    finish_sink,
+    kb,
+    restore_sink,
+    sink_ctx,
+)
 from kit.workers import check_exactly_once, expected_counts
-from pyspark import cloudpickle
 
 from snapflow.errors import StateError, StorageError
 from snapflow.filestore import MultipartUploads, S3FileStore, store_for
@@ -56,28 +63,6 @@ def _store(directory: str) -> S3FileStore:
     store = store_for(directory)
     assert isinstance(store, S3FileStore)
     return store
-
-
-def _checkpoint(backend: OperatorStateBackend, sink: Any, cid: int, root: Path) -> list[Any]:
-    """The barrier of checkpoint ``cid``: the sink's snapshot, the operator state written (to
-    local checkpoint storage, as the task does)."""
-    sink.snapshot_state(cid)
-    return backend.snapshot(cid).write(root / f"chk-{cid}")
-
-
-def _restored(sink: TransactionalFileSink, cid: int, handles: list[Any], attempt: int) -> Any:
-    backend = OperatorStateBackend()
-    backend.restore({0: handles}, 0, 1)
-    copy = cloudpickle.loads(cloudpickle.dumps(sink))
-    copy.open(sink_ctx(backend, restored=cid, attempt=attempt))
-    return copy
-
-
-def _crash(sink: TransactionalFileSink) -> None:
-    """The process dies: its spool files vanish, nothing is aborted."""
-    for f, writer, _ in sink._writers.values():
-        f.close()
-        writer.is_open = False
 
 
 def _requests(directory: str) -> dict[str, int]:
@@ -151,29 +136,18 @@ def test_s3_restore_recommits_idempotently_and_aborts_the_current_transaction(
     s3_bucket: str, tmp_path: Path
 ) -> None:
     out = f"s3://{s3_bucket}/out"
-    backend = OperatorStateBackend()
     sink = TransactionalFileSink(out)
-    sink.open(sink_ctx(backend))
-    sink.process_batch(kb([1, 2]))
-    _checkpoint(backend, sink, 1, tmp_path)
-    sink.notify_checkpoint_complete(1)
-    sink.process_batch(kb([3, 4]))
-    h2 = _checkpoint(backend, sink, 2, tmp_path)  # 2 completes; its notification is lost
-    sink.process_batch(kb([5]))  # after the barrier: replayed by the sources
-    _crash(sink)
+    h2 = crash_after_a_lost_notice(sink, tmp_path)
     assert committed(out) == [1, 2] and len(uploads(out)) == 1
     # the first recovery re-commits 2, then dies before any checkpoint
-    again = _restored(sink, 2, h2, attempt=1)
+    again = restore_sink(sink, 2, h2, attempt=1)
     assert committed(out) == [1, 2, 3, 4] and uploads(out) == []
     again.process_batch(kb([5, 6]))
-    _crash(again)
+    crash_sink(again)
     # the second recovery commits 2 again: the object exists, nothing changes
-    restored = _restored(sink, 2, h2, attempt=2)
+    restored = restore_sink(sink, 2, h2, attempt=2)
     assert committed(out) == [1, 2, 3, 4] and uploads(out) == []
-    restored.process_batch(kb([5, 6]))  # the replay
-    _checkpoint(restored.ctx.operator_state, restored, 3, tmp_path)
-    restored.notify_checkpoint_complete(3)
-    restored.close()
+    finish_sink(restored, [5, 6], 3, tmp_path)  # the replay
     assert committed(out) == [1, 2, 3, 4, 5, 6]
     assert uploads(out) == [] and len(objects(out)) == 3
 
@@ -182,26 +156,16 @@ def test_s3_restore_of_an_earlier_checkpoint_aborts_the_later_upload(
     s3_bucket: str, tmp_path: Path
 ) -> None:
     out = f"s3://{s3_bucket}/out"
-    backend = OperatorStateBackend()
     sink = TransactionalFileSink(out)
-    sink.open(sink_ctx(backend))
-    sink.process_batch(kb([1]))
-    h1 = _checkpoint(backend, sink, 1, tmp_path)
-    sink.notify_checkpoint_complete(1)
-    sink.process_batch(kb([2]))
-    _checkpoint(backend, sink, 2, tmp_path)  # pre-committed (uploaded); 2 never completes
-    sink.process_batch(kb([7]))
-    _crash(sink)
+    # checkpoint 2 pre-committed (uploaded), never completes
+    h1 = crash_before_a_completion(sink, tmp_path, after_barrier=[7])
     (late,) = uploads(out)
     assert late.startswith("part-0-2-")
     # checkpoint 1 recorded the transaction as current, before its upload existed: the
     # restore finds the upload by name and aborts it
-    restored = _restored(sink, 1, h1, attempt=1)
+    restored = restore_sink(sink, 1, h1, attempt=1)
     assert uploads(out) == [] and committed(out) == [1]
-    restored.process_batch(kb([2, 3]))
-    _checkpoint(restored.ctx.operator_state, restored, 2, tmp_path)
-    restored.notify_checkpoint_complete(2)
-    restored.close()
+    finish_sink(restored, [2, 3], 2, tmp_path)
     assert committed(out) == [1, 2, 3] and uploads(out) == []
 
 

@@ -28,6 +28,7 @@ from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
     DataFrame,
+    EndOfDataFrame,
     EndOfPartitionFrame,
     Frame,
     FrameTooLargeError,
@@ -143,6 +144,7 @@ def test_every_frame_type_round_trips_through_protobuf() -> None:
         ),
         BarrierFrame(1, 2),
         CancelMarkerFrame(9),
+        EndOfDataFrame(),
         EndOfPartitionFrame(),
         WatermarkFrame(-5),
         LatencyMarkerFrame(77, "src", 3),
@@ -163,7 +165,12 @@ def test_frame_classification() -> None:
     assert is_event(BarrierFrame(1, 0)) and not is_priority(BarrierFrame(1, 0))
     assert is_priority(BarrierFrame(1, 0, UNALIGNED))
     assert is_priority(CancelMarkerFrame(1))
-    for event in (EndOfPartitionFrame(), WatermarkFrame(1), LatencyMarkerFrame(1, "s", 0)):
+    for event in (
+        EndOfDataFrame(),
+        EndOfPartitionFrame(),
+        WatermarkFrame(1),
+        LatencyMarkerFrame(1, "s", 0),
+    ):
         assert is_event(event) and not is_priority(event)
     assert data(0, rows=3).num_records == 3 and data(0, rows=3).nbytes == 3 * 3 * 8
 

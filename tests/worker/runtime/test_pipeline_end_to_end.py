@@ -6,14 +6,13 @@ import asyncio
 from pathlib import Path
 
 from kit.coordinator import running_coordinator
-from kit.workers import check_exactly_once, count_graph, expected_counts
+from kit.workers import check_exactly_once, count_graph, expected_counts, run_job
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.runtime.agent import Agent
 
 RECORDS = 200_000
 KEYS = 500
@@ -29,30 +28,13 @@ def test_bounded_pipeline_two_agents_exactly_once(redis_url: str, tmp_path: Path
                 KeyedCount("key"),
                 TransactionalFileSink(str(out)),
             )
-            job = (
-                await c.stub.SubmitJob(
-                    cpb.SubmitJobRequest(
-                        graph=graph, checkpoint_config=pb.CheckpointConfig(interval_ms=100)
-                    ),
-                    timeout=10,
-                )
-            ).job
-            agents = [
-                Agent(c.address, job.job_id, slot=s, num_slots=2, source_batch_records=4096)
-                for s in range(2)
-            ]
-            for a in agents:
-                await a.start()
-            try:
-                async with asyncio.timeout(60):
-                    await asyncio.gather(*(a.run() for a in agents))
-            finally:
-                for a in agents:
-                    await a.stop()
-            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=5)
+            job_id = await run_job(
+                c, graph, pb.CheckpointConfig(interval_ms=100), source_batch_records=4096
+            )
+            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
             assert info.state == pb.JOB_STATE_FINISHED
             stats = await c.stub.GetCheckpointStats(
-                cpb.GetCheckpointStatsRequest(job_id=job.job_id), timeout=5
+                cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
             )
             assert stats.counts.completed >= 1
             # the final checkpoint was taken after every source emitted everything
@@ -75,17 +57,8 @@ def test_bounded_job_without_periodic_checkpoints_finishes(redis_url: str, tmp_p
                 KeyedCount("key"),
                 TransactionalFileSink(str(out)),
             )
-            job = (await c.stub.SubmitJob(cpb.SubmitJobRequest(graph=graph), timeout=10)).job
-            agents = [Agent(c.address, job.job_id, slot=s, num_slots=2) for s in range(2)]
-            for a in agents:
-                await a.start()
-            try:
-                async with asyncio.timeout(30):
-                    await asyncio.gather(*(a.run() for a in agents))
-            finally:
-                for a in agents:
-                    await a.stop()
-            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=5)
+            job_id = await run_job(c, graph, timeout_s=30)
+            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
             assert info.state == pb.JOB_STATE_FINISHED
 
     asyncio.run(main())

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kit.coordinator import running_coordinator
-from kit.workers import check_exactly_once, count_graph, expected_counts
+from kit.workers import check_exactly_once, count_graph, expected_counts, run_job
 
 from snapflow.filestore import store_for
 from snapflow.v1 import common_pb2 as pb
@@ -17,7 +17,6 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.runtime.agent import Agent
 
 RECORDS = 200_000
 KEYS = 500
@@ -52,40 +51,20 @@ def test_bounded_pipeline_with_checkpoints_on_s3_exactly_once_within_the_budget(
     async def main() -> None:
         async with running_coordinator(redis_url, root, s3_max_attempts=4) as c:
             assert store_for(root, c.coordinator.settings.s3_settings()) is not store_for(root)
-            job = (
-                await c.stub.SubmitJob(
-                    cpb.SubmitJobRequest(
-                        graph=count_graph(
-                            _source(), KeyedCount("key"), TransactionalFileSink(str(out))
-                        ),
-                        checkpoint_config=pb.CheckpointConfig(interval_ms=100, mode=mode),
-                    ),
-                    timeout=10,
-                )
-            ).job
-            agents = [
-                Agent(c.address, job.job_id, slot=s, num_slots=2, source_batch_records=4096)
-                for s in range(2)
-            ]
-            for a in agents:
-                await a.start()
-            try:
-                async with asyncio.timeout(60):
-                    await asyncio.gather(*(a.run() for a in agents))
-            finally:
-                for a in agents:
-                    await a.stop()
-            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=5)
+            graph = count_graph(_source(), KeyedCount("key"), TransactionalFileSink(str(out)))
+            config = pb.CheckpointConfig(interval_ms=100, mode=mode)
+            job_id = await run_job(c, graph, config, source_batch_records=4096)
+            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
             assert info.state == pb.JOB_STATE_FINISHED
             stats = await c.stub.GetCheckpointStats(
-                cpb.GetCheckpointStatsRequest(job_id=job.job_id), timeout=5
+                cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
             )
             assert stats.counts.completed >= 1
             assert stats.latest_completed.source_records == RECORDS
             assert stats.latest_completed.external_path.startswith(f"{root}/")
             result["checkpoints"] = stats.counts.triggered
             result["latest"] = stats.latest_completed.checkpoint_id
-            result["job"] = job.job_id
+            result["job"] = job_id
 
     asyncio.run(main())
     check_exactly_once(read_committed(out), expected_counts(_source(), 2))

@@ -4,17 +4,19 @@ deterministic run of the task until its inputs end."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import asyncio
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from kit.channels import run
+from kit.subtasks import batch, harness
 
 from snapflow.checkpointing import BarrierOptions, CheckpointMode, DeclineReason
 from snapflow.event_time import MAX_WATERMARK
 from snapflow.worker.runtime import barriers as b
-from snapflow.worker.runtime.channels import InputGate, LocalChannel
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
@@ -24,68 +26,11 @@ from snapflow.worker.runtime.frames import (
     WatermarkFrame,
 )
 from snapflow.worker.runtime.operator import Operator
-from snapflow.worker.runtime.partitioners import ForwardPartitioner
-from snapflow.worker.runtime.task import OutputEdge, RestoreData, SnapshotReport, Subtask
+from snapflow.worker.runtime.task import RestoreData, SnapshotReport
 
 NAME = "v#0@1"
 # Once every input ended: the maximum watermark, then the end of the output partition.
 END = [WatermarkFrame(MAX_WATERMARK), EndOfPartitionFrame()]
-
-
-@dataclass
-class Harness:
-    """A subtask ``v#0@1`` with ``inputs`` in-process input channels and one output channel."""
-
-    task: Subtask
-    inputs: list[LocalChannel]
-    output: LocalChannel
-    acks: list[SnapshotReport] = field(default_factory=list)
-    declines: list[tuple[int, DeclineReason, str]] = field(default_factory=list)
-
-    async def outputs(self) -> list[Frame]:
-        """Every frame the task sent downstream, end of partition included."""
-        gate = InputGate([self.output.input])
-        frames = []
-        while (item := await gate.next()) is not None:
-            frames.append(item[1])
-        return frames
-
-
-def harness(operators: list[Operator], num_inputs: int = 2) -> Harness:
-    inputs = [LocalChannel(4, name=f"in{i}") for i in range(num_inputs)]
-    output = LocalChannel(16, output_queue=64, name="out")
-    h: Harness
-
-    async def ack(report: SnapshotReport) -> None:
-        h.acks.append(report)
-        h.task.notify_complete(report.checkpoint_id)  # lets the task finish after its snapshot
-
-    async def decline(checkpoint_id: int, reason: DeclineReason, message: str) -> None:
-        h.declines.append((checkpoint_id, reason, message))
-
-    task = Subtask(
-        job_id="job",
-        vertex_id="v",
-        subtask_index=0,
-        parallelism=1,
-        max_parallelism=128,
-        attempt=1,
-        operators=operators,
-        key_field=None,
-        gate=InputGate([c.input for c in inputs]),
-        outputs=[OutputEdge(ForwardPartitioner(), [output.output])],
-        mode=CheckpointMode.ALIGNED,
-        restore=RestoreData(),
-        ack=ack,
-        decline=decline,
-    )
-    h = Harness(task, inputs, output)
-    task.open()
-    return h
-
-
-def batch(*keys: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"key": list(keys)})
 
 
 class FailingSnapshot(Operator):
@@ -213,3 +158,62 @@ def test_every_barrier_abort_declines_with_its_decline_reason(
         assert await h.outputs() == [CancelMarkerFrame(7), EndOfPartitionFrame()]
 
     run(main())
+
+
+class SplitRows(Operator):
+    """Emits every row of a batch as a batch of its own: several outputs for one input."""
+
+    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return [batch.slice(i, 1) for i in range(batch.num_rows)]
+
+
+def _keys(frames: list[Frame]) -> list[int]:
+    return [k for f in frames if isinstance(f, DataFrame) for k in f.batch.column(0).to_pylist()]
+
+
+def test_an_unaligned_barrier_taken_while_blocked_keeps_all_output_of_the_input(
+    tmp_path: Path,
+) -> None:
+    """All batches one input produced go before the barrier: those it overtakes are output
+    channel state; none may follow it (its input is already behind the snapshot)."""
+    options = BarrierOptions(mode=CheckpointMode.UNALIGNED, target_location=str(tmp_path))
+    taken: dict[str, Any] = {}
+
+    async def snapshot() -> None:
+        # One credit and one queued frame: batch 1 is delivered, 2 queues, 3 queues and the
+        # task waits (backpressure) with 4 still to send when the barrier comes.
+        h = harness([SplitRows()], output_credits=1, output_queue=1)
+        running = asyncio.create_task(h.task.run())
+        await h.inputs[1].output.send(DataFrame(batch(1, 2, 3, 4)))
+        async with asyncio.timeout(5):
+            while h.task.records_in < 4:
+                await asyncio.sleep(0.005)
+        for channel in h.inputs:
+            channel.output.send_priority(BarrierFrame(1, 1_000, options))
+        for channel in h.inputs:
+            await channel.output.close()
+        frames, _ = await asyncio.gather(h.outputs(), running)
+        [report] = h.acks
+        taken["report"] = report
+        taken["out"] = _keys(frames)
+
+    run(snapshot())
+    report: SnapshotReport = taken["report"]
+    assert report.unaligned
+    assert taken["out"] == [1, 2, 3, 4]
+
+    # Restore: the output channel state replays exactly what the barrier overtook.
+    async def restore() -> None:
+        by_op = {op_id: {0: hs} for op_id, hs in report.operator_states}
+        data = RestoreData(checkpoint_id=1, previous_parallelism=1, handles=by_op)
+        h = harness([SplitRows()], output_credits=1, output_queue=1, restore=data)
+        for channel in h.inputs:
+            await channel.output.close()
+        frames, _ = await asyncio.gather(h.outputs(), h.task.run())
+        taken["replayed"] = _keys(frames)
+
+    run(restore())
+    # Batch 1 had the one credit (it is in the receiver, which persists it if its barrier
+    # overtakes it there); 2 and 3 were queued and 4 was produced by the same input: all three
+    # are the sender's output channel state, so a restore loses none of them.
+    assert taken["replayed"] == [2, 3, 4]

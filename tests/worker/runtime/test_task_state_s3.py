@@ -4,19 +4,17 @@ merged into one object written with one PUT, and replayed from its byte ranges o
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 from kit.channels import run
+from kit.subtasks import batch, harness
 
-from snapflow.checkpointing import BarrierOptions, CheckpointMode, DeclineReason
+from snapflow.checkpointing import BarrierOptions, CheckpointMode
 from snapflow.filestore import store_for
-from snapflow.worker.runtime.channels import InputGate, LocalChannel
-from snapflow.worker.runtime.frames import BarrierFrame, DataFrame, Frame
+from snapflow.worker.runtime.frames import BarrierFrame, DataFrame
 from snapflow.worker.runtime.operator import Operator, OperatorContext
-from snapflow.worker.runtime.partitioners import ForwardPartitioner
-from snapflow.worker.runtime.task import OutputEdge, RestoreData, SnapshotReport, Subtask
+from snapflow.worker.runtime.task import RestoreData, SnapshotReport
 
 
 class Remember(Operator):
@@ -29,59 +27,6 @@ class Remember(Operator):
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         self._seen.add(batch.num_rows)
         return [batch]
-
-
-@dataclass
-class Harness:
-    task: Subtask
-    inputs: list[LocalChannel]
-    output: LocalChannel
-    acks: list[SnapshotReport] = field(default_factory=list)
-    declines: list[tuple[int, DeclineReason, str]] = field(default_factory=list)
-
-    async def outputs(self) -> list[Frame]:
-        gate = InputGate([self.output.input])
-        frames = []
-        while (item := await gate.next()) is not None:
-            frames.append(item[1])
-        return frames
-
-
-def harness(restore: RestoreData | None = None) -> Harness:
-    inputs = [LocalChannel(4, name=f"in{i}") for i in range(2)]
-    output = LocalChannel(1, output_queue=64, name="out")  # one credit: output queues up
-    h: Harness
-
-    async def ack(report: SnapshotReport) -> None:
-        h.acks.append(report)
-        h.task.notify_complete(report.checkpoint_id)
-
-    async def decline(checkpoint_id: int, reason: DeclineReason, message: str) -> None:
-        h.declines.append((checkpoint_id, reason, message))
-
-    task = Subtask(
-        job_id="job",
-        vertex_id="v",
-        subtask_index=0,
-        parallelism=1,
-        max_parallelism=128,
-        attempt=1,
-        operators=[Remember()],
-        key_field=None,
-        gate=InputGate([c.input for c in inputs]),
-        outputs=[OutputEdge(ForwardPartitioner(), [output.output])],
-        mode=CheckpointMode.ALIGNED,
-        restore=restore or RestoreData(),
-        ack=ack,
-        decline=decline,
-    )
-    h = Harness(task, inputs, output)
-    task.open()
-    return h
-
-
-def batch(*keys: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"key": list(keys)})
 
 
 def keys(frames: list[Any]) -> list[int]:
@@ -97,7 +42,7 @@ def test_unaligned_snapshot_on_s3_is_one_put_and_replays_its_channel_state(
     taken: dict[str, Any] = {}
 
     async def snapshot() -> None:
-        h = harness()
+        h = harness([Remember()], output_credits=1)  # one credit: output queues up
         before = requests.snapshot()
         running = asyncio.create_task(h.task.run())
         for i in range(3):  # processed before the barrier, queued on the output: output state
@@ -137,7 +82,8 @@ def test_unaligned_snapshot_on_s3_is_one_put_and_replays_its_channel_state(
     # new input.
     async def restore() -> None:
         by_op = {op_id: {0: hs} for op_id, hs in report.operator_states}
-        h = harness(RestoreData(checkpoint_id=1, previous_parallelism=1, handles=by_op))
+        restore = RestoreData(checkpoint_id=1, previous_parallelism=1, handles=by_op)
+        h = harness([Remember()], output_credits=1, restore=restore)
         await h.inputs[0].output.send(DataFrame(batch(7)))
         for channel in h.inputs:
             await channel.output.close()

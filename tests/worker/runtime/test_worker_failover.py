@@ -10,6 +10,7 @@ stops with a savepoint and resumes at another parallelism.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -20,8 +21,10 @@ import pyarrow as pa
 import pytest
 from kit.coordinator import running_coordinator
 from kit.polling import wait_until_async
-from kit.workers import check_exactly_once, count_graph, expected_counts
+from kit.tls import Pki, make_pki
+from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
 
+from snapflow.security import PLAINTEXT, SecuritySettings
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.operators import KeyedCount
@@ -42,9 +45,9 @@ def _source() -> GeneratorSource:
 
 
 async def _start_agents(
-    address: str, job_id: str, slots: int, log_dir: Path, tag: str
+    address: str, job_id: str, slots: int, log_dir: Path, tag: str, extra_env: dict[str, str]
 ) -> list[asyncio.subprocess.Process]:
-    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1", **extra_env}
     procs = []
     for slot in range(slots):
         log = open(log_dir / f"agent-{tag}-{slot}.log", "wb")  # noqa: SIM115 - closed with the process
@@ -89,6 +92,32 @@ async def _reap(
     return codes
 
 
+class _AgentProcesses:
+    """The ``snapflow worker`` processes a test starts (logs in ``log_dir``); on exit, those
+    still running are killed and every one is reaped."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.env = env or {}  # e.g. SNAPFLOW_TLS_* for mutual TLS
+        self.procs: list[asyncio.subprocess.Process] = []
+
+    async def start(
+        self, address: str, job_id: str, slots: int, tag: str
+    ) -> list[asyncio.subprocess.Process]:
+        procs = await _start_agents(address, job_id, slots, self.log_dir, tag, self.env)
+        self.procs += procs
+        return procs
+
+    async def __aenter__(self) -> _AgentProcesses:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                p.kill()
+        await _reap(self.procs)
+
+
 async def _wait_state(stub, job_id: str, states: set[int], timeout_s: float = 60.0) -> int:
     async def state() -> str | None:
         info = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
@@ -123,7 +152,28 @@ MODES = [
     # reads the killed run's merged state objects with ranged GETs.
     pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 0, "s3", id="aligned-s3"),
     pytest.param(pb.CHECKPOINT_MODE_UNALIGNED, 0, "s3", id="unaligned-s3"),
+    # Mutual TLS on every hop (agent -> coordinator, coordinator -> agent, agent -> agent),
+    # service tokens on top, access checks on: the same guarantee, and no secret in the logs.
+    pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 0, "local-mtls", id="aligned-mtls"),
 ]
+
+
+def _mtls(tmp_path: Path) -> tuple[dict[str, str], dict[str, str], SecuritySettings, Pki]:
+    """(coordinator setting overrides, agent environment, the test's client, the PKI)."""
+    pki = make_pki(tmp_path / "pki")
+    server = pki.server(mutual=True)
+    overrides = {f.name: getattr(server, f.name) for f in dataclasses.fields(server)}
+    env = {f"SNAPFLOW_{name.upper()}": value for name, value in overrides.items() if value}
+    env["SNAPFLOW_TOKEN_FILE"] = str(pki.token_file("service"))
+    return overrides, env, pki.client("operator", cert="service"), pki
+
+
+def _assert_no_secrets(pki: Pki, texts: list[str]) -> None:
+    keys = [p.read_text().splitlines()[1] for p in pki.dir.glob("*.key")]
+    for text in texts:
+        for secret in [*pki.tokens.values(), *keys]:
+            assert secret not in text, "a secret reached the logs"
+        assert "PRIVATE KEY" not in text
 
 
 @pytest.mark.parametrize(("mode", "aligned_checkpoint_timeout_ms", "storage"), MODES)
@@ -134,6 +184,7 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
     mode: pb.CheckpointMode,
     aligned_checkpoint_timeout_ms: int,
     storage: str,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "out"
     root = (
@@ -141,9 +192,15 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
         if storage == "s3"
         else str(tmp_path / "cp")
     )
+    overrides: dict[str, str] = {}
+    agent_env: dict[str, str] = {}
+    client = PLAINTEXT
+    pki = None
+    if storage == "local-mtls":
+        overrides, agent_env, client, pki = _mtls(tmp_path)
 
     async def main() -> None:
-        async with running_coordinator(redis_url, root) as c:
+        async with running_coordinator(redis_url, root, client, **overrides) as c:
             graph = count_graph(_source(), KeyedCount("key"), TransactionalFileSink(str(out)))
             config = pb.CheckpointConfig(
                 interval_ms=150,
@@ -151,20 +208,15 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
                 aligned_checkpoint_timeout_ms=aligned_checkpoint_timeout_ms,
                 tolerable_failures=5,
             )
-            job_id = (
-                await c.stub.SubmitJob(
-                    cpb.SubmitJobRequest(graph=graph, checkpoint_config=config), timeout=10
-                )
-            ).job.job_id
-            first = await _start_agents(c.address, job_id, 2, tmp_path, "first")
-            second: list[asyncio.subprocess.Process] = []
-            try:
+            job_id = await submit_graph(c.stub, graph, config)
+            async with _AgentProcesses(tmp_path, agent_env) as agents:
+                first = await agents.start(c.address, job_id, 2, "first")
                 await _wait_completed(c.stub, job_id, 2)
                 first[1].send_signal(signal.SIGKILL)
                 await _wait_state(c.stub, job_id, {pb.JOB_STATE_RESTARTING})
                 codes = await _reap(first)
                 assert codes[1] == -signal.SIGKILL
-                second = await _start_agents(c.address, job_id, 2, tmp_path, "second")
+                second = await agents.start(c.address, job_id, 2, "second")
                 await _wait_state(c.stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=90)
                 assert await _reap(second) == [0, 0]
                 info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
@@ -173,13 +225,12 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
                     cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
                 )
                 assert stats.counts.restored == 1 and stats.latest_restore.checkpoint_id >= 1
-            finally:
-                for p in first + second:
-                    if p.returncode is None:
-                        p.kill()
-                await _reap(first + second)
 
     asyncio.run(main())
+    if pki is not None:
+        captured = capfd.readouterr()
+        logs = [p.read_text(errors="replace") for p in tmp_path.glob("agent-*.log")]
+        _assert_no_secrets(pki, [captured.out, captured.err, *logs])
     committed = read_committed(out)
     expected = expected_counts(_source(), 2)
     if mode == pb.CHECKPOINT_MODE_AT_LEAST_ONCE:
@@ -204,14 +255,9 @@ def test_stop_with_savepoint_and_resume_with_other_parallelism(
                 _source(), KeyedCount("key"), TransactionalFileSink(str(out)), parallelism=2
             )
             config = pb.CheckpointConfig(interval_ms=200)
-            job_id = (
-                await c.stub.SubmitJob(
-                    cpb.SubmitJobRequest(graph=graph, checkpoint_config=config), timeout=10
-                )
-            ).job.job_id
-            first = await _start_agents(c.address, job_id, 2, tmp_path, "p2")
-            second: list[asyncio.subprocess.Process] = []
-            try:
+            job_id = await submit_graph(c.stub, graph, config)
+            async with _AgentProcesses(tmp_path) as agents:
+                first = await agents.start(c.address, job_id, 2, "p2")
                 await _wait_completed(c.stub, job_id, 1)
                 stop = await c.stub.StopWithSavepoint(
                     cpb.StopWithSavepointRequest(
@@ -227,24 +273,11 @@ def test_stop_with_savepoint_and_resume_with_other_parallelism(
                 graph3 = count_graph(
                     _source(), KeyedCount("key"), TransactionalFileSink(str(out)), parallelism=3
                 )
-                resumed = (
-                    await c.stub.SubmitJob(
-                        cpb.SubmitJobRequest(
-                            graph=graph3,
-                            checkpoint_config=config,
-                            restore=cpb.RestoreSettings(savepoint_path=stop.external_path),
-                        ),
-                        timeout=10,
-                    )
-                ).job.job_id
-                second = await _start_agents(c.address, resumed, 3, tmp_path, "p3")
+                restore = cpb.RestoreSettings(savepoint_path=stop.external_path)
+                resumed = await submit_graph(c.stub, graph3, config, restore)
+                second = await agents.start(c.address, resumed, 3, "p3")
                 await _wait_state(c.stub, resumed, {pb.JOB_STATE_FINISHED}, timeout_s=90)
                 assert await _reap(second) == [0, 0, 0]
-            finally:
-                for p in first + second:
-                    if p.returncode is None:
-                        p.kill()
-                await _reap(first + second)
 
     asyncio.run(main())
     committed = read_committed(out)

@@ -1,0 +1,313 @@
+"""Liveness and fencing of worker agents: heartbeats, re-registration, epoch checks, parsing.
+
+* garbage bytes to every worker RPC are INVALID_ARGUMENT;
+* a forged NotifyCheckpointAborted with epoch 2^62 changes nothing: the job still checkpoints;
+* a killed sole `snapflow worker` fails its deployment by heartbeat timeout; a new worker
+  finishes the job exactly once;
+* after the coordinator is killed (SIGKILL) and restarted on the same Redis and port, the old
+  worker processes register again and the job finishes exactly once, no worker restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kit.coordinator import running_coordinator
+from kit.polling import wait_until_async
+from kit.processes import CoordinatorProcess, Processes, start_worker
+from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
+
+from snapflow.redis_server import RedisServer
+from snapflow.security import PLAINTEXT, aio_channel
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.v1 import coordinator_pb2_grpc as cgrpc
+from snapflow.v1 import worker_pb2 as wpb
+from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
+from snapflow.worker.connectors.split_sources import GeneratorSource
+from snapflow.worker.runtime.agent import Agent
+
+GARBAGE = b"\xff\xff\xff\xff"  # a truncated varint: no message type decodes it
+FAST_HEARTBEATS: dict[str, Any] = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5}
+
+
+def _source(records: int = 300_000, rate: int = 100_000) -> GeneratorSource:
+    return GeneratorSource(
+        total_records=records, rate_per_s=rate, num_keys=300, batch_size=2048, seed=11
+    )
+
+
+async def _job_state(stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str) -> int | None:
+    try:
+        info = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=2)
+    except grpc.aio.AioRpcError:
+        return None  # the coordinator is restarting
+    return int(info.state)
+
+
+async def _wait_state(
+    stub: cgrpc.CoordinatorServiceAsyncStub,
+    job_id: str,
+    states: set[int],
+    timeout_s: float = 60.0,
+    procs: list | None = None,
+) -> None:
+    async def reached() -> bool:
+        return await _job_state(stub, job_id) in states
+
+    names = sorted(pb.JobState.Name(s) for s in states)
+    await wait_until_async(
+        reached, f"job in {names}", timeout_s=timeout_s, interval_s=0.05, procs=procs or []
+    )
+
+
+async def _wait_completed(
+    stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str, at_least: int, timeout_s: float = 30.0
+) -> int:
+    async def completed() -> int:
+        try:
+            stats = await stub.GetCheckpointStats(
+                cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=2
+            )
+        except grpc.aio.AioRpcError:
+            return 0
+        return int(stats.counts.completed) if stats.counts.completed >= at_least else 0
+
+    return int(
+        await wait_until_async(
+            completed, f"{at_least} checkpoints completed", timeout_s=timeout_s, interval_s=0.02
+        )
+    )
+
+
+# --- request parsing and epochs ----------------------------------------------------------------
+
+
+def test_garbage_bytes_to_every_worker_rpc_are_invalid_argument() -> None:
+    async def main() -> None:
+        agent = Agent("127.0.0.1:1", "0" * 32)  # never deploys: no coordinator needed
+        await agent.start()
+        try:
+            async with aio_channel(agent.address, PLAINTEXT) as channel:
+                for name in ("WorkerControlService", "DataExchangeService"):
+                    service = wpb.DESCRIPTOR.services_by_name[name]
+                    for method in service.methods:
+                        path = f"/{service.full_name}/{method.name}"
+                        try:
+                            if method.client_streaming:
+                                call: Any = channel.stream_stream(path)(
+                                    iter([GARBAGE]),  # type: ignore[arg-type]
+                                    timeout=5,
+                                )
+                                async for _ in call:
+                                    pass
+                            else:
+                                await channel.unary_unary(path)(GARBAGE, timeout=5)  # type: ignore[arg-type]
+                        except grpc.aio.AioRpcError as e:
+                            assert e.code() is grpc.StatusCode.INVALID_ARGUMENT, (path, e)
+                            assert "malformed request" in (e.details() or ""), path
+                        else:
+                            raise AssertionError(f"{path} accepted garbage")
+            assert agent.epoch == 0
+        finally:
+            await agent.stop()
+
+    asyncio.run(main())
+
+
+def test_forged_notice_with_a_huge_epoch_changes_nothing(redis_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    source = _source(200_000, 50_000)
+
+    async def main() -> None:
+        async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
+            graph = count_graph(source, KeyedCount("key"), TransactionalFileSink(str(out)))
+            job_id = await submit_graph(c.stub, graph, pb.CheckpointConfig(interval_ms=100))
+            agents = [Agent(c.address, job_id, slot=s, num_slots=2) for s in range(2)]
+            for agent in agents:
+                await agent.start()
+            run = asyncio.gather(*(a.run() for a in agents))
+            try:
+                seen = await _wait_completed(c.stub, job_id, 1)
+                epochs = [a.epoch for a in agents]
+                assert all(epochs)
+                real = next(iter(agents[0].hosted.values())).attempt
+                forged = [
+                    # another job, no tasks
+                    wpb.NotifyCheckpointRequest(
+                        job_id="f" * 32, coordinator_epoch=2**62, checkpoint_id=1
+                    ),
+                    # this job, a task attempt the agent does not run
+                    wpb.NotifyCheckpointRequest(
+                        job_id=job_id,
+                        coordinator_epoch=2**62,
+                        checkpoint_id=1,
+                        tasks=[pb.TaskAttempt(vertex_id=real.vertex_id, attempt=99)],
+                    ),
+                ]
+                for agent in agents:
+                    async with aio_channel(agent.address, PLAINTEXT) as channel:
+                        notify = channel.unary_unary(
+                            "/snapflow.v1.WorkerControlService/NotifyCheckpointAborted",
+                            request_serializer=wpb.NotifyCheckpointRequest.SerializeToString,
+                            response_deserializer=wpb.WorkerAck.FromString,
+                        )
+                        for request in forged:
+                            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                                await notify(request, timeout=5)
+                            assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+                assert [a.epoch for a in agents] == epochs
+                # The real coordinator's triggers and notices are still obeyed.
+                await _wait_completed(c.stub, job_id, seen + 2)
+                async with asyncio.timeout(60):
+                    await run
+            finally:
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+                for agent in agents:
+                    await agent.stop()
+
+    asyncio.run(main())
+    check_exactly_once(read_committed(out), expected_counts(source, 2))
+
+
+# --- heartbeats and re-registration (processes) ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_killed_sole_worker_fails_by_heartbeat_timeout_and_a_new_one_finishes(
+    redis_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    source = _source()
+
+    async def main() -> None:
+        async with running_coordinator(
+            redis_url, str(tmp_path / "cp"), PLAINTEXT, **FAST_HEARTBEATS
+        ) as c:
+            graph = count_graph(
+                source, KeyedCount("key"), TransactionalFileSink(str(out)), parallelism=2
+            )
+            config = pb.CheckpointConfig(interval_ms=150, tolerable_failures=5)
+            job_id = await submit_graph(c.stub, graph, config)
+            with Processes() as procs:
+                first = procs.add(start_worker(c.address, job_id, 0, 1, tmp_path / "w1.log"))
+                await _wait_state(c.stub, job_id, {pb.JOB_STATE_RUNNING}, procs=[first])
+                await _wait_completed(c.stub, job_id, 1)
+                first.send_signal(signal.SIGKILL)
+                assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+                # Nothing else reports: only the missed heartbeats can end the deployment.
+                await _wait_state(c.stub, job_id, {pb.JOB_STATE_RESTARTING}, timeout_s=30)
+                tasks = (
+                    await c.stub.ListTasks(cpb.ListTasksRequest(job_id=job_id), timeout=5)
+                ).tasks
+                failures = [t.failure for t in tasks if t.state == pb.TASK_STATE_FAILED]
+                assert failures and all(
+                    f.startswith("heartbeat timeout of agent 127.0.0.1:") for f in failures
+                ), failures
+                second = procs.add(start_worker(c.address, job_id, 0, 1, tmp_path / "w2.log"))
+                await _wait_state(c.stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=90)
+                assert await asyncio.to_thread(second.wait, 30) == 0
+            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+            assert info.restarts == 1
+
+    asyncio.run(main())
+    check_exactly_once(read_committed(out), expected_counts(source, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "down_until",
+    [
+        # restarted at once: the workers see the new epoch in a heartbeat answer
+        pytest.param("", id="new-epoch"),
+        # restarted after the workers noticed the loss (heartbeats failed past the timeout)
+        pytest.param("coordinator lost", id="coordinator-lost"),
+    ],
+)
+def test_live_workers_register_again_after_a_coordinator_restart(
+    redis_server: RedisServer, tmp_path: Path, down_until: str
+) -> None:
+    out = tmp_path / "out"
+    source = _source(300_000, 60_000)
+    namespace = f"restart-{uuid.uuid4().hex[:8]}"
+    settings = {k: str(v) for k, v in FAST_HEARTBEATS.items()}
+
+    def coordinator(tag: str, port: int = 0) -> CoordinatorProcess:
+        return CoordinatorProcess.start(
+            redis_server.url,
+            namespace,
+            tmp_path / "cp",
+            tmp_path / f"coordinator-{tag}.log",
+            port=port,
+            **settings,
+        )
+
+    async def main() -> None:
+        first = coordinator("first")
+        second: CoordinatorProcess | None = None
+        try:
+            channel = aio_channel(first.address, PLAINTEXT)
+            stub = cgrpc.CoordinatorServiceStub(channel)
+            try:
+                with Processes() as procs:
+                    job_id = await _submit_when_up(stub, source, out)
+                    workers = [
+                        procs.add(start_worker(first.address, job_id, s, 2, tmp_path / f"w{s}.log"))
+                        for s in range(2)
+                    ]
+                    await _wait_state(stub, job_id, {pb.JOB_STATE_RUNNING}, procs=workers)
+                    await _wait_completed(stub, job_id, 1)
+                    first.kill()
+                    if down_until:
+
+                        def noticed() -> bool:
+                            logs = [(tmp_path / f"w{s}.log").read_text() for s in range(2)]
+                            return all(down_until in log for log in logs)
+
+                        await wait_until_async(
+                            noticed, down_until, timeout_s=30, interval_s=0.1, procs=workers
+                        )
+                    second = coordinator("second", first.port)
+                    await _wait_state(
+                        stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=120, procs=workers
+                    )
+                    codes = [await asyncio.to_thread(w.wait, 30) for w in workers]
+                    assert codes == [0, 0]
+                info = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+                assert info.restarts >= 1
+                logs = "".join((tmp_path / f"w{s}.log").read_text() for s in range(2))
+                assert "agent.reregistering" in logs
+            finally:
+                await channel.close()
+        finally:
+            first.kill()
+            if second is not None:
+                assert second.stop() == 0
+
+    asyncio.run(main())
+    check_exactly_once(read_committed(out), expected_counts(source, 2))
+
+
+async def _submit_when_up(
+    stub: cgrpc.CoordinatorServiceAsyncStub, source: GeneratorSource, out: Path
+) -> str:
+    graph = count_graph(source, KeyedCount("key"), TransactionalFileSink(str(out)))
+    config = pb.CheckpointConfig(interval_ms=150, tolerable_failures=5)
+
+    async def submitted() -> str | None:
+        try:
+            return await submit_graph(stub, graph, config)
+        except grpc.aio.AioRpcError as e:
+            if e.code() is grpc.StatusCode.UNAVAILABLE:
+                return None  # not serving yet
+            raise
+
+    return str(await wait_until_async(submitted, "the job submitted", timeout_s=30, interval_s=0.1))
