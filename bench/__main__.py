@@ -8,6 +8,7 @@ import sys
 BENCHMARKS = {
     "coordinator": "bench.coordinator_bench",
     "dataplane": "bench.dataplane_bench",
+    "security": "bench.security_bench",
     "spark": "bench.spark_bench",
     "storage": "bench.storage_bench",
 }

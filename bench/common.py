@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from snapflow.security import PLAINTEXT, SecuritySettings, sync_channel
+
 RESULTS_DIR = Path(__file__).parent / "results"
 
 
@@ -46,8 +48,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_coordinator(redis_url: str, storage_root: str, port: int) -> subprocess.Popen[bytes]:
-    """``snapflow coordinator`` in its own process, waited for until gRPC health says SERVING."""
+def start_coordinator(
+    redis_url: str, storage_root: str, port: int, security: SecuritySettings = PLAINTEXT
+) -> subprocess.Popen[bytes]:
+    """``snapflow coordinator`` in its own process, waited for until gRPC health says SERVING.
+
+    The coordinator reads its security settings from the ``SNAPFLOW_*`` environment it
+    inherits; ``security`` is what the health check connects with (TLS when it serves TLS)."""
     env = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
     process = subprocess.Popen(
         [
@@ -59,7 +66,7 @@ def start_coordinator(redis_url: str, storage_root: str, port: int) -> subproces
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 30
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with sync_channel(f"127.0.0.1:{port}", security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if process.poll() is not None:
