@@ -29,13 +29,12 @@ from snapflow.coordinator.model import (
     JobVertex,
     OperatorSpec,
     OperatorSubtaskState,
-    PartitionerKind,
     StateHandle,
     SubtaskMetrics,
-    TaskState,
 )
 from snapflow.errors import ConfigError, InvalidArgumentError
 from snapflow.filestore import is_object_store_uri
+from snapflow.jobgraph import PartitionerKind
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -45,21 +44,6 @@ MAX_ID_LENGTH = 200
 MIN_INTERVAL_MS = 10  # Flink's minimum checkpoint interval and timeout
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
-_PARTITIONER_TO_PB = {
-    PartitionerKind.FORWARD: pb.PARTITIONER_KIND_FORWARD,
-    PartitionerKind.HASH: pb.PARTITIONER_KIND_HASH,
-    PartitionerKind.REBALANCE: pb.PARTITIONER_KIND_REBALANCE,
-    PartitionerKind.BROADCAST: pb.PARTITIONER_KIND_BROADCAST,
-}
-_PARTITIONER_FROM_PB = {v: k for k, v in _PARTITIONER_TO_PB.items()}
-TASK_STATE_TO_PB = {
-    TaskState.DEPLOYING: pb.TASK_STATE_DEPLOYING,
-    TaskState.RUNNING: pb.TASK_STATE_RUNNING,
-    TaskState.FINISHED: pb.TASK_STATE_FINISHED,
-    TaskState.FAILED: pb.TASK_STATE_FAILED,
-    TaskState.CANCELED: pb.TASK_STATE_CANCELED,
-}
-TASK_STATE_FROM_PB = {v: k for k, v in TASK_STATE_TO_PB.items()}
 JOB_STATE_TO_PB = {
     JobState.CREATED: pb.JOB_STATE_CREATED,
     JobState.RUNNING: pb.JOB_STATE_RUNNING,
@@ -172,11 +156,11 @@ def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
                 raise InvalidArgumentError(f"graph.edges[{i}] names unknown vertex {end!r}")
         if e.source_vertex_id == e.target_vertex_id:
             raise InvalidArgumentError(f"graph.edges[{i}] is a self loop on {e.source_vertex_id!r}")
-        if e.partitioner not in _PARTITIONER_FROM_PB:
+        kind = wire.PARTITIONER_KIND.from_pb_or(e.partitioner, None)
+        if kind is None:
             raise InvalidArgumentError(
                 f"graph.edges[{i}].partitioner must be FORWARD, HASH, REBALANCE or BROADCAST"
             )
-        kind = _PARTITIONER_FROM_PB[e.partitioner]
         src, dst = by_id[e.source_vertex_id], by_id[e.target_vertex_id]
         if kind is PartitionerKind.FORWARD and src.parallelism != dst.parallelism:
             raise InvalidArgumentError(
@@ -240,7 +224,7 @@ def graph_to_pb(g: JobGraph, include_payloads: bool = True) -> pb.JobGraph:
             pb.JobEdge(
                 source_vertex_id=e.source_vertex_id,
                 target_vertex_id=e.target_vertex_id,
-                partitioner=_PARTITIONER_TO_PB[e.partitioner],
+                partitioner=wire.PARTITIONER_KIND.to_pb(e.partitioner),
                 key_field=e.key_field,
             )
             for e in g.edges

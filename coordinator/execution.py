@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from snapflow.coordinator.model import ExecutionAttempt, JobGraph, JobState, TaskKey, TaskState
+from snapflow.coordinator.model import ExecutionAttempt, JobGraph, JobState, TaskKey
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError, UnknownTaskError
+from snapflow.jobgraph import TaskState
 
 
 @dataclass

@@ -71,7 +71,6 @@ from snapflow.coordinator.model import (
     PendingCheckpointRecord,
     SubtaskMetrics,
     TaskKey,
-    TaskState,
 )
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.restore_point import (
@@ -93,6 +92,7 @@ from snapflow.errors import (
     StaleEpochError,
 )
 from snapflow.filestore import is_object_store_uri
+from snapflow.jobgraph import TaskState
 from snapflow.v1 import coordinator_pb2 as cpb
 
 log = structlog.get_logger("snapflow.coordinator")

@@ -54,7 +54,7 @@ class JobViews:
         return [
             cpb.TaskInfo(
                 attempt=convert.attempt_to_pb(t.attempt),
-                state=convert.TASK_STATE_TO_PB[t.state],
+                state=wire.TASK_STATE.to_pb(t.state),
                 address=t.address,
                 failure=t.failure,
             )

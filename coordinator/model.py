@@ -12,12 +12,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The checkpoint vocabulary shared with the workers lives in the foundation
-# (snapflow.checkpointing); the coordinator's modules take it from here like the rest.
 from snapflow.checkpointing import BarrierOptions as BarrierOptions
 from snapflow.checkpointing import CheckpointKind as CheckpointKind
 from snapflow.checkpointing import CheckpointMode as CheckpointMode
 from snapflow.checkpointing import DeclineReason as DeclineReason
+
+# The checkpoint vocabulary shared with the workers lives in the foundation
+# (snapflow.checkpointing); the coordinator's modules take it from here like the rest.
+from snapflow.jobgraph import PartitionerKind
 
 JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 DEFAULT_MAX_PARALLELISM = 128
@@ -27,18 +29,6 @@ class CheckpointStatus(enum.Enum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
     FAILED = "failed"
-
-
-class TaskState(enum.Enum):
-    DEPLOYING = "deploying"
-    RUNNING = "running"
-    FINISHED = "finished"
-    FAILED = "failed"
-    CANCELED = "canceled"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELED)
 
 
 class JobState(enum.Enum):
@@ -52,13 +42,6 @@ class JobState(enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.FINISHED, JobState.CANCELED, JobState.FAILED)
-
-
-class PartitionerKind(enum.Enum):
-    FORWARD = "forward"
-    HASH = "hash"
-    REBALANCE = "rebalance"
-    BROADCAST = "broadcast"
 
 
 class TriggerRefusal(enum.Enum):

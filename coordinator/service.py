@@ -10,13 +10,15 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.confinement import check_confined
 from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.job_runner import JobRunner
-from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey, TaskState
+from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey
 from snapflow.errors import InvalidArgumentError, SnapflowError
+from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -125,7 +127,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     ) -> cpb.UpdateTaskStateResponse:
         runner = self._runner(request.job_id)
         attempt = convert.attempt_from_pb(request.attempt)
-        state = convert.TASK_STATE_FROM_PB.get(request.state)
+        state = wire.TASK_STATE.from_pb_or(request.state, None)
         if state is None or state is TaskState.DEPLOYING:
             raise InvalidArgumentError("state must be RUNNING, FINISHED, FAILED or CANCELED")
         await runner.update_task_state(attempt, state, request.failure)

@@ -26,6 +26,7 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
 from snapflow.errors import InvalidArgumentError
+from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -131,7 +132,34 @@ DECLINE_REASON: EnumMapping[DeclineReason, cpb.DeclineReason] = EnumMapping(
         DeclineReason.IO_ERROR: cpb.DECLINE_REASON_IO_ERROR,
     },
 )
-MAPPINGS: tuple[EnumMapping[Any, Any], ...] = (CHECKPOINT_KIND, CHECKPOINT_MODE, DECLINE_REASON)
+PARTITIONER_KIND: EnumMapping[PartitionerKind, pb.PartitionerKind] = EnumMapping(
+    PartitionerKind,
+    pb.PartitionerKind,
+    {
+        PartitionerKind.FORWARD: pb.PARTITIONER_KIND_FORWARD,
+        PartitionerKind.HASH: pb.PARTITIONER_KIND_HASH,
+        PartitionerKind.REBALANCE: pb.PARTITIONER_KIND_REBALANCE,
+        PartitionerKind.BROADCAST: pb.PARTITIONER_KIND_BROADCAST,
+    },
+)
+TASK_STATE: EnumMapping[TaskState, pb.TaskState] = EnumMapping(
+    TaskState,
+    pb.TaskState,
+    {
+        TaskState.DEPLOYING: pb.TASK_STATE_DEPLOYING,
+        TaskState.RUNNING: pb.TASK_STATE_RUNNING,
+        TaskState.FINISHED: pb.TASK_STATE_FINISHED,
+        TaskState.FAILED: pb.TASK_STATE_FAILED,
+        TaskState.CANCELED: pb.TASK_STATE_CANCELED,
+    },
+)
+MAPPINGS: tuple[EnumMapping[Any, Any], ...] = (
+    CHECKPOINT_KIND,
+    CHECKPOINT_MODE,
+    DECLINE_REASON,
+    PARTITIONER_KIND,
+    TASK_STATE,
+)
 """Every mapping of this module."""
 
 

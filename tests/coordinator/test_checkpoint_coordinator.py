@@ -43,11 +43,11 @@ from snapflow.coordinator.model import (
     JobGraph,
     JobVertex,
     OperatorSubtaskState,
-    PartitionerKind,
     StateHandle,
     SubtaskMetrics,
     TriggerRefusal,
 )
+from snapflow.jobgraph import PartitionerKind
 
 SRC0 = ExecutionAttempt("src", 0, 1)
 SRC1 = ExecutionAttempt("src", 1, 1)

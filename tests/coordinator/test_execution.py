@@ -12,11 +12,10 @@ from snapflow.coordinator.model import (
     JobGraph,
     JobState,
     JobVertex,
-    PartitionerKind,
     TaskKey,
-    TaskState,
 )
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError, UnknownTaskError
+from snapflow.jobgraph import PartitionerKind, TaskState
 
 GRAPH = JobGraph(
     "g",

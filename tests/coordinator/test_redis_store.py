@@ -31,7 +31,6 @@ from snapflow.coordinator.model import (
     JobVertex,
     OperatorSpec,
     OperatorSubtaskState,
-    PartitionerKind,
     PendingCheckpointRecord,
     StateHandle,
     SubtaskAck,
@@ -45,6 +44,7 @@ from snapflow.errors import (
     StaleEpochError,
     UnavailableError,
 )
+from snapflow.jobgraph import PartitionerKind
 from snapflow.redis_server import RedisServer, find_redis_server_binary
 
 pytestmark = pytest.mark.timeout(30)

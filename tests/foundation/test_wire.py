@@ -11,6 +11,7 @@ import pytest
 from snapflow import wire
 from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
 from snapflow.errors import InvalidArgumentError
+from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -36,7 +37,13 @@ def test_every_member_round_trips_and_every_proto_number_has_a_member(
 
 
 def test_mappings_lists_every_mapping() -> None:
-    assert {m.enum_type for m in wire.MAPPINGS} == {CheckpointKind, CheckpointMode, DeclineReason}
+    assert {m.enum_type for m in wire.MAPPINGS} == {
+        CheckpointKind,
+        CheckpointMode,
+        DeclineReason,
+        PartitionerKind,
+        TaskState,
+    }
 
 
 def test_the_proto_names_match_the_member_names() -> None:

@@ -32,6 +32,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 import grpc
 import structlog
@@ -40,6 +41,7 @@ from pyspark import cloudpickle
 from snapflow import wire
 from snapflow.checkpointing import CheckpointMode, DeclineReason
 from snapflow.errors import FailedPreconditionError, SnapflowError
+from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.request_parsing import add_servicer
 from snapflow.security import (
     PLAINTEXT,
@@ -104,25 +106,34 @@ class _Hosted:
     runner: asyncio.Task[None] | None = None
 
 
+def _kind(edge: pb.JobEdge) -> PartitionerKind:
+    # The coordinator validated the graph; an unknown number here is a version mismatch.
+    return wire.PARTITIONER_KIND.from_pb(edge.partitioner, field="edge.partitioner")
+
+
 def _partitioner(edge: pb.JobEdge, target: pb.JobVertex, producer_index: int) -> Partitioner:
     n = target.parallelism
-    if edge.partitioner == pb.PARTITIONER_KIND_FORWARD:
-        return ForwardPartitioner()
-    if edge.partitioner == pb.PARTITIONER_KIND_HASH:
-        return KeyGroupPartitioner(edge.key_field, target.max_parallelism or 128, n)
-    if edge.partitioner == pb.PARTITIONER_KIND_BROADCAST:
-        return BroadcastPartitioner(n)
-    return RebalancePartitioner(n, start_channel=producer_index)
+    match _kind(edge):
+        case PartitionerKind.FORWARD:
+            return ForwardPartitioner()
+        case PartitionerKind.HASH:
+            return KeyGroupPartitioner(edge.key_field, target.max_parallelism or 128, n)
+        case PartitionerKind.BROADCAST:
+            return BroadcastPartitioner(n)
+        case PartitionerKind.REBALANCE:
+            return RebalancePartitioner(n, start_channel=producer_index)
+        case unknown:
+            assert_never(unknown)
 
 
 def _producers(edge: pb.JobEdge, source: pb.JobVertex, consumer_index: int) -> list[int]:
-    if edge.partitioner == pb.PARTITIONER_KIND_FORWARD:
+    if _kind(edge) is PartitionerKind.FORWARD:
         return [consumer_index]
     return list(range(source.parallelism))
 
 
 def _consumers(edge: pb.JobEdge, target: pb.JobVertex, producer_index: int) -> list[int]:
-    if edge.partitioner == pb.PARTITIONER_KIND_FORWARD:
+    if _kind(edge) is PartitionerKind.FORWARD:
         return [producer_index]
     return list(range(target.parallelism))
 
@@ -379,7 +390,7 @@ class Agent:
             task.open()
             hosted.task = task
         for hosted in self.hosted.values():
-            await self._report(hosted.attempt, pb.TASK_STATE_RUNNING)
+            await self._report(hosted.attempt, wire.TASK_STATE.to_pb(TaskState.RUNNING))
         for hosted in self.hosted.values():
             hosted.runner = asyncio.create_task(
                 self._run_task(hosted), name=f"task-{hosted.task.name if hosted.task else ''}"
@@ -553,15 +564,17 @@ class Agent:
             await hosted.task.run()
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await self._report(hosted.attempt, pb.TASK_STATE_CANCELED, "canceled")
+                await self._report(
+                    hosted.attempt, wire.TASK_STATE.to_pb(TaskState.CANCELED), "canceled"
+                )
             raise
         except Exception as e:
             message = f"{type(e).__name__}: {e}"
             self._log.error("task.failed", task=hosted.task.name, failure=message)
             with contextlib.suppress(Exception):
-                await self._report(hosted.attempt, pb.TASK_STATE_FAILED, message)
+                await self._report(hosted.attempt, wire.TASK_STATE.to_pb(TaskState.FAILED), message)
             raise
-        await self._report(hosted.attempt, pb.TASK_STATE_FINISHED)
+        await self._report(hosted.attempt, wire.TASK_STATE.to_pb(TaskState.FINISHED))
 
     async def _report(self, attempt: pb.TaskAttempt, state: int, failure: str = "") -> None:
         await self.stub.UpdateTaskState(

@@ -22,6 +22,7 @@ from snapflow import wire
 from snapflow.checkpointing import DeclineReason
 from snapflow.errors import SnapflowError
 from snapflow.filestore import store_for
+from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -120,7 +121,7 @@ class SimulatedAgent:
             self.restores[(vertex_id, index)] = response.restore
             self.epoch = response.coordinator_epoch
         if running:
-            await self.set_state(pb.TASK_STATE_RUNNING)
+            await self.set_state(wire.TASK_STATE.to_pb(TaskState.RUNNING))
 
     async def set_state(
         self, state: int, failure: str = "", only: tuple[str, int] | None = None

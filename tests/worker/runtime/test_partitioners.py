@@ -115,7 +115,7 @@ def test_forward_rebalance_broadcast() -> None:
 
 
 def test_create_partitioner() -> None:
-    from snapflow.coordinator.model import PartitionerKind
+    from snapflow.jobgraph import PartitionerKind
 
     assert isinstance(create_partitioner("forward", 1), ForwardPartitioner)
     p = create_partitioner(PartitionerKind.HASH, 4, key_field="k", max_parallelism=64)
