@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError
 from snapflow.worker.api.operators import KeyedContext, arange
-from snapflow.worker.connectors.split_sources import SplitSource
+from snapflow.worker.connectors.split_sources import SplitSource, split_base
 from snapflow.worker.state import keygroups as kgs
 
 if TYPE_CHECKING:
@@ -57,8 +57,6 @@ _U64 = pa.uint64()
 _I64 = pa.int64()
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_C1 = 0xFF51AFD7ED558CCD
-_C2 = 0xC4CEB93FE53EC4CE
 
 BID_SCHEMA = pa.schema(
     [("auction", _I64), ("bidder", _I64), ("price", _I64), ("ts", _I64)],
@@ -79,19 +77,6 @@ WindowRow = tuple[int, int, int, int, int, int]
 
 # 2024-01-01T00:00:00Z: a round epoch, so event-time windows print as whole seconds.
 DEFAULT_START_MS = 1_704_067_200_000
-
-
-def _split_base(seed: int, split_id: int) -> int:
-    return kgs.fmix64((seed * _GOLDEN + split_id) & _MASK64) * _GOLDEN & _MASK64
-
-
-def _fmix64_array(h: pa.Array) -> pa.Array:
-    s33 = pa.scalar(33, _U64)
-    h = pc.bit_wise_xor(h, pc.shift_right(h, s33))
-    h = pc.multiply(h, pa.scalar(_C1, _U64))
-    h = pc.bit_wise_xor(h, pc.shift_right(h, s33))
-    h = pc.multiply(h, pa.scalar(_C2, _U64))
-    return pc.bit_wise_xor(h, pc.shift_right(h, s33))
 
 
 def _u64(value: int) -> pa.Scalar:
@@ -188,7 +173,7 @@ class BidSource(SplitSource):
 
     def record(self, split_id: int, i: int) -> dict[str, int]:
         """Bid ``i`` of split ``split_id`` (the scalar definition of the source)."""
-        h = kgs.fmix64((_split_base(self.seed, split_id) + i) & _MASK64)
+        h = kgs.fmix64((split_base(self.seed, split_id) + i) & _MASK64)
         g = kgs.fmix64(h ^ _GOLDEN)
         auctions = self.num_hot_auctions if h & 1 == 0 else self.num_auctions
         return {
@@ -215,9 +200,9 @@ class BidSource(SplitSource):
     def generate(self, split_id: int, start: int, n: int) -> pa.RecordBatch:
         """Bids ``start .. start + n - 1`` of a split as one batch (vectorised :meth:`record`)."""
         rel = pc.cast(arange(n), _U64)
-        base = (_split_base(self.seed, split_id) + start) & _MASK64
-        h = _fmix64_array(pc.add(rel, _u64(base)))
-        g = _fmix64_array(pc.bit_wise_xor(h, _u64(_GOLDEN)))
+        base = (split_base(self.seed, split_id) + start) & _MASK64
+        h = kgs.fmix64_array(pc.add(rel, _u64(base)))
+        g = kgs.fmix64_array(pc.bit_wise_xor(h, _u64(_GOLDEN)))
         hot = pc.equal(pc.bit_wise_and(h, _u64(1)), _u64(0))
         auction = pc.if_else(
             hot, _mod_shift(h, 8, self.num_hot_auctions), _mod_shift(h, 8, self.num_auctions)

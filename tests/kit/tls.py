@@ -8,17 +8,11 @@ that claims the service name, and a tokens file with one token per role.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
+from snapflow.certificates import CertificateAuthority
 from snapflow.security import SecuritySettings
 
 SERVICE_NAME = "snapflow-service"
@@ -79,101 +73,14 @@ class Pki:
         )
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | None) -> None:
-    path.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    if key is not None:
-        path.with_suffix(".key").write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-
-
-def _ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = _key()
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
-
-
-def _leaf(
-    cn: str, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = _key()
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [
-                    x509.DNSName(cn),
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                ]
-            ),
-            critical=False,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert, key
-
-
 def make_pki(directory: Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
-    ca, ca_key = _ca("snapflow-test-ca")
-    _write(directory / "ca", ca, None)
+    ca = CertificateAuthority("snapflow-test-ca")
+    ca.write(directory / "ca")
     for name, cn in (("service", SERVICE_NAME), ("nobody", "nobody")):
-        cert, key = _leaf(cn, ca, ca_key)
-        _write(directory / name, cert, key)
-    rogue_ca, rogue_ca_key = _ca("rogue-ca")
-    cert, key = _leaf(SERVICE_NAME, rogue_ca, rogue_ca_key)
-    _write(directory / "rogue", cert, key)
+        ca.issue(cn, directory / name)
+    # An unknown CA's certificate that claims the service's name.
+    CertificateAuthority("rogue-ca").issue(SERVICE_NAME, directory / "rogue")
     tokens = {role: secrets.token_urlsafe(24) for role in ("read", "operator", "service")}
     tokens_file = directory / "tokens"
     tokens_file.write_text(

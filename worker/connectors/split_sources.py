@@ -233,20 +233,10 @@ def _split_evenly(total: int, parts: int) -> list[int | None]:
 # Generator
 # ---------------------------------------------------------------------------------------------
 
-_C1 = 0xFF51AFD7ED558CCD
-_C2 = 0xC4CEB93FE53EC4CE
 
-
-def _fmix64_array(h: pa.Array) -> pa.Array:
-    s33 = pa.scalar(33, _U64)
-    h = pc.bit_wise_xor(h, pc.shift_right(h, s33))
-    h = pc.multiply(h, pa.scalar(_C1, _U64))
-    h = pc.bit_wise_xor(h, pc.shift_right(h, s33))
-    h = pc.multiply(h, pa.scalar(_C2, _U64))
-    return pc.bit_wise_xor(h, pc.shift_right(h, s33))
-
-
-def _split_base(seed: int, split_id: int) -> int:
+def split_base(seed: int, split_id: int) -> int:
+    """Where record 0 of split ``split_id`` starts in the 64-bit hash space of ``seed``: a
+    replayable source's record ``i`` of the split is a pure function of ``base + i``."""
     return kgs.fmix64((seed * _GOLDEN + split_id) & _MASK64) * _GOLDEN & _MASK64
 
 
@@ -310,7 +300,7 @@ class GeneratorSource(SplitSource):
 
     def record(self, split_id: int, i: int) -> dict[str, int]:
         """Record ``i`` of split ``split_id`` (the scalar definition of the generator)."""
-        h = kgs.fmix64((_split_base(self.seed, split_id) + i) & _MASK64)
+        h = kgs.fmix64((split_base(self.seed, split_id) + i) & _MASK64)
         jitter = (h >> 16) % (self.max_out_of_orderness_ms + 1)
         return {
             "key": h % self.num_keys,
@@ -323,8 +313,8 @@ class GeneratorSource(SplitSource):
             return pa.RecordBatch.from_arrays([pa.array([], _I64)] * 3, schema=GENERATOR_SCHEMA)
         rel = arange(n)
         idx = pc.add(rel, pa.scalar(start, _I64)) if start else rel
-        base = (_split_base(self.seed, split_id) + start) & _MASK64
-        h = _fmix64_array(pc.add(pc.cast(rel, _U64), pa.scalar(base, _U64)))
+        base = (split_base(self.seed, split_id) + start) & _MASK64
+        h = kgs.fmix64_array(pc.add(pc.cast(rel, _U64), pa.scalar(base, _U64)))
         key = pc.cast(pc.modulo(h, pa.scalar(self.num_keys, _U64)), _I64)
         value = pc.cast(
             pc.modulo(pc.shift_right(h, pa.scalar(32, _U64)), pa.scalar(self.value_range, _U64)),

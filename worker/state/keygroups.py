@@ -285,7 +285,8 @@ class _PowerTables:
 _TABLES = _PowerTables()
 
 
-def _fmix64_array(h: pa.Array) -> pa.Array:
+def fmix64_array(h: pa.Array) -> pa.Array:
+    """Vectorised :func:`fmix64` over a uint64 array (Arrow kernels, wrapping multiply)."""
     h = pc.bit_wise_xor(h, pc.shift_right(h, _S33))
     h = pc.multiply(h, _SC1)
     h = pc.bit_wise_xor(h, pc.shift_right(h, _S33))
@@ -408,7 +409,7 @@ def _has_kernel(t: pa.DataType) -> bool:
 def key_groups_for_hashes(hashes: pa.Array, max_parallelism: int) -> pa.Int32Array:
     """Vectorised :func:`key_group_for_hash` over a uint64 array of hash codes."""
     check_max_parallelism(max_parallelism)
-    mixed = _fmix64_array(hashes)
+    mixed = fmix64_array(hashes)
     if max_parallelism & (max_parallelism - 1) == 0:
         groups = pc.bit_wise_and(mixed, pa.scalar(max_parallelism - 1, _U64))
     else:
