@@ -158,7 +158,8 @@ def test_progress_line_on_stderr(spark: Any, tmp_path: Path, capfd: Any) -> None
 
 @pytest.mark.spark
 def test_restarts_are_bounded_by_the_restart_strategy(spark: Any, tmp_path: Path) -> None:
-    always = FailAt(how="raise", attempts=(1, 2, 3))  # every deployment, at once
+    # every subtask of every deployment, on its first batch
+    always = FailAt(how="raise", subtask=None, attempts=(1, 2, 3))
     p = _pipeline(tmp_path / "out", tmp_path / "cp", crash=always)
     p.restart_strategy(FixedDelay(attempts=1, delay_s=0))
     with pytest.raises(JobFailedError, match="injected failure in deployment 2") as failed:
@@ -167,8 +168,8 @@ def test_restarts_are_bounded_by_the_restart_strategy(spark: Any, tmp_path: Path
     assert result.state is JobStatus.FAILED
     assert result.restarts == 1 and result.stage_attempts == 2
     assert "allows no more restarts after 1" in result.failure
-    # Each deployment fails on its first batch, so nothing can be committed; a checkpoint may
-    # still complete before that batch on a loaded machine (it covers no records).
+    # Every subtask fails on its first batch, so nothing can be committed; a checkpoint may
+    # still complete before the first batches on a loaded machine (it covers no records).
     assert read_committed(tmp_path / "out").num_rows == 0
 
 

@@ -2,7 +2,7 @@
 
 For the demo, the benchmarks, the tests and chaos suites (in the spirit of bytewax's
 deterministic failure injection): put :class:`FailAt` anywhere in a pipeline (typically chained
-behind the source) and it fails exactly one chosen subtask at an exactly specified point.
+behind the source) and it fails one chosen subtask (or every subtask) at an exactly specified point.
 
 Contract
 --------
@@ -11,7 +11,7 @@ checked on every batch, after counting it, and fires in the first batch for whic
 
 * the deployment attempt (``OperatorContext.attempt``; the first deployment is 1) is one of
   ``attempts``;
-* the subtask index is ``subtask``;
+* the subtask index is ``subtask`` (``None``: every subtask);
 * at least ``after_records`` records reached this operator since it was opened in this
   deployment (the batch that reaches the count fires; none of its records is emitted);
 * at least ``after_checkpoints`` checkpoints completed (``notify_checkpoint_complete``) since it
@@ -64,7 +64,7 @@ class FailAt(Operator):
         self,
         *,
         how: How = "raise",
-        subtask: int = 0,
+        subtask: int | None = 0,
         attempts: tuple[int, ...] = (1,),
         after_records: int = 0,
         after_checkpoints: int = 0,
@@ -74,7 +74,7 @@ class FailAt(Operator):
     ) -> None:
         if how not in ("exit", "raise"):
             raise InvalidArgumentError(f"how must be 'exit' or 'raise', got {how!r}")
-        if min(subtask, after_records, after_checkpoints) < 0 or after_s < 0:
+        if min(subtask or 0, after_records, after_checkpoints) < 0 or after_s < 0:
             raise InvalidArgumentError("subtask, after_records, after_checkpoints, after_s: >= 0")
         self.how = how
         self.subtask = subtask
@@ -127,7 +127,7 @@ class FailAt(Operator):
         ctx = self._context()
         return (
             ctx.attempt in self.attempts
-            and ctx.subtask_index == self.subtask
+            and (self.subtask is None or ctx.subtask_index == self.subtask)
             and self._records >= self.after_records
             and self._checkpoints >= self.after_checkpoints
             and time.monotonic() - self._opened >= self.after_s
