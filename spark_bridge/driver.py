@@ -232,6 +232,17 @@ def _rpc_error(error: grpc.RpcError, what: str) -> SnapflowError:
     return cls(f"{what}: {details} ({code.name if code else 'no status'})")
 
 
+def agent_security(driver: SecuritySettings) -> SecuritySettings:
+    """The settings the driver hands to its executors' agents. With a client certificate
+    (mutual TLS) the agents authenticate by it, as the service identity, and do not get the
+    driver's token file: a bearer token decides over a certificate (docs/security.md), and the
+    submitter's token (operator) lacks the service role; its file need not exist on the
+    executors either. Without a certificate the token is the agents' only credential."""
+    if driver.tls_cert_file:
+        return driver.replace(token_file="")
+    return driver
+
+
 class CoordinatorClient:
     """A synchronous client of the coordinator (the driver's side): thread-safe."""
 
@@ -551,7 +562,7 @@ class JobHandle:
             source_batch_records=o.source_batch_records,
             log_level=o.executor_log_level,
             startup_barrier=o.startup_barrier,
-            security=self._client.security,
+            security=agent_security(self._client.security),
         )
         rdd = (
             sc.parallelize(range(self.slots), self.slots)

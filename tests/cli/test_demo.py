@@ -32,6 +32,7 @@ import structlog
 from kit.coordinator import is_serving
 from kit.polling import wait_until
 from kit.sources import src_ctx as _src_ctx
+from kit.tls import SERVICE_NAME, make_pki
 from pyspark import cloudpickle
 
 from snapflow.cli import demo
@@ -345,11 +346,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.parametrize("secure", [False, True], ids=["plaintext", "mtls-and-tokens"])
 def test_demo_on_a_standalone_spark_cluster_with_a_coordinator_service(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, redis_url: str, secure: bool
 ) -> None:
     """The compose cluster's setup on one machine: a standalone master and worker from the
-    pip-installed pyspark, the coordinator as a service, the demo as the submitting driver."""
+    pip-installed pyspark, the coordinator as a service, the demo as the submitting driver.
+
+    ``secure``: every hop with mutual TLS (the coordinator, the agents' control and data
+    servers inside the executors, the driver), the driver submitting with an operator token and
+    the agents calling as the service identity of their certificate: the settings reach the
+    demo, and through it the executors, only as ``SNAPFLOW_*`` environment variables."""
     spark_class = Path(sys.executable).parent / "spark-class"
     if not spark_class.is_file():
         pytest.skip(f"{spark_class} is missing: pyspark's launcher scripts are not installed")
@@ -362,6 +369,26 @@ def test_demo_on_a_standalone_spark_cluster_with_a_coordinator_service(
         "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
         "SPARK_WORKER_DIR": str(tmp_path / "spark-work"),
     }
+    coordinator_security: list[str] = []
+    driver_env: dict[str, str] = {}
+    if secure:
+        pki = make_pki(tmp_path / "pki")
+        coordinator_security = [
+            "--tls-cert-file", str(pki.service_cert), "--tls-key-file", str(pki.service_key),
+            "--tls-ca-file", str(pki.ca), "--tls-client-ca-file", str(pki.ca),
+            "--auth-tokens-file", str(pki.tokens_file),
+            "--auth-identities", f"{SERVICE_NAME}=service",
+        ]  # fmt: skip
+        # The driver's settings, for the demo process only (each compose service has its own).
+        driver_env.update(
+            SNAPFLOW_TLS_CA_FILE=str(pki.ca),
+            SNAPFLOW_TLS_CERT_FILE=str(pki.service_cert),
+            SNAPFLOW_TLS_KEY_FILE=str(pki.service_key),
+            SNAPFLOW_TLS_CLIENT_CA_FILE=str(pki.ca),
+            SNAPFLOW_AUTH_IDENTITIES=f"{SERVICE_NAME}=service",
+            SNAPFLOW_AUTH_TOKENS_FILE=str(pki.tokens_file),
+            SNAPFLOW_TOKEN_FILE=str(pki.token_file("operator")),
+        )
     master_port, coordinator_port = _free_port(), _free_port()
     logs = {name: tmp_path / f"{name}.log" for name in ("master", "worker", "coordinator")}
     procs: list[subprocess.Popen[bytes]] = []
@@ -383,7 +410,8 @@ def test_demo_on_a_standalone_spark_cluster_with_a_coordinator_service(
             "coordinator",
             [sys.executable, "-m", "snapflow.cli", "coordinator", "--host", "127.0.0.1",
              "--port", str(coordinator_port), "--metrics-port", "-1", "--redis-url", redis_url,
-             "--storage-root", str(tmp_path / "coordinator-root"), "--log-format", "json"],
+             "--storage-root", str(tmp_path / "coordinator-root"), "--log-format", "json",
+             *coordinator_security],
         )  # fmt: skip
         wait_until(
             lambda: _log_has(logs["master"], "New state: ALIVE"),
@@ -400,7 +428,7 @@ def test_demo_on_a_standalone_spark_cluster_with_a_coordinator_service(
         )  # fmt: skip
         address = f"127.0.0.1:{coordinator_port}"
         wait_until(
-            lambda: is_serving(address),
+            lambda: is_serving(address, pki.client(cert="service") if secure else None),
             "the coordinator serving",
             timeout_s=30,
             interval_s=0.2,
@@ -411,7 +439,7 @@ def test_demo_on_a_standalone_spark_cluster_with_a_coordinator_service(
             [sys.executable, "-m", "snapflow.cli", "demo", "--coordinator", address,
              "--spark-master", master_url, "--records", "small",
              "--data-dir", str(tmp_path / "demo")],
-            env={**env, "COLUMNS": "160"},
+            env={**env, **driver_env, "COLUMNS": "160"},
             capture_output=True,
             text=True,
             timeout=180,

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from snapflow.coordinator.embedded import local_settings
 from snapflow.coordinator.server import Coordinator
-from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel
+from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel, sync_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -82,9 +82,10 @@ async def submit(
     return str(response.job.job_id)
 
 
-def is_serving(address: str) -> bool:
-    """Whether the gRPC health service at ``address`` answers SERVING (False while unreachable)."""
-    with grpc.insecure_channel(address) as channel:
+def is_serving(address: str, security: SecuritySettings | None = None) -> bool:
+    """Whether the gRPC health service at ``address`` answers SERVING (False while unreachable);
+    ``security``: the client's TLS settings for a TLS server."""
+    with sync_channel(address, security or PLAINTEXT) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=1
