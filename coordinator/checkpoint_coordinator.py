@@ -18,7 +18,8 @@ Recovery contract (what the shell relies on):
 * Completion is two-step because the metadata and the Redis commit are I/O: the last ack yields
   ``FinalizeCheckpoint``; only after the shell wrote ``_metadata`` and committed the record does
   it call ``on_checkpoint_committed``, which yields ``NotifyComplete``. A failed finalisation is
-  reported with ``on_finalize_failed`` and aborts the checkpoint (not counted, as in Flink).
+  reported with ``on_finalize_failed`` and aborts the checkpoint; it counts as a failure, as
+  Flink's ``FINALIZE_CHECKPOINT_FAILURE`` does.
 
 Where this differs from Flink on purpose, and which Flink version it follows:
 ``docs/flink-differences.md``.
@@ -267,13 +268,16 @@ class PendingCheckpoint:
 
 
 class FailureManager:
-    """Flink's CheckpointFailureManager (1.16+): counts consecutive real checkpoint failures.
+    """Flink's CheckpointFailureManager (as in 1.18 and 1.20): counts consecutive failures.
 
-    Counted: failures of checkpoints (never savepoints) whose reason counts (expired, declined
-    for a reason of their own, trigger I/O error or trigger expiry), each checkpoint id at most
-    once, and only ids newer than the last success; a failure without an id (the trigger never
-    got one) always counts. A success newer than every earlier one clears the count, failures
-    of newer checkpoints still in flight included, as Flink's ``clearCount`` does.
+    Counted: failures whose reason counts (expired, declined for a reason of its own,
+    finalisation failed, trigger I/O error or trigger expiry), each checkpoint id at most once
+    between two successes, and only ids newer than the last success; a failure without an id
+    (the trigger never got one) always counts. Savepoints count only when a task declined an
+    intermediate savepoint (Flink's task-level failure; a savepoint's expiry or trigger failure
+    is job-level and never counts, a declined stop-with-savepoint: see the coordinator). A
+    success newer than every earlier one clears the count and the remembered ids, failures of
+    newer checkpoints still in flight included (Flink's ``handleCheckpointSuccess``).
     """
 
     def __init__(self, tolerable: int | None) -> None:
@@ -283,16 +287,23 @@ class FailureManager:
         self._counted: set[int] = set()
 
     def on_failure(
-        self, checkpoint_id: int | None, kind: CheckpointKind, reason: AbortReason | TriggerRefusal
+        self,
+        checkpoint_id: int | None,
+        kind: CheckpointKind,
+        reason: AbortReason | TriggerRefusal,
+        declined_by_task: bool = False,
     ) -> bool:
-        """Record a failure (``checkpoint_id`` None: no id yet); True when the job must fail."""
+        """Record a failure (``checkpoint_id`` None: no id yet; ``declined_by_task``: a task's
+        decline, Flink's task-level failure); True when the job must fail."""
         counts = (
             reason in COUNTED_TRIGGER_FAILURES
             if isinstance(reason, TriggerRefusal)
             else reason.counts_as_failure
         )
-        if kind.is_savepoint or not counts:
+        if not counts:
             return False
+        if kind.is_savepoint and (kind.is_synchronous or not declined_by_task):
+            return False  # job-level savepoint failures; stop-with-savepoint: never counted
         if checkpoint_id is not None:
             if checkpoint_id <= self.last_succeeded_id or checkpoint_id in self._counted:
                 return False
@@ -305,8 +316,7 @@ class FailureManager:
             return  # an older success changes nothing (Flink)
         self.last_succeeded_id = checkpoint_id
         self.consecutive_failures = 0
-        # Newer ids stay remembered, so a checkpoint never counts twice.
-        self._counted = {i for i in self._counted if i > checkpoint_id}
+        self._counted.clear()  # Flink's clearCount
 
 
 class CheckpointCoordinator:
@@ -517,9 +527,15 @@ class CheckpointCoordinator:
 
     def is_forced(self, request: TriggerRequest) -> bool:
         """Forced past max concurrent: savepoints, unless unaligned checkpoints are on (Flink's
-        ``forSavepoint(!unalignedCheckpointsEnabled, ...)``): an aligned savepoint's barriers
-        would overtake nothing but abort the unaligned checkpoint in flight on every task."""
-        return request.kind.is_savepoint and self.config.mode is not CheckpointMode.UNALIGNED
+        ``forSavepoint(!unalignedCheckpointsEnabled, ...)``), which here means ``UNALIGNED`` and
+        also ``ALIGNED`` with an aligned timeout (Flink's unaligned checkpoints with
+        ``aligned-checkpoint-timeout``): the savepoint's barriers would abort the checkpoint in
+        flight on every task, and that checkpoint may be unaligned already."""
+        unaligned_enabled = (
+            self.config.mode is CheckpointMode.UNALIGNED
+            or self.config.aligned_checkpoint_timeout_ms > 0
+        )
+        return request.kind.is_savepoint and not unaligned_enabled
 
     def _start_next(self, now_ms: int) -> list[Action]:
         """Flink's ``chooseRequestToExecute``, looped: the head of the queue starts, waits, or
@@ -658,14 +674,18 @@ class CheckpointCoordinator:
     def on_tasks_running(self, now_ms: int) -> list[Action]:
         """Every task runs: start the periodic scheduler with a random first delay."""
         if self.config.interval_ms > 0 and not self.shutdown and not self.stopping_with_savepoint:
+            # Flink's getRandomInitDelay: uniform in [min pause, base interval].
             low = self.config.min_pause_ms
-            high = max(low, self.config.interval_ms)
-            self.next_periodic_ms = now_ms + self.rng.randint(low, high)
+            self.next_periodic_ms = now_ms + self.rng.randint(low, self._base_interval())
         return self._start_next(now_ms)
 
     def _schedule_periodic(self, now_ms: int) -> None:
         if self.config.interval_ms > 0 and not self.shutdown and self.tasks.all_running():
-            self.next_periodic_ms = now_ms + self.config.interval_ms
+            self.next_periodic_ms = now_ms + self._base_interval()
+
+    def _base_interval(self) -> int:
+        """Flink's ``baseInterval``: the period, never shorter than the minimum pause."""
+        return max(self.config.interval_ms, self.config.min_pause_ms)
 
     def on_tick(self, now_ms: int) -> list[Action]:
         actions: list[Action] = []
@@ -679,7 +699,11 @@ class CheckpointCoordinator:
         if self.triggering_deadline_ms is not None and now_ms >= self.triggering_deadline_ms:
             actions.extend(self._expire_triggering(now_ms))
         if self.next_periodic_ms is not None and now_ms >= self.next_periodic_ms:
-            self.next_periodic_ms = now_ms + self.config.interval_ms
+            # Fixed rate from the scheduled time, as Flink's timer; periods that a late tick
+            # missed are skipped rather than fired back to back.
+            period = self._base_interval()
+            missed = (now_ms - self.next_periodic_ms) // period
+            self.next_periodic_ms += (missed + 1) * period
             actions.extend(
                 self.request(TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True), now_ms)
             )
@@ -785,6 +809,7 @@ class CheckpointCoordinator:
             abort_reason_for_decline(reason),
             f"declined by {attempt}: {message}",
             now_ms,
+            declined_by_task=True,
         )
         return actions + self._start_next(now_ms)
 
@@ -889,6 +914,7 @@ class CheckpointCoordinator:
         message: str,
         now_ms: int,
         count_failure: bool = True,
+        declined_by_task: bool = False,
     ) -> list[Action]:
         del self.pending[p.checkpoint_id]
         self._recently_ended.append(p.checkpoint_id)
@@ -914,7 +940,9 @@ class CheckpointCoordinator:
             # A failed stop-with-savepoint leaves the job running; resume periodic checkpoints.
             self.stopping_with_savepoint = False
             self._schedule_periodic(now_ms)
-        if count_failure and self.failure_manager.on_failure(p.checkpoint_id, p.kind, reason):
+        if count_failure and self.failure_manager.on_failure(
+            p.checkpoint_id, p.kind, reason, declined_by_task
+        ):
             actions.extend(
                 self._fail_job(f"checkpoint {p.checkpoint_id} {reason.name}: {message}", now_ms)
             )

@@ -74,10 +74,10 @@ class AbortReason(enum.Enum):
 
     @property
     def counts_as_failure(self) -> bool:
-        # Flink's CheckpointFailureManager counts only CHECKPOINT_EXPIRED, CHECKPOINT_DECLINED,
-        # CHECKPOINT_ASYNC_EXCEPTION and IO_EXCEPTION: not subsumption, shutdown, failover, and
-        # not FINALIZE_CHECKPOINT_FAILURE.
-        return self in (AbortReason.EXPIRED, AbortReason.DECLINED)
+        # Flink's CheckpointFailureManager.checkFailureCounter counts CHECKPOINT_EXPIRED,
+        # CHECKPOINT_DECLINED, CHECKPOINT_ASYNC_EXCEPTION, IO_EXCEPTION and
+        # FINALIZE_CHECKPOINT_FAILURE (1.18, 1.20): not subsumption, shutdown or failover.
+        return self in (AbortReason.EXPIRED, AbortReason.DECLINED, AbortReason.FINALIZE_FAILED)
 
 
 class AckResult(enum.Enum):

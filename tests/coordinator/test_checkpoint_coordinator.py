@@ -391,20 +391,21 @@ def test_unlimited_tolerable_failures() -> None:
 
 
 def test_failure_manager_counts_each_checkpoint_once_and_ignores_older_than_success() -> None:
-    """CheckpointFailureManagerTest: only EXPIRED, DECLINED and trigger I/O failures (Flink's
-    CHECKPOINT_EXPIRED, CHECKPOINT_DECLINED, IO_EXCEPTION) count, each id once, never a
-    savepoint's, never finalisation (FINALIZE_CHECKPOINT_FAILURE is ignored in Flink)."""
-    fm = FailureManager(tolerable=2)
+    """Counted reasons and ids: EXPIRED, DECLINED, FINALIZE_FAILED and trigger I/O failures
+    (Flink's CHECKPOINT_EXPIRED, CHECKPOINT_DECLINED, FINALIZE_CHECKPOINT_FAILURE, IO_EXCEPTION)
+    count, each id once; subsumption, task failures and pre-flight refusals do not."""
+    fm = FailureManager(tolerable=3)
     assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False
     assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.DECLINED) is False  # same id
     assert fm.consecutive_failures == 1
     assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.SUBSUMED) is False  # not counted
     assert fm.on_failure(6, CheckpointKind.SAVEPOINT, AbortReason.EXPIRED) is False  # savepoint
     assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.TASK_FAILURE) is False
-    assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.FINALIZE_FAILED) is False
     refusal = TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS
     assert fm.on_failure(None, CheckpointKind.CHECKPOINT, refusal) is False
     assert fm.consecutive_failures == 1
+    assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.FINALIZE_FAILED) is False
+    assert fm.consecutive_failures == 2
     fm.on_success(7)
     assert fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is False  # older
     assert fm.consecutive_failures == 0
@@ -412,8 +413,73 @@ def test_failure_manager_counts_each_checkpoint_once_and_ignores_older_than_succ
     io = TriggerRefusal.IO_EXCEPTION
     assert fm.on_failure(None, CheckpointKind.SAVEPOINT, io) is False
     assert fm.on_failure(None, CheckpointKind.CHECKPOINT, io) is False  # no id: always counts
-    assert fm.consecutive_failures == 2
+    assert fm.on_failure(None, CheckpointKind.CHECKPOINT, io) is False
+    assert fm.consecutive_failures == 3
     assert fm.on_failure(10, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED) is True
+
+
+def _flink_fm_sequence(fm: FailureManager, events: list[tuple[str, int]]) -> int:
+    """Feed ("fail REASON" | "ok", id) events; return how often the job would have failed."""
+    failed = 0
+    for event, cid in events:
+        if event == "ok":
+            fm.on_success(cid)
+        elif fm.on_failure(cid, CheckpointKind.CHECKPOINT, AbortReason[event]):
+            failed += 1
+    return failed
+
+
+def test_flink_failure_manager_scenarios() -> None:
+    """CheckpointFailureManagerTest (Flink 1.18 and 1.20), with a tolerance of 2; Flink's
+    ignored JOB_FAILOVER_REGION is our TASK_FAILURE, its IO_EXCEPTION of a pending checkpoint
+    our DECLINED (both count)."""
+    # testIgnoresPastCheckpoints: 1, 2 expire; 2 succeeds; 1 again (older); 3, 4 expire: no failure.
+    events = [("EXPIRED", 1), ("EXPIRED", 2), ("ok", 2)]
+    events += [("EXPIRED", 1), ("EXPIRED", 3), ("EXPIRED", 4)]
+    assert _flink_fm_sequence(FailureManager(2), events) == 0
+    # testContinuousFailure: declined 1, 2, (failover 3 ignored), declined 4: the job fails once.
+    events = [("DECLINED", 1), ("DECLINED", 2), ("TASK_FAILURE", 3), ("DECLINED", 4)]
+    assert _flink_fm_sequence(FailureManager(2), events) == 1
+    # testBreakContinuousFailure: 1, 2 fail, 3 ignored, 4 succeeds, 5 expires: no failure.
+    events = [("DECLINED", 1), ("DECLINED", 2), ("TASK_FAILURE", 3), ("ok", 4), ("EXPIRED", 5)]
+    assert _flink_fm_sequence(FailureManager(2), events) == 0
+    # testIgnoreOneCheckpointRepeatedlyCountMultiTimes: 2 declined twice counts once.
+    events = [("DECLINED", 1), ("DECLINED", 2), ("TASK_FAILURE", 3), ("DECLINED", 2)]
+    assert _flink_fm_sequence(FailureManager(2), events) == 0
+
+
+def test_flink_failure_manager_total_count_value() -> None:
+    """CheckpointFailureManagerTest.testTotalCountValue: with no failure tolerated, exactly
+    Flink's counted reasons fail the job (each reported under a fresh id here)."""
+    counted = set()
+    for i, reason in enumerate(AbortReason, start=1):
+        if FailureManager(0).on_failure(i, CheckpointKind.CHECKPOINT, reason):
+            counted.add(reason)
+    assert counted == {AbortReason.EXPIRED, AbortReason.DECLINED, AbortReason.FINALIZE_FAILED}
+    refused = {
+        r
+        for r in TriggerRefusal
+        if FailureManager(0).on_failure(None, CheckpointKind.CHECKPOINT, r)
+    }
+    assert refused == {TriggerRefusal.IO_EXCEPTION, TriggerRefusal.CHECKPOINT_EXPIRED}
+
+
+def test_savepoint_failures_count_only_when_a_task_declines_an_intermediate_savepoint() -> None:
+    """CheckpointFailureManager.handleTaskLevelCheckpointException: a task's decline of a
+    savepoint counts (failover may help); job-level savepoint failures (expiry, trigger I/O,
+    finalisation) never count. A declined stop-with-savepoint: docs/flink-differences.md."""
+    h = Harness(tolerable_failures=0, timeout_ms=100)
+    h.trigger(1, 0, CheckpointKind.SAVEPOINT)
+    assert [type(a) for a in h.step(h.cc.on_tick(100))] == [CheckpointAborted, NotifyAborted]
+    stop = h.trigger(2, 200, CheckpointKind.SAVEPOINT_SUSPEND)
+    actions = h.step(h.cc.on_decline(SRC0, 2, "snapshot failed", 210))
+    assert [a.request for a in actions if isinstance(a, CheckpointAborted)] == [stop]
+    assert not any(isinstance(a, FailJob) for a in actions)
+    h.trigger(3, 300, CheckpointKind.SAVEPOINT)
+    actions = h.step(h.cc.on_decline(SRC0, 3, "snapshot failed", 310))
+    assert isinstance(actions[-1], FailJob)
+    assert "1 consecutive failures > 0 tolerable" in actions[-1].message
+    assert h.cc.job_failed
 
 
 def test_a_success_clears_the_count_of_newer_failures_too() -> None:
@@ -424,11 +490,13 @@ def test_a_success_clears_the_count_of_newer_failures_too() -> None:
     fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED)
     fm.on_success(4)
     assert fm.consecutive_failures == 0
+    # clearCount forgets the counted ids too: 5 failing again (a second report) counts again
     assert fm.on_failure(5, CheckpointKind.CHECKPOINT, AbortReason.DECLINED) is False
-    assert fm.consecutive_failures == 0  # 5 was counted once already
+    assert fm.consecutive_failures == 1
+    fm.on_success(5)
     fm.on_failure(6, CheckpointKind.CHECKPOINT, AbortReason.EXPIRED)
     fm.on_success(2)  # older than the last success: changes nothing
-    assert (fm.consecutive_failures, fm.last_succeeded_id) == (1, 4)
+    assert (fm.consecutive_failures, fm.last_succeeded_id) == (1, 5)
 
 
 def test_declined_6_success_5_expired_7_with_a_tolerance_of_1_keeps_the_job() -> None:
@@ -548,7 +616,9 @@ def test_task_failure_aborts_pending_without_counting_and_refuses_queue() -> Non
     assert h.cc.failure_manager.consecutive_failures == 0
 
 
-def test_finalize_failure_aborts_and_is_not_counted() -> None:
+def test_finalize_failure_aborts_and_counts() -> None:
+    """Flink counts FINALIZE_CHECKPOINT_FAILURE (CheckpointFailureManager.checkFailureCounter,
+    FLINK-32347)."""
     h = Harness(tolerable_failures=1)
     req = h.trigger(1, 0)
     for a in ALL:
@@ -570,7 +640,20 @@ def test_finalize_failure_aborts_and_is_not_counted() -> None:
         ),
         NotifyAborted(1, ALL, AbortReason.FINALIZE_FAILED),
     ]
-    assert h.cc.failure_manager.consecutive_failures == 0  # FINALIZE_CHECKPOINT_FAILURE in Flink
+    assert h.cc.failure_manager.consecutive_failures == 1
+
+
+def test_flink_failure_to_store_a_completed_checkpoint_fails_the_job() -> None:
+    """CheckpointCoordinatorTest.testExceptionInStoringCompletedCheckpointIsReportedToFailure
+    Manager: with no failure tolerated, a checkpoint whose commit fails fails the job."""
+    h = Harness(tolerable_failures=0)
+    req = h.trigger(1, 0)
+    for a in ALL:
+        h.ack(a, 1, 1)
+    actions = h.step(h.cc.on_finalize_failed(1, "commit failed", 2))
+    assert [type(a) for a in actions] == [CheckpointAborted, NotifyAborted, FailJob]
+    assert actions[0].request is req and actions[0].reason is AbortReason.FINALIZE_FAILED
+    assert h.cc.job_failed
 
 
 def test_id_allocation_failure_refuses_counts_and_continues_with_queue() -> None:
@@ -749,7 +832,7 @@ def test_random_event_sequences_keep_invariants(seed: int) -> None:
             break
 
 
-# --- Flink's scenarios, ported (Flink 1.18: CheckpointRequestDecider, CheckpointCoordinator) ---
+# --- Flink's scenarios, ported (Flink 1.18 and 1.20: CheckpointRequestDecider, Coordinator) ---
 
 
 def test_savepoint_with_unaligned_checkpoints_queues_at_max_concurrent() -> None:
@@ -782,13 +865,51 @@ def test_savepoint_is_forced_only_without_unaligned_checkpoints() -> None:
     sp = TriggerRequest(1, CheckpointKind.SAVEPOINT)
     stop = TriggerRequest(2, CheckpointKind.SAVEPOINT_SUSPEND)
     manual = TriggerRequest(3, CheckpointKind.CHECKPOINT)
-    for mode, forced in [
-        (CheckpointMode.ALIGNED, True),
-        (CheckpointMode.AT_LEAST_ONCE, True),
-        (CheckpointMode.UNALIGNED, False),
+    for mode, aligned_timeout, forced in [
+        (CheckpointMode.ALIGNED, 0, True),
+        (CheckpointMode.AT_LEAST_ONCE, 0, True),
+        (CheckpointMode.UNALIGNED, 0, False),
+        # Flink's aligned-with-timeout is unaligned checkpoints enabled: savepoints not forced
+        (CheckpointMode.ALIGNED, 100, False),
     ]:
-        cc = Harness(mode=mode).cc
+        cc = Harness(mode=mode, aligned_checkpoint_timeout_ms=aligned_timeout).cc
         assert [cc.is_forced(r) for r in (sp, stop, manual)] == [forced, forced, False]
+
+
+def test_savepoint_with_aligned_timeout_queues_behind_the_checkpoint_in_flight() -> None:
+    h = Harness(aligned_checkpoint_timeout_ms=100, max_concurrent=1)
+    r1 = h.trigger(1, 0)
+    sp, actions = h.manual(1, CheckpointKind.SAVEPOINT, "/sp")
+    assert actions == [] and list(h.cc.queue) == [sp]
+    cp, actions = h.complete(1, 10)
+    assert actions == [
+        CheckpointCompleted(cp, r1, ()),
+        NotifyComplete(1, ALL),
+        AllocateCheckpointId(sp),
+    ]
+    send = h.allocate(sp, 2, 11)[1]
+    assert isinstance(send, SendTrigger)
+    assert send.options == BarrierOptions(
+        CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-2"
+    )
+
+
+def test_periodic_period_is_at_least_the_minimum_pause_at_a_fixed_rate() -> None:
+    """Flink's CheckpointCoordinator: ``baseInterval = max(interval, minPause)``, the first
+    delay uniform in [min pause, base interval], then a fixed rate from the scheduled time."""
+    h = Harness(interval_ms=100, min_pause_ms=300)
+    h.cc.on_tasks_running(now_ms=0)
+    first = random.Random(7).randint(300, 300)
+    assert h.cc.next_periodic_ms == first == 300
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    assert h.step(h.cc.on_tick(310)) == [AllocateCheckpointId(periodic)]
+    assert h.cc.next_periodic_ms == 600  # the scheduled time + 300, not the tick's
+    # A tick that comes late by more than a period skips the missed one.
+    assert h.cc.triggering is not None
+    h.allocate(h.cc.triggering, 1, 311)
+    h.complete(1, 320)
+    assert h.step(h.cc.on_tick(1250)) == [AllocateCheckpointId(periodic)]
+    assert h.cc.next_periodic_ms == 1500
 
 
 def test_non_forced_savepoint_ignores_the_minimum_pause() -> None:

@@ -102,8 +102,9 @@ Behaviours of ``AtLeastOnceBarrierTracker`` (Flink's CheckpointBarrierTracker)
    open channel: ``TriggerSnapshot(n, unaligned=False)`` then ``CheckpointCompleteOnInput(n)``;
    tracked checkpoints older than n are dropped silently, as in Flink (the coordinator subsumes
    them when n completes). End of partition can complete several tracked checkpoints at once:
-   each is triggered, in ascending order. A barrier of an id that is neither tracked nor newer
-   than every id seen so far is ignored (already completed, dropped or evicted). A cancel marker
+   as in Flink, only the newest of them is triggered (unless it was aborted) and every older
+   one is dropped silently. A barrier of an id that is neither tracked nor newer than every id
+   seen so far is ignored (already completed, dropped or evicted). A cancel marker
    for m first aborts every tracked checkpoint older than m not aborted yet, in ascending order,
    and forgets them; then it yields ``AbortCheckpoint(m, CANCELED_BY_MARKER)`` once (if m is
    tracked or newer than every id seen; a marker of an older, untracked id aborts only the
@@ -732,29 +733,29 @@ class AtLeastOnceBarrierTracker(BarrierHandler):
         return t
 
     def _settle(self, now_ms: int) -> list[Action]:
-        """Trigger every checkpoint whose barriers all arrived; drop older ones silently."""
+        """Trigger the newest checkpoint whose barriers all arrived (unless aborted) and drop
+        every older one silently, complete or not: Flink's ``processBarrier`` and
+        ``checkAlignmentOnEndOfPartitionIfEnabled`` (an end of partition can complete several
+        at once; only the newest triggers)."""
         complete = [cid for cid, t in self._pending.items() if self._open <= t.arrived]
         if not complete:
             return []
         newest = complete[-1]
-        actions: list[Action] = []
-        for cid in [i for i in self._pending if i <= newest]:
-            t = self._pending.pop(cid)
-            if t.aborted or cid not in complete:
-                continue
-            assert t.barrier is not None
-            actions.append(
-                TriggerSnapshot(
-                    cid,
-                    t.barrier.timestamp_ms,
-                    t.barrier.options,
-                    unaligned=False,
-                    alignment_duration_ms=max(0, now_ms - t.first_arrival_ms),
-                    start_delay_ms=_start_delay_ms(t.barrier, t.first_arrival_ms),
-                )
-            )
-            actions.append(CheckpointCompleteOnInput(cid))
-        return actions
+        for cid in [i for i in self._pending if i < newest]:
+            del self._pending[cid]
+        t = self._pending.pop(newest)
+        if t.aborted:
+            return []
+        assert t.barrier is not None
+        trigger = TriggerSnapshot(
+            newest,
+            t.barrier.timestamp_ms,
+            t.barrier.options,
+            unaligned=False,
+            alignment_duration_ms=max(0, now_ms - t.first_arrival_ms),
+            start_delay_ms=_start_delay_ms(t.barrier, t.first_arrival_ms),
+        )
+        return [trigger, CheckpointCompleteOnInput(newest)]
 
     def _evict(self) -> list[Action]:
         actions: list[Action] = []

@@ -826,16 +826,16 @@ def test_at_least_once_end_of_partition_completes_pending_checkpoints() -> None:
     ]
 
 
-def test_at_least_once_end_of_partition_can_complete_several_at_once() -> None:
+def test_at_least_once_end_of_partition_completing_several_triggers_only_the_newest() -> None:
+    """Flink's checkAlignmentOnEndOfPartitionIfEnabled: the newest complete checkpoint is
+    triggered, the older complete one is dropped silently (the coordinator subsumes it)."""
     g = tracker(2)
     g.barrier(0, 1, now=1000)
     g.barrier(0, 2, now=1001)
-    assert g.eop(1, now=1004) == [
-        trigger(1, alignment=4),
-        CheckpointCompleteOnInput(1),
-        trigger(2, alignment=3, delay=1),
-        CheckpointCompleteOnInput(2),
-    ]
+    assert g.eop(1, now=1004) == [trigger(2, alignment=3, delay=1), CheckpointCompleteOnInput(2)]
+    assert isinstance(g.h, AtLeastOnceBarrierTracker)
+    assert g.h.pending_checkpoint_ids() == ()
+    assert g.barrier(0, 1, now=1005) == []  # older than the newest seen: ignored
 
 
 def test_at_least_once_end_of_partition_drops_older_incomplete_ones() -> None:
@@ -859,7 +859,7 @@ def test_at_least_once_ignores_closed_channels_and_all_ended() -> None:
     assert g.h.open_channels() == frozenset()
 
 
-# --- Flink's scenarios, ported (Flink 1.18 tests; the expected sequences are Flink's) --------
+# --- Flink's scenarios, ported (Flink 1.18 and 1.20 tests; the sequences are Flink's) ----
 
 
 def _outcomes(actions: list[Action]) -> list[int]:
@@ -923,6 +923,82 @@ def test_flink_tracker_multi_channel_skipping_checkpoints() -> None:
         *[("b", 4, 1), ("b", 4, 2), ("b", 4, 0)],
     ]
     assert _run(tracker(3), events) == [1, 3, 4]
+
+
+def _run_with_eop(
+    g: Gate, events: list[tuple[str, int, int]], options: BarrierOptions
+) -> list[int]:
+    """Like ``_run``, with ("e", 0, channel) for an end of partition."""
+    seen: list[int] = []
+    for now, (kind, cid, channel) in enumerate(events, start=1000):
+        if kind == "b":
+            seen += _outcomes(g.barrier(channel, cid, now=now, options=options))
+        elif kind == "c":
+            seen += _outcomes(g.cancel(channel, cid, now=now))
+        else:
+            seen += _outcomes(g.eop(channel, now=now))
+    return seen
+
+
+def test_flink_tracker_trigger_checkpoints_with_end_of_partition() -> None:
+    """CheckpointBarrierTrackerTest.testTriggerCheckpointsWithEndOfPartition: only 4 is
+    triggered, 5 stays tracked."""
+    events = [("b", 1, 0), ("b", 2, 0), ("b", 2, 1), ("b", 3, 0), ("b", 4, 0), ("b", 4, 1)]
+    events += [("b", 5, 1), ("e", 0, 2)]
+    g = tracker(3)
+    assert _run_with_eop(g, events, AT_LEAST_ONCE) == [4]
+    assert isinstance(g.h, AtLeastOnceBarrierTracker)
+    assert g.h.pending_checkpoint_ids() == (5,)
+    assert g.h.open_channels() == frozenset({0, 1})
+
+
+def test_flink_tracker_end_of_partition_scenarios() -> None:
+    """CheckpointBarrierTrackerTest: testDeduplicateChannelsWithBothBarrierAndEndOfPartition
+    (2), testTriggerCheckpointsAfterReceivedEndOfPartition (6, 7),
+    testCompleteAndRemoveAbortedCheckpointWithEndOfPartition (-4, 5 still tracked),
+    testAbortCheckpointsAfterEndOfPartitionReceived (-5, -6, -7),
+    testNoFastPathWithChannelFinishedDuringCheckpoints(Cancel) (1; -1)."""
+    g = tracker(3)
+    assert _run_with_eop(g, [("b", 2, 0), ("b", 2, 1), ("e", 0, 1)], AT_LEAST_ONCE) == []
+    assert _run_with_eop(g, [("b", 2, 2)], AT_LEAST_ONCE) == [2]
+    events = [("e", 0, 2), ("b", 5, 0), ("b", 6, 0), ("b", 6, 1), ("e", 0, 1), ("b", 7, 0)]
+    assert _run_with_eop(tracker(3), events, AT_LEAST_ONCE) == [6, 7]
+    g = tracker(3)
+    events = [("c", 4, 0), ("b", 4, 1), ("b", 5, 1), ("e", 0, 2)]
+    assert _run_with_eop(g, events, AT_LEAST_ONCE) == [-4]
+    assert isinstance(g.h, AtLeastOnceBarrierTracker)
+    assert g.h.pending_checkpoint_ids() == (5,)
+    events = [("e", 0, 2), ("b", 5, 0), ("b", 6, 0), ("c", 6, 1), ("e", 0, 1), ("c", 7, 0)]
+    assert _run_with_eop(tracker(3), events, AT_LEAST_ONCE) == [-5, -6, -7]
+    g = tracker(2)
+    assert _run_with_eop(g, [("b", 1, 0), ("e", 0, 0), ("b", 1, 1)], AT_LEAST_ONCE) == [1]
+    g = tracker(2)
+    assert _run_with_eop(g, [("b", 1, 0), ("e", 0, 0), ("c", 1, 1)], AT_LEAST_ONCE) == [-1]
+    assert isinstance(g.h, AtLeastOnceBarrierTracker)
+    assert g.h.pending_checkpoint_ids() == ()
+
+
+def test_flink_aligned_and_unaligned_end_of_partition_scenarios() -> None:
+    """AlignedCheckpointsTest and UnalignedCheckpointsTest: testTriggerCheckpointsWith
+    EndOfPartition (1), testDeduplicateChannelsWithBothBarrierAndEndOfPartition (2),
+    testTriggerCheckpointsAfterReceivedEndOfPartition (6, 7; unaligned: 3)."""
+    for options in (ALIGNED, UNALIGNED):
+        g = single(3)
+        assert _run_with_eop(g, [("b", 1, 0), ("b", 1, 1), ("e", 0, 2)], options) == [1]
+        assert pending_id(g) is None
+        g = single(3)
+        assert _run_with_eop(g, [("b", 2, 0), ("b", 2, 1), ("e", 0, 1)], options) == (
+            [] if options is ALIGNED else [2]
+        )
+        # the last barrier aligns 2 (unaligned: it completes the input of 2, triggered already)
+        assert _run_with_eop(g, [("b", 2, 2)], options) == ([2] if options is ALIGNED else [])
+        assert pending_id(g) is None
+    events = [("e", 0, 2), ("b", 6, 0), ("b", 6, 1), ("e", 0, 1), ("b", 7, 0)]
+    assert _run_with_eop(single(3), events, ALIGNED) == [6, 7]
+    g = single(3)
+    events = [("e", 0, 0), ("b", 3, 1), ("e", 0, 1), ("b", 3, 2)]
+    assert _run_with_eop(g, events, UNALIGNED) == [3]
+    assert pending_id(g) is None
 
 
 def test_checkpoint_id_zero_is_valid_and_negative_ids_are_refused() -> None:
