@@ -1,34 +1,31 @@
-# Snapflow image: the official Apache Spark image (Spark, Java, Python) plus Snapflow.
-# One image for every role in docker-compose.yml: coordinator, Spark master and workers, and the
-# job submitter.
+# Snapflow image: the official slim Python image (Debian bookworm), a Java runtime from Debian, and
+# Spark from the pinned pyspark wheel, which ships Spark's jars and launch scripts (spark-class,
+# spark-submit): no Spark image is needed. One image for every role in docker-compose.yml:
+# coordinator, Spark master and workers, and the job submitter.
 #
-# The Spark version must equal the pyspark version the project is tested with
-# (tests/project/test_compose.py checks both the FROM tag and the pyspark pin below).
-FROM apache/spark:4.3.0-python3
+# tests/project/test_compose.py checks the base, the JRE and that the pyspark pin equals the
+# pyspark version the project is tested with.
+FROM python:3.11-slim-bookworm
 
-USER root
-
-# Snapflow needs Python >= 3.11. The Spark image ships Ubuntu's python3, which is older on some
-# releases (Ubuntu 22.04 has 3.10): then python3.11 comes from Ubuntu's archive. The venv module
-# is a separate package on Ubuntu. Everything goes into a virtualenv, which is also the Python of
-# the PySpark workers (PYSPARK_PYTHON).
+# Spark 4 runs on Java 17 or 21; bookworm's JRE is 17. procps: Spark's scripts call ps.
 RUN set -eux; \
-    minor="$(python3 -c 'import sys; print(sys.version_info.minor)')"; \
-    if [ "$minor" -lt 11 ]; then minor=11; fi; \
     apt-get update; \
-    apt-get install -y --no-install-recommends "python3.${minor}" "python3.${minor}-venv"; \
+    apt-get install -y --no-install-recommends openjdk-17-jre-headless procps; \
     rm -rf /var/lib/apt/lists/*; \
-    "python3.${minor}" -m venv /opt/snapflow/venv; \
-    /opt/snapflow/venv/bin/python -m pip install --no-cache-dir --upgrade pip
+    java -version
+
+# Everything goes into a virtualenv, which is also the Python of the PySpark workers.
+RUN python -m venv /opt/snapflow/venv && /opt/snapflow/venv/bin/python -m pip install --no-cache-dir --upgrade pip
 
 ENV PATH=/opt/snapflow/venv/bin:$PATH \
     PYSPARK_PYTHON=/opt/snapflow/venv/bin/python \
     PYSPARK_DRIVER_PYTHON=/opt/snapflow/venv/bin/python \
+    SPARK_WORKER_DIR=/opt/spark/work \
     PYTHONUNBUFFERED=1
 
 WORKDIR /opt/snapflow/src
 
-# Dependencies first (a layer that survives source changes), pyspark pinned to the image's Spark.
+# Dependencies first (a layer that survives source changes), with pyspark pinned.
 COPY pyproject.toml README.md ./
 RUN set -eux; \
     python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
@@ -47,8 +44,12 @@ RUN pip install --no-cache-dir ".[s3]" "pyspark==4.3.0"
 
 COPY docker/healthcheck.py /opt/snapflow/healthcheck.py
 
-# Checkpoint storage: a named volume mounted at /data starts with this owner (spark, uid 185).
-RUN mkdir -p /data/checkpoints && chown -R spark:spark /data
+# An unprivileged user (uid 185, as in the Spark images) owning the checkpoint volume's mount
+# point (a named volume mounted at /data starts with this owner) and Spark's work directories.
+RUN set -eux; \
+    useradd --system --uid 185 --create-home --home-dir /opt/spark spark; \
+    mkdir -p /data/checkpoints /opt/spark/work /opt/spark/work-dir; \
+    chown -R spark:spark /data /opt/spark
 
 USER spark
 WORKDIR /opt/spark/work-dir

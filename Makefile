@@ -1,12 +1,14 @@
 # Snapflow developer commands. `make run` and `make test` are the two to know.
 #
 #   make install      create .venv and install the project with its dev extras (idempotent)
-#   make test         run the test suite
+#   make test         run the test suite (first `make browser`)
+#   make browser      install chromium and chromedriver (Debian packages) for the dashboard test
 #   make run          run the demo job on local Spark: a task killed, recovered, checked exactly-once
 #   make coordinator  run the coordinator service in the foreground (embedded Redis)
 #   make proto        regenerate snapflow/v1 from protos/
 #   make lint         ruff check, ruff format --check, mypy
 #   make bench        run the benchmarks (BENCH=<name> selects one)
+#   make chaos        run the full chaos suite (SEED=<n> replays a run; docs/chaos.md)
 #   make clean        remove caches and build artefacts (distclean also removes .venv)
 
 PYTHON ?= python3
@@ -18,6 +20,8 @@ STAMP  := $(VENV)/.installed
 ARGS  ?=
 # One benchmark by name; empty lets the bench package decide (all, or a list).
 BENCH ?=
+# The chaos suite's seed: the same seed replays the same plan of faults.
+SEED  ?= 1
 
 MIN_PYTHON := (3, 11)
 CHECK_PYTHON = import sys; v = sys.version_info; \
@@ -27,7 +31,7 @@ CHECK_PYTHON = import sys; v = sys.version_info; \
 
 .DEFAULT_GOAL := help
 
-.PHONY: help install test run coordinator proto lint bench clean distclean
+.PHONY: help install browser test run coordinator proto lint bench chaos clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -50,7 +54,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-test: install
+# The dashboard's browser test drives Debian's chromium through chromedriver. Installed with
+# apt-get when missing (as root, else with sudo when there is one); if that is not possible
+# this only warns, and the test fails saying what to install.
+CHROMIUM_BINARIES := /usr/bin/chromium /usr/bin/chromedriver
+browser:
+	@missing=0; for f in $(CHROMIUM_BINARIES); do [ -x $$f ] || missing=1; done; \
+	if [ $$missing = 0 ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "warning: chromium/chromedriver missing and not root: run 'apt-get install -y chromium chromium-driver' as root" >&2; exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "warning: chromium/chromedriver missing and no apt-get: install chromium and its chromedriver at $(CHROMIUM_BINARIES)" >&2; exit 0; fi; \
+	echo "installing chromium and chromium-driver (Debian packages) for the dashboard test"; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+		|| echo "warning: installing chromium failed; the dashboard test will fail" >&2
+
+test: install browser
 	$(BIN)/pytest -p no:cacheprovider tests/
 
 run: install
@@ -73,6 +94,9 @@ lint: install
 
 bench: install
 	$(BIN)/python -m bench $(BENCH)
+
+chaos: install
+	$(BIN)/python -m chaos --seed $(SEED)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache spark-warehouse

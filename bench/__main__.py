@@ -8,8 +8,11 @@ import sys
 BENCHMARKS = {
     "coordinator": "bench.coordinator_bench",
     "dataplane": "bench.dataplane_bench",
+    "ha": "bench.ha_bench",
+    "keyed_count": "bench.keyed_count_bench",
     "security": "bench.security_bench",
     "spark": "bench.spark_bench",
+    "state": "bench.state_bench",
     "storage": "bench.storage_bench",
 }
 

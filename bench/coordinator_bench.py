@@ -51,9 +51,17 @@ async def _run_one(address: str, tasks: int, batch: bool) -> dict[str, float]:
     graph = pb.JobGraph(
         name=f"bench-{tasks}",
         vertices=[
-            pb.JobVertex(vertex_id="src", parallelism=sources, is_source=True),
             pb.JobVertex(
-                vertex_id="op", parallelism=tasks - sources, max_parallelism=max(128, tasks)
+                vertex_id="src",
+                parallelism=sources,
+                is_source=True,
+                operators=[pb.OperatorSpec(operator_id="src-op", kind="source")],
+            ),
+            pb.JobVertex(
+                vertex_id="op",
+                parallelism=tasks - sources,
+                max_parallelism=max(128, tasks),
+                operators=[pb.OperatorSpec(operator_id="op-op", kind="process")],
             ),
         ],
         edges=[

@@ -112,14 +112,19 @@ TARGET_CHECKPOINT_P99_MS = 250.0
 TARGET_UNALIGNED_FACTOR = 3.0
 
 SLOW = (0,)  # the sink subtasks that sleep in the main backpressure runs: one of the two
-BP_RUNS = (  # key, mode, aligned timeout ms, sink sleep per batch, sleeping sink subtasks
-    ("aligned", "aligned", 0, BP_SLEEP_S, SLOW),
-    ("unaligned", "unaligned", 0, BP_SLEEP_S, SLOW),
-    ("aligned_timeout", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW),
-    ("aligned_2x", "aligned", 0, 2 * BP_SLEEP_S, SLOW),
-    ("unaligned_2x", "unaligned", 0, 2 * BP_SLEEP_S, SLOW),
-    ("aligned_all_slow", "aligned", 0, BP_SLEEP_S, None),
-    ("unaligned_all_slow", "unaligned", 0, BP_SLEEP_S, None),
+BP_RUNS = (  # key, mode, aligned timeout ms, sink sleep per batch, sleeping sink subtasks,
+    # task thread (``snapflow worker --task-thread``: the sleeping sink no longer blocks its
+    # agent's loop, the design of docs/worker.md for user code that blocks)
+    ("aligned", "aligned", 0, BP_SLEEP_S, SLOW, False),
+    ("unaligned", "unaligned", 0, BP_SLEEP_S, SLOW, False),
+    ("aligned_timeout", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, False),
+    ("aligned_2x", "aligned", 0, 2 * BP_SLEEP_S, SLOW, False),
+    ("unaligned_2x", "unaligned", 0, 2 * BP_SLEEP_S, SLOW, False),
+    ("aligned_all_slow", "aligned", 0, BP_SLEEP_S, None, False),
+    ("unaligned_all_slow", "unaligned", 0, BP_SLEEP_S, None, False),
+    ("aligned_tt", "aligned", 0, BP_SLEEP_S, SLOW, True),
+    ("unaligned_tt", "unaligned", 0, BP_SLEEP_S, SLOW, True),
+    ("aligned_timeout_tt", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, True),
 )
 
 
@@ -137,6 +142,7 @@ class RunSpec:
     sink_sleep_s: float = 0.0
     sleeping_subtasks: tuple[int, ...] | None = None  # None: every sink subtask sleeps
     details: bool = False  # fetch every checkpoint's per-subtask details
+    task_thread: bool = False  # the workers run with --task-thread
     timeout_s: float = 60.0
 
 
@@ -307,7 +313,9 @@ def _config(spec: RunSpec) -> pb.CheckpointConfig:
 # --- processes -------------------------------------------------------------------------------
 
 
-def _start_worker(address: str, job_id: str, slot: int, log_path: Path) -> subprocess.Popen[bytes]:
+def _start_worker(
+    address: str, job_id: str, slot: int, log_path: Path, task_thread: bool = False
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "GRPC_VERBOSITY": "ERROR",
@@ -319,7 +327,7 @@ def _start_worker(address: str, job_id: str, slot: int, log_path: Path) -> subpr
             [
                 sys.executable, "-m", "snapflow.cli", "worker", "--coordinator", address,
                 "--job", job_id, "--slot", str(slot), "--slots", str(PARALLELISM),
-                "--log-level", "warning",
+                "--log-level", "warning", *(["--task-thread"] if task_thread else []),
             ],
             cwd=ROOT,
             env=env,
@@ -536,7 +544,7 @@ async def run_job(
     collector = asyncio.create_task(collect())
     try:
         for slot in range(PARALLELISM):
-            workers.append(_start_worker(address, job_id, slot, logs[slot]))
+            workers.append(_start_worker(address, job_id, slot, logs[slot], spec.task_thread))
         spawn(final_checkpoint())
         deadline = time.monotonic() + spec.timeout_s
         while not terminal.is_set():
@@ -717,7 +725,7 @@ async def _run_all(runner: Runner, repeats: int) -> dict[str, Any]:
                 timeout_s=_timeout(un, UNLOADED_RATE),
             )  # fmt: skip
             out["unloaded"].append(await runner.run(stub, spec))
-        for key, mode, timeout_ms, sleep_s, slow in BP_RUNS:
+        for key, mode, timeout_ms, sleep_s, slow, task_thread in BP_RUNS:
             # a slow sink subtask takes about half a source batch per sleep, and holds back
             # the sources (they feed both count subtasks): about a source batch per sleep
             drain_rate = BP_BATCH / sleep_s * 0.6
@@ -727,7 +735,7 @@ async def _run_all(runner: Runner, repeats: int) -> dict[str, Any]:
                 RunSpec(
                     f"bp-{key.replace('_', '-')}", total, 100, mode=mode,
                     aligned_checkpoint_timeout_ms=timeout_ms, batch_size=BP_BATCH, sink_sleep_s=sleep_s,
-                    sleeping_subtasks=slow, details=True,
+                    sleeping_subtasks=slow, details=True, task_thread=task_thread,
                     timeout_s=_timeout(total, drain_rate * 0.5),
                 ),
             )  # fmt: skip
@@ -869,6 +877,8 @@ def _label(s: RunSpec) -> str:
     if s.sink_sleep_s:
         who = "all" if s.sleeping_subtasks is None else ",".join(map(str, s.sleeping_subtasks))
         parts.append(f"sink[{who}] {s.sink_sleep_s * 1000:.0f}ms/b")
+    if s.task_thread:
+        parts.append("task thread")
     return " ".join(parts)
 
 
@@ -946,6 +956,9 @@ def _targets_table(metrics: dict[str, float], errors: dict[str, str]) -> Table:
     p99 = m("checkpoint_p99_ms")
     row("checkpoint_p99_ms", ".0f", f"< {TARGET_CHECKPOINT_P99_MS:g} ms, unloaded",
         p99 is not None and p99 < TARGET_CHECKPOINT_P99_MS)  # fmt: skip
+    full = m("checkpoint_p99_ms_full_load_100ms")
+    row("checkpoint_p99_ms_full_load_100ms", ".0f", f"<= {TARGET_CHECKPOINT_P99_MS:g} ms",
+        full is not None and full <= TARGET_CHECKPOINT_P99_MS)  # fmt: skip
     limit = None if p99 is None else TARGET_UNALIGNED_FACTOR * p99
     un50 = m("backpressure_p50_ms_unaligned")
     al50 = m("backpressure_p50_ms_aligned")
@@ -961,9 +974,13 @@ def _targets_table(metrics: dict[str, float], errors: dict[str, str]) -> Table:
         )
         ok: bool | None = None
         target = ""
-        if key == "unaligned":
+        if key in ("unaligned", "unaligned_tt"):
             target = f"p99 < {TARGET_UNALIGNED_FACTOR:g} x unloaded p99 = {limit or 0:.0f} ms"
             ok = None if v is None or limit is None else v < limit
+        elif key in ("aligned_timeout", "aligned_timeout_tt"):
+            unal = m(f"backpressure_p99_ms_{key.replace('aligned_timeout', 'unaligned')}")
+            target = f"p99 <= timeout {BP_TIMEOUT_MS} ms + unaligned p99 = {BP_TIMEOUT_MS + (unal or 0):.0f}"
+            ok = None if v is None or unal is None else v <= BP_TIMEOUT_MS + unal
         elif key == "aligned":
             target = "grows with the backlog: p50 > unaligned p50"
             ok = None if p50 is None or un50 is None else p50 > un50
@@ -972,8 +989,6 @@ def _targets_table(metrics: dict[str, float], errors: dict[str, str]) -> Table:
             ok = None if p50 is None or al50 is None else p50 > al50
         elif key == "unaligned_2x":
             target = f"(vs aligned 2x p99: {al2 or 0:.0f})"
-        elif key == "aligned_timeout":
-            target = f"(timeout {BP_TIMEOUT_MS} ms)"
         elif key.endswith("all_slow"):
             target = "(both sinks sleep)"
         table.add_row(
@@ -1040,7 +1055,11 @@ def main() -> int:
             "overhead_1s_pct": f"< {TARGET_OVERHEAD_1S_PCT}",
             "overhead_100ms_pct": f"< {TARGET_OVERHEAD_100MS_PCT}",
             "checkpoint_p99_ms": f"< {TARGET_CHECKPOINT_P99_MS} (unloaded)",
+            "checkpoint_p99_ms_full_load_100ms": f"<= {TARGET_CHECKPOINT_P99_MS}",
             "backpressure_p99_ms_unaligned": f"< {TARGET_UNALIGNED_FACTOR} x checkpoint_p99_ms",
+            "backpressure_p99_ms_unaligned_tt": f"< {TARGET_UNALIGNED_FACTOR} x checkpoint_p99_ms",
+            "backpressure_p99_ms_aligned_timeout": f"<= {BP_TIMEOUT_MS} + backpressure_p99_ms_unaligned",
+            "backpressure_p99_ms_aligned_timeout_tt": f"<= {BP_TIMEOUT_MS} + backpressure_p99_ms_unaligned_tt",
             "backpressure_p99_ms_aligned": "grows with the backlog (p50: > unaligned; 2x sleep > "
             "1x)",
         },
@@ -1056,7 +1075,7 @@ def main() -> int:
             f"batches, interval 100 ms, aligned; lowest p99 of {UNLOADED_REPEATS} runs",
             "backpressure": f"ThrottledSink: sink subtask 0 (both for *_all_slow) sleeps "
             f"{BP_SLEEP_S * 1000:g} ms per batch (2x: {2 * BP_SLEEP_S * 1000:g} ms), blocking its "
-            f"agent's event loop; source batches of {BP_BATCH}; interval 100 ms; aligned "
+            f"agent's event loop (*_tt: on its task thread, --task-thread); source batches of {BP_BATCH}; interval 100 ms; aligned "
             f"timeout {BP_TIMEOUT_MS} ms",
             "agent_peak_rss_mb": "max over agents and runs of ru_maxrss (os.wait4 on the "
             "worker process)",

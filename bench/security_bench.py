@@ -25,7 +25,9 @@ best run of each kind is reported (noise on a shared machine only slows a run do
 
 Metrics (``bench/results/security.json``): ``plain_records_per_s``, ``tls_records_per_s``
 (source records / RUNNING -> FINISHED, coordinator event times), ``tls_throughput_ratio``
-(best TLS / best plaintext; target >= 0.9; ``tls_throughput_ratio_median``: median runs),
+(best TLS / best plaintext; target >= 0.9; ``tls_throughput_ratio_median``: median runs;
+``tls_throughput_ratio_paired_median``/``_min``/``_max``: the ratios of the i-th run of each
+kind, neighbours in time, which show how much of a gap is noise),
 ``*_checkpoint_p50_ms`` and
 ``*_checkpoint_p99_ms`` (end-to-end durations of every checkpoint completed in the runs of a
 kind, from the WatchJob events: at one per second a single run has only a few), and
@@ -175,6 +177,17 @@ def _metrics(runs: dict[str, list[RunResult]]) -> tuple[dict[str, float], dict[s
     }
     if len(medians) == len(KINDS):
         metrics["tls_throughput_ratio_median"] = round(medians["tls"] / medians["plain"], 4)
+    # Runs i of both kinds are neighbours in time: their ratio cancels slow changes of the
+    # other load on the machine, and the spread of the ratios shows how noisy the run was.
+    paired = sorted(
+        t.records_per_s / p.records_per_s
+        for p, t in zip(runs["plain"], runs["tls"], strict=False)
+        if p.ok and t.ok and p.records_per_s > 0
+    )
+    if paired:
+        metrics["tls_throughput_ratio_paired_median"] = round(statistics.median(paired), 4)
+        metrics["tls_throughput_ratio_paired_min"] = round(paired[0], 4)
+        metrics["tls_throughput_ratio_paired_max"] = round(paired[-1], 4)
     if "plain_cpu_s_per_m_records" in metrics and "tls_cpu_s_per_m_records" in metrics:
         metrics["tls_cpu_ratio"] = round(
             metrics["tls_cpu_s_per_m_records"] / metrics["plain_cpu_s_per_m_records"], 4
@@ -277,7 +290,9 @@ def main() -> int:
         "records_per_s": "source records / (RUNNING -> FINISHED, coordinator event times); "
         f"best of {repeats} interleaved runs per kind (order alternating)",
         "tls_throughput_ratio": "tls_records_per_s / plain_records_per_s (best runs); "
-        "tls_throughput_ratio_median: the same with the median run of each kind",
+        "tls_throughput_ratio_median: the same with the median run of each kind; "
+        "tls_throughput_ratio_paired_*: median, min and max of tls/plain over the i-th runs "
+        "of each kind (neighbours in time)",
         "checkpoint_ms": "end_to_end_duration_ms of every checkpoint completed in the runs of "
         "a kind (WatchJob events), p50 and p99 pooled over the runs",
         "cpu_s_per_m_records": "CPU s of both agents (wait4) and the coordinator (/proc) per "

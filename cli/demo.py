@@ -794,10 +794,18 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
             name="demo-bids-per-key",
             vertices=[
                 pb.JobVertex(
-                    vertex_id="bids", name="bid source", parallelism=sources, is_source=True
+                    vertex_id="bids",
+                    name="bid source",
+                    parallelism=sources,
+                    is_source=True,
+                    operators=[pb.OperatorSpec(operator_id="bids", kind="source")],
                 ),
                 pb.JobVertex(
-                    vertex_id="count", name="count per key", parallelism=maps, max_parallelism=128
+                    vertex_id="count",
+                    name="count per key",
+                    parallelism=maps,
+                    max_parallelism=128,
+                    operators=[pb.OperatorSpec(operator_id="count", kind="process")],
                 ),
             ],
             edges=[

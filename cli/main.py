@@ -3,7 +3,10 @@
 ``snapflow coordinator`` runs the coordinator service. The client commands (``jobs``, ``job``,
 ``checkpoints list|show``, ``trigger``, ``savepoint``, ``stop``, ``cancel``,
 ``dispose-savepoint``) call its gRPC API with a deadline (``--timeout``) and print tables, or
-the raw response with ``--json``; ``info`` shows a job's graph. ``snapflow run PIPELINE.py``
+the raw response with ``--json`` (int64 fields as JSON numbers, not the strings of the proto3
+JSON mapping); ``info`` shows a job's graph. Tables fit the terminal (80 columns and up): ids,
+states and numbers are never cut or wrapped, paths, names and failures wrap, and the least
+important columns are left out when they do not fit (``--json`` has everything). ``snapflow run PIPELINE.py``
 runs a pipeline file on Spark (see docs/spark_bridge.md). ``snapflow demo`` runs the demo
 (``snapflow.cli.demo``).
 
@@ -26,12 +29,15 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
 from snapflow.errors import ConfigError
-from snapflow.security import SECURITY_FIELDS, SecuritySettings, sync_channel
+from snapflow.leader_channel import sync_leader_channel
+from snapflow.security import SECURITY_FIELDS, SecuritySettings
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -121,25 +127,126 @@ def format_attempt(attempt: pb.TaskAttempt) -> str:
     return f"{attempt.vertex_id}#{attempt.subtask_index}@{attempt.attempt}"
 
 
-def _to_json(message: Message) -> str:
-    return json_format.MessageToJson(
-        message,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-        indent=2,
-    )
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _int64_as_numbers(message: Message, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (``MessageToDict`` of ``message``) with every 64-bit integer field as a JSON
+    number. The proto3 JSON mapping writes them as strings (JavaScript's numbers lose
+    precision above 2**53); Python's ``json`` and ``jq`` read big integers exactly, and ids,
+    sizes and timestamps are numbers to a script."""
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in data:
+            continue
+        value, nested = data[field.name], getattr(message, field.name)
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            value_field = entry.fields_by_name["value"]
+            for key in value:
+                if value_field.message_type is not None:
+                    _int64_as_numbers(nested[_map_key(entry, key)], value[key])
+                elif value_field.type in _INT64_TYPES:
+                    value[key] = int(value[key])
+        elif entry is not None:
+            if field.is_repeated:
+                for item, item_data in zip(nested, value, strict=True):
+                    _int64_as_numbers(item, item_data)
+            else:
+                _int64_as_numbers(nested, value)
+        elif field.type in _INT64_TYPES:
+            data[field.name] = [int(v) for v in value] if field.is_repeated else int(value)
+    return data
+
+
+def _map_key(entry: Any, key: str) -> Any:
+    """A JSON map key (always a string) as the map's key type."""
+    key_type = entry.fields_by_name["key"].type
+    if key_type == FieldDescriptor.TYPE_STRING:
+        return key
+    if key_type == FieldDescriptor.TYPE_BOOL:
+        return key == "true"
+    return int(key)
 
 
 def _to_dict(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(
+    data = json_format.MessageToDict(
         message,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
+    return _int64_as_numbers(message, data)
+
+
+def _to_json(message: Message) -> str:
+    return json.dumps(_to_dict(message), indent=2)
 
 
 def _print_json(message: Message) -> None:
     print(_to_json(message))
+
+
+# --- tables that fit -------------------------------------------------------------------------
+
+
+class Column:
+    """A table column. ``keep``: 0 for columns never left out (ids, states, paths); larger
+    numbers are left out first when the table does not fit. ``wrap``: the content may wrap
+    (names, paths, failures; folded at the width, never cut) in a column at least ``wrap``
+    wide (less when the content is shorter); ``wrap=0``: never wrapped or cut (ids, states,
+    numbers, times)."""
+
+    def __init__(self, header: str, keep: int = 0, *, wrap: int = 0, justify: str = "left") -> None:
+        self.header = header
+        self.keep = keep
+        self.wrap = wrap
+        self.justify = justify
+
+
+NAME_WIDTH = 12  # the narrowest a wrapped name gets before columns are left out
+PATH_WIDTH = 34  # the narrowest a wrapped path gets: a checkpoint path in two or three lines
+
+
+def _fitted_table(
+    console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], **options: Any
+) -> Table:
+    """A table of ``rows`` that fits ``console.width``: columns are left out, highest ``keep``
+    first, until the widths it needs (full width for unwrapped columns, their ``wrap`` width
+    for wrapping ones, plus borders and padding) fit."""
+    shown = list(range(len(columns)))
+
+    def needed(index: int) -> int:
+        column = columns[index]
+        widest = max([cell_len(column.header), *(cell_len(r[index]) for r in rows)])
+        return min(widest, column.wrap) if column.wrap else widest
+
+    while True:
+        # Default box: one border per column plus one, one space of padding on each side.
+        width = sum(needed(i) + 3 for i in shown) + 1
+        droppable = [i for i in shown if columns[i].keep > 0]
+        if width <= console.width or not droppable:
+            break
+        shown.remove(max(droppable, key=lambda i: (columns[i].keep, i)))
+    table = Table(**options)
+    for i in shown:
+        column = columns[i]
+        table.add_column(
+            column.header,
+            no_wrap=not column.wrap,
+            overflow="fold",
+            justify=column.justify,  # type: ignore[arg-type]
+            min_width=None if column.wrap else needed(i),
+        )
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    return table
 
 
 def _key_values(title: str | None, rows: Sequence[tuple[str, str]]) -> Table:
@@ -154,18 +261,35 @@ def _key_values(title: str | None, rows: Sequence[tuple[str, str]]) -> Table:
 def _summary_line(s: cpb.CheckpointSummary) -> str:
     """One line about a checkpoint: id, kind, status, time, duration, size and path or reason."""
     parts = [
-        f"#{s.checkpoint_id} {checkpoint_kind(s.kind)} {checkpoint_status(s.status)}",
+        f"#{s.checkpoint_id} {checkpoint_kind(s.kind)} {_status_text(s)}",
         f"triggered {format_time(s.trigger_timestamp_ms)}",
     ]
     if s.status != pb.CHECKPOINT_STATUS_IN_PROGRESS:
         parts.append(f"{format_ms(s.end_to_end_duration_ms)} ms")
-    parts.append(format_bytes(s.state_size_bytes))
+    parts.append(_size_text(s))
     parts.append(f"{s.num_acknowledged}/{s.num_tasks} acked")
     if s.status == pb.CHECKPOINT_STATUS_FAILED:
         parts.append(_failure(s))
     elif s.external_path:
         parts.append(s.external_path)
     return ", ".join(parts)
+
+
+def _size_text(s: cpb.CheckpointSummary) -> str:
+    """The state size; with what this checkpoint wrote when it reused shared files (an
+    incremental checkpoint)."""
+    size = format_bytes(s.state_size_bytes)
+    if s.shared_size_bytes:
+        size += f" ({format_bytes(s.incremental_size_bytes)} new)"
+    return size
+
+
+def _status_text(s: cpb.CheckpointSummary) -> str:
+    """The status; a completed checkpoint whose files are gone (retention, disposal) shows as
+    DISCARDED, as Flink's history marks it."""
+    if s.status == pb.CHECKPOINT_STATUS_COMPLETED and s.discarded:
+        return "DISCARDED"
+    return checkpoint_status(s.status)
 
 
 def _failure(s: cpb.CheckpointSummary) -> str:
@@ -230,7 +354,7 @@ def _address(args: argparse.Namespace) -> str:
 
 @contextlib.contextmanager
 def _client(args: argparse.Namespace) -> Iterator[Client]:
-    channel = sync_channel(
+    channel = sync_leader_channel(  # host:port, or several: the leader is found
         _address(args),
         _security(args),
         options=[
@@ -279,10 +403,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if not response.jobs:
         console.print("no jobs" if not args.state else "no jobs in that state")
         return 0
-    table = Table("Job ID", "Name", "State", "Tasks", "Restarts", "Latest checkpoint", "Created")
-    table.columns[0].no_wrap = True
-    for job in response.jobs:
-        table.add_row(
+    columns = [
+        Column("Job ID"),
+        Column("Name", 3, wrap=NAME_WIDTH),
+        Column("State"),
+        Column("Tasks", 1, justify="right"),
+        Column("Restarts", 4, justify="right"),
+        Column("Latest", 2, justify="right"),  # the latest completed checkpoint
+        Column("Created", 5),
+    ]
+    rows = [
+        [
             job.job_id,
             job.name or "-",
             job_state(job.state),
@@ -290,8 +421,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             str(job.restarts),
             str(job.latest_completed_checkpoint_id or "-"),
             format_time(job.created_at_ms),
-        )
-    console.print(table)
+        ]
+        for job in response.jobs
+    ]
+    console.print(_fitted_table(console, columns, rows))
     return 0
 
 
@@ -333,17 +466,26 @@ def cmd_job(args: argparse.Namespace) -> int:
     if not tasks.tasks:
         console.print("no tasks registered")
         return 0
-    table = Table("Vertex", "Subtask", "Attempt", "State", "Address", "Failure", title="Tasks")
-    for t in tasks.tasks:
-        table.add_row(
+    columns = [
+        Column("Vertex"),
+        Column("Subtask", justify="right"),
+        Column("Attempt", 2, justify="right"),
+        Column("State"),
+        Column("Address", 1),
+        Column("Failure", wrap=PATH_WIDTH),
+    ]
+    rows = [
+        [
             t.attempt.vertex_id,
             str(t.attempt.subtask_index),
             str(t.attempt.attempt),
             task_state(t.state),
             t.address or "-",
             t.failure or "",
-        )
-    console.print(table)
+        ]
+        for t in tasks.tasks
+    ]
+    console.print(_fitted_table(console, columns, rows, title="Tasks"))
     return 0
 
 
@@ -374,35 +516,44 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"Job {job.job_id} ({job.name or '-'}): {job_state(job.state)}, "
         f"{len(graph.vertices)} vertices, {len(graph.edges)} edges"
     )
-    vertices = Table(
-        "Vertex",
-        "Parallelism",
-        "Max parallelism",
-        "Operators (chained)",
-        title="Vertices",
-        title_justify="left",
-    )
-    vertices.columns[0].no_wrap = True
-    for v in graph.vertices:
-        ops = " -> ".join(o.name or o.kind or o.operator_id for o in v.operators) or v.name
-        vertices.add_row(
+    vertex_rows = [
+        [
             v.vertex_id + (" (source)" if v.is_source else ""),
             str(v.parallelism),
             str(v.max_parallelism or 128),
-            ops or "-",
-        )
-    console.print(vertices)
+            " -> ".join(o.name or o.kind or o.operator_id for o in v.operators) or v.name or "-",
+        ]
+        for v in graph.vertices
+    ]
+    vertex_columns = [
+        Column("Vertex"),
+        Column("Parallelism", justify="right"),
+        Column("Max", 1, justify="right"),  # max parallelism (key groups)
+        Column("Operators (chained)", wrap=NAME_WIDTH),
+    ]
+    console.print(
+        _fitted_table(console, vertex_columns, vertex_rows, title="Vertices", title_justify="left")
+    )
     parallelism = {v.vertex_id: v.parallelism for v in graph.vertices}
-    edges = Table("From", "To", "Partitioning", "Parallelism", title="Edges", title_justify="left")
-    for e in graph.edges:
-        edges.add_row(
+    edge_rows = [
+        [
             e.source_vertex_id,
             e.target_vertex_id,
             _partitioning(e),
             f"{parallelism.get(e.source_vertex_id, '?')} -> {parallelism.get(e.target_vertex_id, '?')}",
-        )
+        ]
+        for e in graph.edges
+    ]
+    edge_columns = [
+        Column("From"),
+        Column("To"),
+        Column("Partitioning", wrap=NAME_WIDTH),
+        Column("Parallelism", 1),
+    ]
     if graph.edges:
-        console.print(edges)
+        console.print(
+            _fitted_table(console, edge_columns, edge_rows, title="Edges", title_justify="left")
+        )
     else:
         console.print("no edges")
     return 0
@@ -454,62 +605,69 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
     console.print()
 
     if stats.history:
-        table = Table(
-            "ID",
-            "Kind",
-            "Status",
-            "Triggered",
-            "Duration (ms)",
-            "Size",
-            "Acked",
-            "Path / failure",
-            title="History (newest first)",
-            title_justify="left",
-        )
+        columns = [
+            Column("ID", justify="right"),
+            Column("Kind"),
+            Column("Status"),
+            Column("Triggered", 5),
+            Column("Duration", 2, justify="right"),
+            Column("State size", 3, justify="right"),
+            Column("Incremental", 6, justify="right"),
+            Column("Acked", 4, justify="right"),
+            Column("Path / failure", wrap=PATH_WIDTH),
+        ]
+        rows = []
         for s in stats.history:
             in_progress = s.status == pb.CHECKPOINT_STATUS_IN_PROGRESS
-            table.add_row(
-                str(s.checkpoint_id),
-                checkpoint_kind(s.kind),
-                checkpoint_status(s.status),
-                format_time(s.trigger_timestamp_ms),
-                "-" if in_progress else format_ms(s.end_to_end_duration_ms),
-                format_bytes(s.state_size_bytes),
-                f"{s.num_acknowledged}/{s.num_tasks}",
-                _failure(s) if s.status == pb.CHECKPOINT_STATUS_FAILED else s.external_path,
+            rows.append(
+                [
+                    str(s.checkpoint_id),
+                    checkpoint_kind(s.kind),
+                    _status_text(s),
+                    format_time(s.trigger_timestamp_ms),
+                    "-" if in_progress else f"{format_ms(s.end_to_end_duration_ms)} ms",
+                    format_bytes(s.state_size_bytes),
+                    format_bytes(s.incremental_size_bytes),
+                    f"{s.num_acknowledged}/{s.num_tasks}",
+                    _failure(s) if s.status == pb.CHECKPOINT_STATUS_FAILED else s.external_path,
+                ]
             )
-        console.print(table)
+        title = "History (newest first)"
+        if any(s.discarded for s in stats.history):
+            title += "; DISCARDED: completed, its files deleted by retention or disposal"
+        console.print(_fitted_table(console, columns, rows, title=title, title_justify="left"))
     else:
         console.print("no checkpoints in the history")
 
-    if n.completed:
-        summary = Table(
-            "",
-            "min",
-            "avg",
-            "p50",
-            "p90",
-            "p99",
-            "max",
-            title="Summary of completed checkpoints",
-            title_justify="left",
-        )
-        for column in summary.columns[1:]:
-            column.justify = "right"
-        summary.add_row(
-            *_quantile_row("End-to-end duration (ms)", stats.end_to_end_duration_ms, format_ms)
-        )
-        summary.add_row(*_quantile_row("Checkpointed size", stats.state_size_bytes, format_bytes))
-        summary.add_row(
-            *_quantile_row(
+    if stats.end_to_end_duration_ms.max or stats.state_size_bytes.max:
+        columns = [
+            Column("", wrap=NAME_WIDTH),
+            Column("min", 3, justify="right"),
+            Column("avg", 2, justify="right"),
+            Column("p50", justify="right"),
+            Column("p90", 1, justify="right"),
+            Column("p99", justify="right"),
+            Column("max", justify="right"),
+        ]
+        rows = [
+            _quantile_row("End-to-end duration (ms)", stats.end_to_end_duration_ms, format_ms),
+            _quantile_row("State size", stats.state_size_bytes, format_bytes),
+            _quantile_row("Incremental size", stats.incremental_size_bytes, format_bytes),
+            _quantile_row(
                 "Processed during alignment", stats.processed_during_alignment_bytes, format_bytes
+            ),
+            _quantile_row("Persisted in-flight", stats.persisted_in_flight_bytes, format_bytes),
+        ]
+        console.print()
+        console.print(
+            _fitted_table(
+                console,
+                columns,
+                rows,
+                title="Summary of completed checkpoints (since the coordinator started)",
+                title_justify="left",
             )
         )
-        summary.add_row(
-            *_quantile_row("Persisted in-flight", stats.persisted_in_flight_bytes, format_bytes)
-        )
-        console.print()
-        console.print(summary)
     return 0
 
 
@@ -527,11 +685,13 @@ def cmd_checkpoints_show(args: argparse.Namespace) -> int:
     rows = [
         ("Checkpoint", str(s.checkpoint_id)),
         ("Kind", checkpoint_kind(s.kind)),
-        ("Status", checkpoint_status(s.status)),
+        ("Status", _status_text(s)),
         ("Triggered", format_time(s.trigger_timestamp_ms)),
         ("Latest ack", format_time(s.latest_ack_timestamp_ms)),
         ("End-to-end duration", f"{format_ms(s.end_to_end_duration_ms)} ms"),
-        ("Checkpointed size", format_bytes(s.state_size_bytes)),
+        ("State size", format_bytes(s.state_size_bytes)),
+        ("Incremental size", format_bytes(s.incremental_size_bytes)),
+        ("Shared (reused)", format_bytes(s.shared_size_bytes)),
         ("Processed during alignment", format_bytes(s.processed_during_alignment_bytes)),
         ("Persisted in-flight", format_bytes(s.persisted_in_flight_bytes)),
         ("Unaligned", "yes" if s.unaligned else "no"),
@@ -542,20 +702,20 @@ def cmd_checkpoints_show(args: argparse.Namespace) -> int:
         rows.append(("Failure", _failure(s)))
     console.print(_key_values(None, rows))
     console.print()
-    table = Table(
-        "Task",
-        "Acked",
-        "Ack time",
-        "E2E (ms)",
-        "Sync (ms)",
-        "Async (ms)",
-        "Alignment (ms)",
-        "Start delay (ms)",
-        "State size",
-        "In-flight",
-        title="Subtasks",
-        title_justify="left",
-    )
+    columns = [
+        Column("Task"),
+        Column("Acked"),
+        Column("Ack time", 8),
+        Column("E2E (ms)", 1, justify="right"),
+        Column("Sync (ms)", 3, justify="right"),
+        Column("Async (ms)", 3, justify="right"),
+        Column("Alignment (ms)", 4, justify="right"),
+        Column("Start delay (ms)", 6, justify="right"),
+        Column("State size", 2, justify="right"),
+        Column("Incremental", 7, justify="right"),
+        Column("In-flight", 5, justify="right"),
+    ]
+    table_rows: list[list[str]] = []
     for sub in details.subtasks:
         if sub.acknowledged:
             m = sub.metrics
@@ -567,19 +727,24 @@ def cmd_checkpoints_show(args: argparse.Namespace) -> int:
                 format_ms(m.alignment_duration_ms),
                 format_ms(m.start_delay_ms),
                 format_bytes(m.state_size_bytes),
+                format_bytes(sub.incremental_size_bytes),
                 format_bytes(m.persisted_in_flight_bytes),
             ]
         else:
-            metrics = ["-"] * 8
-        table.add_row(format_attempt(sub.attempt), "yes" if sub.acknowledged else "no", *metrics)
-    console.print(table)
+            metrics = ["-"] * 9
+        table_rows.append(
+            [format_attempt(sub.attempt), "yes" if sub.acknowledged else "no", *metrics]
+        )
+    console.print(
+        _fitted_table(console, columns, table_rows, title="Subtasks", title_justify="left")
+    )
     return 0
 
 
 def _print_completed(what: str, s: cpb.CheckpointSummary, suffix: str = "") -> None:
     _console().print(
         f"{what} {s.checkpoint_id} completed in {format_ms(s.end_to_end_duration_ms)} ms "
-        f"({format_bytes(s.state_size_bytes)}, {s.num_acknowledged}/{s.num_tasks} tasks)"
+        f"({_size_text(s)}, {s.num_acknowledged}/{s.num_tasks} tasks)"
         f"{suffix}: {s.external_path}"
     )
 
@@ -675,6 +840,10 @@ COORDINATOR_FLAGS = (
     "savepoint_roots",
     "redis_password_file",
     "metrics_host",
+    "high_availability",
+    "lease_ttl_s",
+    "lease_renew_interval_s",
+    "advertised_address",
 )
 
 
@@ -684,7 +853,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from snapflow.coordinator.config import load_settings
     from snapflow.coordinator.server import serve
     from snapflow.errors import ConfigError, SnapflowError
-    from snapflow.logging import configure_logging, get_logger
+    from snapflow.logging import configure_logging, get_logger, route_native_stderr
 
     overrides = {name: getattr(args, name) for name in COORDINATOR_FLAGS}
     try:
@@ -693,6 +862,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         print(f"snapflow coordinator: configuration error: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    json_log = route_native_stderr()  # gRPC's C core and crashes as JSON events too
     log = get_logger("snapflow.cli")
     log.info("coordinator.settings", **settings.to_dict())
     try:
@@ -702,7 +872,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         return 2
     except (SnapflowError, OSError) as e:
         log.error("coordinator.failed", error=f"{type(e).__name__}: {e}")
-        print(f"snapflow coordinator: {e}", file=sys.stderr)
+        if not json_log:  # a JSON log has it in the event, and only events
+            print(f"snapflow coordinator: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a signal before the handlers were installed
         return 130
@@ -926,7 +1097,8 @@ def _client_options() -> argparse.ArgumentParser:
     group.add_argument(
         "--address",
         default=None,
-        help=f"coordinator host:port (default: ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
+        help=f"coordinator host:port, or several comma-separated (highly available "
+        f"coordinators) (default: ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
     )
     group.add_argument(
         "--timeout",
@@ -968,6 +1140,22 @@ def _add_coordinator(sub: Any) -> None:
         "redis-server",
     )
     p.add_argument("--redis-namespace", default=None, help="prefix of every Redis key")
+    ha = p.add_argument_group("high availability (docs/coordinator.md)")
+    ha.add_argument(
+        "--high-availability",
+        default=None,
+        help="none (default) or redis: several coordinators on one Redis namespace, one "
+        "leader holding a lease, standbys taking over",
+    )
+    ha.add_argument("--lease-ttl-s", default=None, help="leader lease TTL in seconds (default 5)")
+    ha.add_argument(
+        "--lease-renew-interval-s", default=None, help="lease renew interval (default 1)"
+    )
+    ha.add_argument(
+        "--advertised-address",
+        default=None,
+        help="host:port clients reach this coordinator at (default: --host and the port)",
+    )
     p.add_argument(
         "--storage-root", default=None, help="checkpoint storage directory or file:// URI"
     )
@@ -1003,7 +1191,9 @@ def _add_worker(sub: Any) -> None:
         "1 when one fails.",
     )
     p.add_argument(
-        "--coordinator", default=None, help="coordinator host:port (default $SNAPFLOW_ADDRESS)"
+        "--coordinator",
+        default=None,
+        help="coordinator host:port[,host:port...] (default $SNAPFLOW_ADDRESS)",
     )
     p.add_argument("--job", required=True, help="the job id")
     p.add_argument("--slot", type=int, default=0, help="this agent's slot (default 0)")
@@ -1011,6 +1201,29 @@ def _add_worker(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
     p.add_argument("--log-level", default="info", help="log level (default info)")
+    p.add_argument(
+        "--wait-for-coordinator",
+        type=_non_negative_float,
+        default=WORKER_WAIT_S,
+        metavar="SECONDS",
+        help="while the coordinator is not reachable yet, retry with back-off for this long "
+        f"(default {WORKER_WAIT_S:g}; 0: fail at once)",
+    )
+    dataplane = p.add_argument_group("data plane (docs/worker.md)")
+    dataplane.add_argument(
+        "--debloat-target-ms",
+        type=_non_negative_int,
+        default=None,
+        metavar="MS",
+        help="buffer debloating: each output channel holds what its consumer drains in this "
+        "time (default 100; 0: off)",
+    )
+    dataplane.add_argument(
+        "--task-thread",
+        action="store_true",
+        help="run each subtask's operators on a thread of its own, so checkpoints never wait "
+        "for user code (helps sinks and functions that block; slows CPU-bound Python functions)",
+    )
     _add_security_flags(
         p.add_argument_group("security (docs/security.md)"),
         (*CLIENT_SECURITY_FLAGS, "tls_client_ca_file", "auth_tokens_file", "auth_identities"),
@@ -1018,11 +1231,74 @@ def _add_worker(sub: Any) -> None:
     p.set_defaults(handler=cmd_worker)
 
 
+WORKER_WAIT_S = 300.0
+WORKER_BACKOFF_S = (0.2, 5.0)  # first and largest delay between attempts to reach the coordinator
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds >= 0")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer >= 0")
+    return number
+
+
+def _rpc_text(error: grpc.RpcError) -> str:
+    """``CODE: details`` of a gRPC error, without its debug string (addresses, file names and
+    timestamps of the C core, which say nothing to fix)."""
+    code = error.code() if hasattr(error, "code") else None
+    details = error.details() if hasattr(error, "details") else None
+    name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    return f"{name}: {details or 'no details'}"
+
+
+async def _wait_for_coordinator(
+    stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str, address: str, wait_s: float, log: Any
+) -> cpb.JobInfo:
+    """The job, once the coordinator answers: retried with exponential back-off (capped at
+    ``WORKER_BACKOFF_S[1]``) while it is UNAVAILABLE or does not answer, for ``wait_s``."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    delay, attempt = WORKER_BACKOFF_S[0], 1
+    while True:
+        try:
+            return await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5.0)
+        except grpc.aio.AioRpcError as e:
+            retry = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            left = deadline - time.monotonic()
+            if not retry or left <= 0:
+                raise
+            log.info(
+                "worker.waiting_for_coordinator",
+                address=address,
+                attempt=attempt,
+                retry_in_s=round(min(delay, left), 3),
+                error=_rpc_text(e),
+            )
+        await asyncio.sleep(min(delay, max(0.0, left)))
+        delay, attempt = min(delay * 2, WORKER_BACKOFF_S[1]), attempt + 1
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
-    from snapflow.logging import configure_logging
-    from snapflow.worker.runtime.agent import Agent
+    from snapflow.logging import configure_logging, get_logger, route_native_stderr
+    from snapflow.worker.runtime.agent import Agent, DataplaneSettings
 
     configure_logging(args.log_level, "auto")
+    route_native_stderr()
+    log = get_logger("snapflow.cli")
     address = args.coordinator or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
     if not 0 <= args.slot < args.slots:
         print(f"snapflow worker: --slot must be in 0..{args.slots - 1}", file=sys.stderr)
@@ -1033,6 +1309,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"snapflow worker: configuration error: {e}", file=sys.stderr)
         return 2
 
+    target = args.debloat_target_ms
+    dataplane = DataplaneSettings(
+        task_thread=args.task_thread,
+        **({} if target is None else {"debloat_target_ms": target}),
+    )
+
     async def run() -> int:
         agent = Agent(
             address,
@@ -1042,13 +1324,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             security=security,
+            dataplane=dataplane,
         )
         await agent.start()
         try:
+            await _wait_for_coordinator(
+                agent.stub, args.job, address, args.wait_for_coordinator, log
+            )
             await agent.run()
             return 0
-        except asyncio.CancelledError:  # CancelTask: the job failed over or was canceled
-            print("snapflow worker: the coordinator canceled the tasks", file=sys.stderr)
+        except asyncio.CancelledError:  # CancelTask: the job was canceled or failed over
+            return await _after_cancel(agent, args.job)
+        except grpc.aio.AioRpcError as e:
+            print(f"snapflow worker: {_rpc_text(e)}", file=sys.stderr)
+            if e.code() is grpc.StatusCode.UNAVAILABLE:
+                print(f"hint: is the coordinator running at {address}?", file=sys.stderr)
             return 1
         except Exception as e:
             print(f"snapflow worker: {type(e).__name__}: {e}", file=sys.stderr)
@@ -1057,6 +1347,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
             await agent.stop()
 
     return asyncio.run(run())
+
+
+async def _after_cancel(agent: Any, job_id: str) -> int:
+    """Exit code after the coordinator canceled this worker's tasks: 0 when the job was
+    canceled (or has ended), 1 when they were canceled for a failover (the job restarts and
+    needs its workers again)."""
+    try:
+        job = await agent.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5.0)
+    except grpc.aio.AioRpcError as e:
+        print(
+            f"snapflow worker: the tasks were canceled; the job's state is unknown "
+            f"({_rpc_text(e)})",
+            file=sys.stderr,
+        )
+        return 1
+    state = job_state(job.state)
+    if job.state in (pb.JOB_STATE_CANCELED, pb.JOB_STATE_FINISHED):
+        print(f"snapflow worker: job {job_id} is {state}; its tasks here stopped")
+        return 0
+    print(
+        f"snapflow worker: the coordinator canceled the tasks; job {job_id} is {state}"
+        + (" (a failover: start the workers again)" if state == "RESTARTING" else ""),
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _key_value(value: str) -> tuple[str, str]:

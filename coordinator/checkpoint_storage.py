@@ -36,12 +36,14 @@ All methods are synchronous and blocking; the coordinator calls them via ``async
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -68,6 +70,10 @@ METADATA_FORMAT = "snapflow-checkpoint-metadata"
 METADATA_VERSION = 1
 CHECKPOINT_DIR_PREFIX = "chk-"
 SAVEPOINTS_DIR = "savepoints"
+SHARED_DIR = "shared"
+"""``<root>/<job>/shared/``: files shared between checkpoints (the disk state backend's SSTs),
+reference-counted in Redis (``coordinator/shared_state.py``). The worker derives the same
+directory from a checkpoint's target location (``rocksdb_backend.shared_dir_for``)."""
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # Only canonical names (no leading zeros): "chk-007" is not ours and is left alone.
@@ -76,6 +82,11 @@ _SAFE_JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 # S3's bucket naming rules (general purpose buckets), loosely: 3-63 characters.
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _SUPPORTED = "a path, a file:// URI or s3://bucket/prefix"
+# Removing a directory a late writer still adds files to (a task that has not yet seen the
+# abort): a few quick retries, then the orphan sweep's next run takes what is left.
+_REMOVE_ATTEMPTS = 5
+_REMOVE_RETRY_S = 0.02
+_RACE_ERRNOS = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT)
 
 
 def local_path_from_uri(location: str, *, what: str = "path") -> str:
@@ -255,6 +266,18 @@ class CheckpointStorage:
                 f"invalid checkpoint id {checkpoint_id!r:.50}: expected a non-negative integer"
             )
         return self._join(self.job_dir(job_id), f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}")
+
+    def checkpoint_id_of(self, job_id: str, path: str) -> int | None:
+        """The id ``<id>`` when ``path`` lies inside ``<root>/<job_id>/chk-<id>/`` (the
+        directory itself included), compared as :func:`location_key`; else None."""
+        job_key = location_key(self.job_dir(job_id))
+        key = location_key(path)
+        if not is_inside(key, job_key):
+            return None
+        sep = "/" if is_object_store_uri(job_key) else os.sep
+        first = key[len(job_key.rstrip(sep)) + 1 :].split(sep, 1)[0]
+        match = _CHECKPOINT_DIR_RE.match(first)
+        return int(match.group(1)) if match else None
 
     def savepoint_dir(self, target_directory: str, job_id: str, checkpoint_id: int) -> str:
         """A fresh savepoint directory path (not created): Flink's
@@ -513,16 +536,39 @@ class CheckpointStorage:
                 f"refusing to delete {directory}: it resolves to {os.path.realpath(directory)}, "
                 f"outside {job_root}"
             )
-        if not os.path.lexists(directory):
+        if not _remove_tree(directory):
             return False
+        log.debug("storage.checkpoint_deleted", job_id=job_id, checkpoint_id=checkpoint_id)
+        return True
+
+    def delete_checkpoint_dir(self, job_id: str, checkpoint_id: int) -> bool:
+        """Remove everything under ``<root>/<job_id>/chk-<id>`` (a checkpoint that never
+        completed: aborted, refused after its id was allocated, or an orphan); False if there
+        was nothing. A symlinked ``chk-<id>`` is unlinked, never followed. Locally a late writer
+        (a task still writing when the abort is decided) is tolerated: a few retries, then
+        :class:`StorageError` and the orphan sweep's next run. On S3 one LIST of the prefix
+        (off the checkpoint path: the sweep, or an allocation that never triggered)."""
+        directory = self.checkpoint_dir(job_id, checkpoint_id)
+        if is_object_store_uri(directory):
+            store = self.store(directory)
+            try:
+                objects = store.list(directory)
+                if objects:
+                    store.delete(objects)
+            except OSError as e:
+                raise StorageError(f"cannot delete {directory}: {e}") from e
+            return bool(objects)
         try:
-            shutil.rmtree(directory)
+            if os.path.islink(directory) or (
+                os.path.lexists(directory) and not os.path.isdir(directory)
+            ):
+                os.unlink(directory)  # removes a link itself, never its target
+                return True
         except FileNotFoundError:
             return False
         except OSError as e:
-            raise StorageError(f"cannot delete checkpoint directory {directory}: {e}") from e
-        log.debug("storage.checkpoint_deleted", job_id=job_id, checkpoint_id=checkpoint_id)
-        return True
+            raise StorageError(f"cannot delete {directory}: {e}") from e
+        return self.delete_checkpoint(job_id, checkpoint_id)
 
     def _delete_s3_checkpoint(
         self,
@@ -659,6 +705,20 @@ class CheckpointStorage:
         shutil.rmtree(directory, ignore_errors=True)
         return existed
 
+    def shared_dir(self, job_id: str) -> str:
+        """``<root>/<job_id>/shared`` (absolute): state shared between checkpoints."""
+        return self._join(self.job_dir(job_id), SHARED_DIR)
+
+    def list_shared(self, job_id: str) -> list[str]:
+        """Every file in the job's shared directory (one LIST on S3: the orphan sweep only)."""
+        directory = self.shared_dir(job_id)
+        if is_object_store_uri(directory):
+            return self.store(directory).list(directory)
+        out: list[str] = []
+        for parent, _, files in os.walk(directory):
+            out.extend(os.path.join(parent, f) for f in files if not f.startswith("."))
+        return sorted(out)
+
     def list_checkpoint_ids(self, job_id: str) -> list[int]:
         """Ids of the ``chk-<id>`` directories present for the job, ascending (on S3: the
         prefixes holding at least one object; one LIST, at start-up only)."""
@@ -770,6 +830,27 @@ class CheckpointStorage:
         if "\x00" in local or not os.path.isabs(local):
             raise InvalidArgumentError(f"{what} {directory!r:.200} must be an absolute path")
         return os.path.normpath(local)
+
+
+def _remove_tree(directory: str) -> bool:
+    """``shutil.rmtree`` that tolerates a concurrent writer (a file created or removed during
+    the walk: ENOTEMPTY, ENOENT); False when there was nothing to remove."""
+    for attempt in range(_REMOVE_ATTEMPTS):
+        if not os.path.lexists(directory):
+            return attempt > 0
+        try:
+            shutil.rmtree(directory)
+            return True
+        except OSError as e:
+            if e.errno not in _RACE_ERRNOS:
+                raise StorageError(f"cannot delete checkpoint directory {directory}: {e}") from e
+            if attempt + 1 == _REMOVE_ATTEMPTS:
+                raise StorageError(
+                    f"cannot delete checkpoint directory {directory}: still being written "
+                    f"({e.strerror}); the orphan sweep retries"
+                ) from e
+            time.sleep(_REMOVE_RETRY_S * (attempt + 1))
+    return False  # pragma: no cover - the loop returns or raises
 
 
 def _no_metadata(path: str) -> str:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 from snapflow.coordinator.checkpoint_storage import check_storage_location
 from snapflow.errors import ConfigError
 from snapflow.filestore import S3Settings
+from snapflow.redis_client import parse_redis_url
 from snapflow.security import SECURITY_FIELDS, SecuritySettings
 
 ENV_PREFIX = "SNAPFLOW_"
@@ -36,7 +37,8 @@ CONFIG_FILE_ENV = "SNAPFLOW_CONFIG"
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("auto", "json", "console")
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
+HA_MODES = ("none", "redis")
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 
@@ -56,6 +58,26 @@ class CoordinatorSettings:
 
     redis_namespace: str = "snapflow"
     """Prefix of every Redis key, so several deployments can share one Redis."""
+
+    high_availability: str = "none"
+    """``none``: the only coordinator of its Redis namespace (it takes the fencing epoch at
+    start); ``redis``: several coordinators share the namespace, the leader holds a lease in
+    Redis and the others are standbys that take over when it lapses (docs/coordinator.md,
+    "High availability")."""
+
+    lease_ttl_s: float = 5.0
+    """With ``high_availability = "redis"``: how long the leader lease lives in Redis after
+    the last renewal, in seconds; a standby takes over at most this long (plus one renew
+    interval) after the leader died. At least 3 times ``lease_renew_interval_s``."""
+
+    lease_renew_interval_s: float = 1.0
+    """How often the leader renews its lease and standbys try to acquire it, in seconds; the
+    leader steps down (stops acting) when it could not renew for ``lease_ttl_s`` less this."""
+
+    advertised_address: str = ""
+    """``host:port`` at which clients reach this coordinator: standbys name it as the
+    leader's address. Empty: ``host`` and the bound port (the host name for a wildcard
+    ``host``)."""
 
     storage_root: str = "./data/checkpoints"
     """Checkpoint storage root: a local or shared file-system path, a ``file://`` URI, or an
@@ -107,6 +129,14 @@ class CoordinatorSettings:
 
     history_size: int = 10
     """Checkpoints remembered per job in the stats history (Flink's default is 10)."""
+
+    orphan_sweep_interval_s: float = 60.0
+    """How often each job's storage is swept for what ended checkpoints left behind (a clean-up
+    that failed, a late writer), in seconds; 0: only at start and after a failed clean-up. On
+    S3 each run LISTs the job's prefix once."""
+
+    orphan_sweep_max_deletes: int = 100
+    """Most checkpoint directories one sweep run deletes (the rest waits for the next run)."""
 
     log_level: str = "info"
     """One of debug, info, warning, error, critical."""
@@ -399,10 +429,37 @@ def _validate(values: dict[str, Any], sources: Mapping[str, str]) -> dict[str, A
             raise bad(
                 "redis_url",
                 f"{url!r} is not a Redis URL",
-                "redis://host:port/db, rediss://..., unix:///path.sock, or empty to start an "
+                "redis://host:port/db, rediss://..., unix:///path.sock, "
+                "redis+sentinel://host:port,host:port/service_name, or empty to start an "
                 "embedded redis-server",
             )
+        try:
+            parse_redis_url(url)
+        except ConfigError as e:
+            raise bad("redis_url", str(e), "a valid Redis URL") from None
     out["redis_url"] = url
+
+    mode = out["high_availability"].strip().lower()
+    if mode not in HA_MODES:
+        raise bad("high_availability", f"{out['high_availability']!r} is not a mode", "none, redis")
+    out["high_availability"] = mode
+    positive("lease_renew_interval_s", "seconds greater than 0")
+    if out["lease_ttl_s"] < 3 * out["lease_renew_interval_s"]:
+        raise bad(
+            "lease_ttl_s",
+            f"{out['lease_ttl_s']} is less than 3 times lease_renew_interval_s "
+            f"({out['lease_renew_interval_s']})",
+            "seconds >= 3 x lease_renew_interval_s (the leader steps down one interval before "
+            "the lease can lapse, and retries at least once before that)",
+        )
+    advertised = out["advertised_address"].strip()
+    if advertised:
+        host_part, _, port_part = advertised.rpartition(":")
+        if not host_part or not port_part.isdigit() or not 0 < int(port_part) <= 65535:
+            raise bad(
+                "advertised_address", f"{advertised!r:.200} is not host:port", "e.g. node1:50051"
+            )
+    out["advertised_address"] = advertised
 
     if not _NAMESPACE_RE.match(out["redis_namespace"]):
         raise bad(
@@ -453,7 +510,18 @@ def _validate(values: dict[str, Any], sources: Mapping[str, str]) -> dict[str, A
         )
     if out["shutdown_grace_s"] < 0:
         raise bad("shutdown_grace_s", f"{out['shutdown_grace_s']} is negative", "seconds >= 0")
-    for name in ("max_jobs", "max_queued_trigger_requests", "history_size"):
+    if out["orphan_sweep_interval_s"] < 0:
+        raise bad(
+            "orphan_sweep_interval_s",
+            f"{out['orphan_sweep_interval_s']} is negative",
+            "seconds >= 0 (0: only at start and after a failed clean-up)",
+        )
+    for name in (
+        "max_jobs",
+        "max_queued_trigger_requests",
+        "history_size",
+        "orphan_sweep_max_deletes",
+    ):
         int_range(name, 1, None, "an integer >= 1")
 
     for name in (*SECURITY_FIELDS, "redis_password_file", "metrics_host", "savepoint_roots"):

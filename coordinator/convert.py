@@ -11,11 +11,13 @@ import re
 import uuid
 from collections.abc import Iterable
 
-from snapflow import wire
+from snapflow import limits, wire
 from snapflow.coordinator.checkpoint_storage import local_path_from_uri, s3_location
 from snapflow.coordinator.model import (
     DEFAULT_MAX_PARALLELISM,
     JOB_ID_PATTERN,
+    ROCKSDB_COMPACTION_STYLES,
+    STATE_BACKENDS,
     AckResult,
     CheckpointConfig,
     CheckpointMode,
@@ -29,6 +31,7 @@ from snapflow.coordinator.model import (
     JobVertex,
     OperatorSpec,
     OperatorSubtaskState,
+    StateBackendOptions,
     StateHandle,
     SubtaskMetrics,
 )
@@ -38,10 +41,11 @@ from snapflow.jobgraph import PartitionerKind
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
-MAX_PARALLELISM_LIMIT = 32_768  # Flink's upper bound for max parallelism (key groups)
-MAX_VERTICES = 1_000
-MAX_ID_LENGTH = 200
-MIN_INTERVAL_MS = 10  # Flink's minimum checkpoint interval and timeout
+# The numbers live in snapflow/limits.py (documented in docs/coordinator.md, "Limits").
+MAX_PARALLELISM_LIMIT = limits.MAX_PARALLELISM
+MAX_VERTICES = limits.MAX_VERTICES
+MAX_ID_LENGTH = limits.MAX_ID_CHARS
+MIN_INTERVAL_MS = limits.MIN_DURATION_MS
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
 JOB_STATE_TO_PB = {
@@ -75,7 +79,7 @@ def parse_job_id(value: str, *, field: str = "job_id", allow_empty: bool = False
         raise InvalidArgumentError(f"{field} is required")
     if not JOB_ID_PATTERN.match(value):
         raise InvalidArgumentError(
-            f"{field} {value[:80]!r} is malformed: expected 32 lowercase hex characters"
+            f"{field} {limits.echo(value)} is malformed: expected 32 lowercase hex characters"
         )
     return value
 
@@ -85,9 +89,14 @@ def _check_id(value: str, what: str) -> str:
         raise InvalidArgumentError(f"{what} is required")
     if len(value) > MAX_ID_LENGTH or not ID_PATTERN.match(value):
         raise InvalidArgumentError(
-            f"{what} {value[:80]!r} is invalid: use 1-{MAX_ID_LENGTH} characters of A-Z a-z 0-9 _ . : -"
+            f"{what} {limits.echo(value)} is invalid: use 1-{MAX_ID_LENGTH} characters of "
+            f"A-Z a-z 0-9 _ . : -"
         )
     return value
+
+
+def _check_name(value: str, what: str) -> str:
+    return limits.check_length(value, limits.MAX_NAME_CHARS, what)
 
 
 def attempt_from_pb(msg: pb.TaskAttempt) -> ExecutionAttempt:
@@ -121,6 +130,9 @@ def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
         raise InvalidArgumentError(
             f"graph has {len(msg.vertices)} vertices; at most {MAX_VERTICES}"
         )
+    if len(msg.edges) > limits.MAX_EDGES:
+        raise InvalidArgumentError(f"graph has {len(msg.edges)} edges; at most {limits.MAX_EDGES}")
+    _check_name(msg.name, "graph.name")
     vertices: list[JobVertex] = []
     seen: set[str] = set()
     for i, v in enumerate(msg.vertices):
@@ -128,6 +140,16 @@ def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
         if vid in seen:
             raise InvalidArgumentError(f"graph.vertices[{i}].vertex_id {vid!r} is duplicated")
         seen.add(vid)
+        limits.check_length(v.name, limits.MAX_VERTEX_NAME_CHARS, f"vertex {vid!r} name")
+        if not v.operators:
+            raise InvalidArgumentError(
+                f"vertex {vid!r} has no operators: a vertex runs a chain of at least one"
+            )
+        if len(v.operators) > limits.MAX_OPERATORS_PER_VERTEX:
+            raise InvalidArgumentError(
+                f"vertex {vid!r} has {len(v.operators)} operators; at most "
+                f"{limits.MAX_OPERATORS_PER_VERTEX}"
+            )
         max_p = v.max_parallelism or DEFAULT_MAX_PARALLELISM
         if not 1 <= max_p <= MAX_PARALLELISM_LIMIT:
             raise InvalidArgumentError(
@@ -144,6 +166,8 @@ def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
             if oid in op_ids:
                 raise InvalidArgumentError(f"vertex {vid!r}: operator_id {oid!r} is duplicated")
             op_ids.add(oid)
+            _check_name(o.name, f"vertex {vid!r} operator {oid!r} name")
+            _check_name(o.kind, f"vertex {vid!r} operator {oid!r} kind")
             ops.append(OperatorSpec(oid, o.name or oid, o.kind, bytes(o.payload)))
         vertices.append(
             JobVertex(vid, v.name or vid, v.parallelism, max_p, tuple(ops), v.is_source)
@@ -153,7 +177,10 @@ def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
     for i, e in enumerate(msg.edges):
         for end in (e.source_vertex_id, e.target_vertex_id):
             if end not in by_id:
-                raise InvalidArgumentError(f"graph.edges[{i}] names unknown vertex {end!r}")
+                raise InvalidArgumentError(
+                    f"graph.edges[{i}] names unknown vertex {limits.echo(end)}"
+                )
+        _check_name(e.key_field, f"graph.edges[{i}].key_field")
         if e.source_vertex_id == e.target_vertex_id:
             raise InvalidArgumentError(f"graph.edges[{i}] is a self loop on {e.source_vertex_id!r}")
         kind = wire.PARTITIONER_KIND.from_pb_or(e.partitioner, None)
@@ -239,11 +266,21 @@ def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
             raise InvalidArgumentError(
                 f"checkpoint_config.{name} must be >= 0, got {getattr(msg, name)}"
             )
+        limits.check_duration_ms(getattr(msg, name), f"checkpoint_config.{name}")
     for name in ("max_concurrent", "tolerable_failures", "retained"):
         if getattr(msg, name) < 0:
             raise InvalidArgumentError(
                 f"checkpoint_config.{name} must be >= 0, got {getattr(msg, name)}"
             )
+    for name, most in (
+        ("max_concurrent", limits.MAX_CONCURRENT_CHECKPOINTS),
+        ("retained", limits.MAX_RETAINED_CHECKPOINTS),
+    ):
+        if getattr(msg, name) > most:
+            raise InvalidArgumentError(
+                f"checkpoint_config.{name} {getattr(msg, name)} is above the maximum of {most}"
+            )
+    limits.check_location(msg.storage_uri, "checkpoint_config.storage_uri")
     if 0 < msg.interval_ms < MIN_INTERVAL_MS:
         raise InvalidArgumentError(
             f"checkpoint_config.interval_ms {msg.interval_ms} is below the minimum of {MIN_INTERVAL_MS} ms"
@@ -253,9 +290,25 @@ def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
             f"checkpoint_config.timeout_ms {msg.timeout_ms} is below the minimum of {MIN_INTERVAL_MS} ms"
         )
     mode = wire.CHECKPOINT_MODE.from_pb(msg.mode, field="checkpoint_config.mode")
+    state_backend = msg.state_backend.strip().lower() or defaults.state_backend
+    if state_backend not in STATE_BACKENDS:
+        raise InvalidArgumentError(
+            f"checkpoint_config.state_backend {limits.echo(msg.state_backend)} is not one of "
+            f"{', '.join(STATE_BACKENDS)}"
+        )
     if msg.aligned_checkpoint_timeout_ms and mode is not CheckpointMode.ALIGNED:
         raise InvalidArgumentError(
             "checkpoint_config.aligned_checkpoint_timeout_ms applies only to ALIGNED mode"
+        )
+    max_concurrent = msg.max_concurrent or defaults.max_concurrent
+    unaligned_enabled = mode is CheckpointMode.UNALIGNED or msg.aligned_checkpoint_timeout_ms > 0
+    if unaligned_enabled and max_concurrent > 1:
+        # Flink's CheckpointCoordinatorConfiguration refuses the same: a newer unaligned
+        # barrier would have to overtake the older checkpoint's in-flight data.
+        raise InvalidArgumentError(
+            f"checkpoint_config.max_concurrent {max_concurrent} needs aligned checkpoints: "
+            f"with UNALIGNED mode or an aligned_checkpoint_timeout_ms at most 1 checkpoint "
+            f"may be in flight"
         )
     if msg.storage_uri and is_object_store_uri(msg.storage_uri):
         s3_location(msg.storage_uri, what="checkpoint_config.storage_uri")
@@ -268,19 +321,69 @@ def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
             raise InvalidArgumentError("checkpoint_config.storage_uri contains a NUL byte")
         if not os.path.isabs(local):
             raise InvalidArgumentError(
-                f"checkpoint_config.storage_uri {msg.storage_uri!r} must be an absolute path or "
+                f"checkpoint_config.storage_uri {limits.echo(msg.storage_uri)} must be an absolute path or "
                 f"file:///absolute/path (every worker must see the same location)"
             )
     return CheckpointConfig(
         interval_ms=msg.interval_ms,
         timeout_ms=msg.timeout_ms or defaults.timeout_ms,
         min_pause_ms=msg.min_pause_ms,
-        max_concurrent=msg.max_concurrent or defaults.max_concurrent,
+        max_concurrent=max_concurrent,
         mode=mode,
         aligned_checkpoint_timeout_ms=msg.aligned_checkpoint_timeout_ms,
         tolerable_failures=None if msg.tolerable_failures_unlimited else msg.tolerable_failures,
         retained=msg.retained or defaults.retained,
         storage_uri=msg.storage_uri,
+        state_backend=state_backend,
+        state_backend_options=state_backend_options_from_pb(msg.state_backend_options),
+    )
+
+
+_OPTION_BOUNDS = {
+    "memory_budget_bytes": (
+        limits.MIN_STATE_MEMORY_BUDGET_BYTES,
+        limits.MAX_STATE_MEMORY_BUDGET_BYTES,
+    ),
+    "cache_entries": (0, limits.MAX_STATE_CACHE_ENTRIES),
+    "compaction_trigger": (2, limits.MAX_COMPACTION_TRIGGER),
+    "max_size_amplification_percent": (1, limits.MAX_SIZE_AMPLIFICATION_PERCENT),
+    "upload_threads": (1, limits.MAX_UPLOAD_THREADS),
+}
+
+
+def state_backend_options_from_pb(msg: pb.StateBackendOptions) -> StateBackendOptions:
+    """The rocksdb sizing of a job's config, each set field within ``snapflow.limits``."""
+    values: dict[str, int | str | None] = {}
+    for name, (low, high) in _OPTION_BOUNDS.items():
+        if not msg.HasField(name):
+            values[name] = None
+            continue
+        value = getattr(msg, name)
+        if not low <= value <= high:
+            raise InvalidArgumentError(
+                f"checkpoint_config.state_backend_options.{name} {value} is outside [{low}, {high}]"
+            )
+        values[name] = value
+    style: str | None = None
+    if msg.HasField("compaction_style"):
+        style = msg.compaction_style.strip().lower()
+        if style not in ROCKSDB_COMPACTION_STYLES:
+            raise InvalidArgumentError(
+                f"checkpoint_config.state_backend_options.compaction_style "
+                f"{limits.echo(msg.compaction_style)} is not one of "
+                f"{', '.join(ROCKSDB_COMPACTION_STYLES)}"
+            )
+    return StateBackendOptions(compaction_style=style, **values)  # type: ignore[arg-type]
+
+
+def state_backend_options_to_pb(o: StateBackendOptions) -> pb.StateBackendOptions:
+    return pb.StateBackendOptions(
+        memory_budget_bytes=o.memory_budget_bytes,
+        cache_entries=o.cache_entries,
+        compaction_style=o.compaction_style,
+        compaction_trigger=o.compaction_trigger,
+        max_size_amplification_percent=o.max_size_amplification_percent,
+        upload_threads=o.upload_threads,
     )
 
 
@@ -296,6 +399,8 @@ def config_to_pb(c: CheckpointConfig) -> pb.CheckpointConfig:
         tolerable_failures_unlimited=c.tolerable_failures is None,
         retained=c.retained,
         storage_uri=c.storage_uri,
+        state_backend=c.state_backend,
+        state_backend_options=state_backend_options_to_pb(c.state_backend_options),
     )
 
 
@@ -307,16 +412,23 @@ def operator_states_from_pb(
 ) -> tuple[OperatorSubtaskState, ...]:
     out = []
     for s in msgs:
+        limits.check_length(s.operator_id, MAX_ID_LENGTH, "operator_states.operator_id")
         handles = []
         for h in s.handles:
             if not h.path:
                 raise InvalidArgumentError(
                     f"operator {s.operator_id!r}: a state handle has an empty path"
                 )
+            limits.check_location(h.path, f"operator {s.operator_id!r}: state handle path")
+            _check_name(h.kind, f"state handle {limits.echo(h.path)} kind")
             if h.size_bytes < 0:
-                raise InvalidArgumentError(f"state handle {h.path!r}: size_bytes must be >= 0")
+                raise InvalidArgumentError(
+                    f"state handle {limits.echo(h.path)}: size_bytes must be >= 0"
+                )
             if h.offset < 0:
-                raise InvalidArgumentError(f"state handle {h.path!r}: offset must be >= 0")
+                raise InvalidArgumentError(
+                    f"state handle {limits.echo(h.path)}: offset must be >= 0"
+                )
             handles.append(
                 StateHandle(
                     h.path,

@@ -2,7 +2,11 @@
 
 Servicer methods are wrapped with :func:`grpc_errors`; a ``SnapflowError`` becomes its
 ``status`` with its message, anything else becomes INTERNAL (logged with its traceback) so the
-service never crashes on bad input.
+service never crashes on bad input. Every message is cut to
+``snapflow.limits.MAX_ERROR_MESSAGE_BYTES``: a message that echoes a huge field would break the
+``grpc-message`` header, and the client would wait for its deadline instead of getting the
+status. A cut message is logged (``rpc.error_message_cut``) with its full text, itself cut to
+``MAX_LOGGED_VALUE_CHARS``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from snapflow import limits
 from snapflow.errors import SnapflowError
 from snapflow.request_parsing import MalformedRequest
 
@@ -24,6 +29,19 @@ T = TypeVar("T")
 
 
 def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and the bounded message of ``error``."""
+    code, message = _status(error)
+    bounded = limits.cut(message)
+    if bounded is not message:
+        log.warning(
+            "rpc.error_message_cut",
+            code=code.name,
+            message=limits.cut_chars(message, limits.MAX_LOGGED_VALUE_CHARS),
+        )
+    return code, bounded
+
+
+def _status(error: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(error, SnapflowError):
         return error.status, str(error)
     if isinstance(error, DecodeError):

@@ -112,8 +112,9 @@ class JobManager:
     # --- start and stop ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Take a new epoch and recover every job from Redis."""
-        self.epoch = await self.store.acquire_epoch()
+        """Take a new epoch (unless the store has one: won with the leader lease, see
+        coordinator/leader_election.py) and recover every job from Redis."""
+        self.epoch = self.store.epoch or await self.store.acquire_epoch()
         log.info("coordinator.epoch_acquired", epoch=self.epoch)
         for record in await self.store.list_jobs():
             try:
@@ -133,22 +134,23 @@ class JobManager:
                 record, state=JobState.RESTARTING if record.deployment else JobState.CREATED
             )
             await self.store.update_job(record)
-        # Late acks for the lost pending checkpoints must be DISCARDED, not UNKNOWN.
+        # Every id handed out so far (read under our epoch) is ended: late acks for the lost
+        # pending checkpoints are DISCARDED, not UNKNOWN, and the sweep may remove their files.
+        handed_out = await self.store.checkpoint_id_counter(record.job_id)
         lost_ids = max((p.checkpoint_id for p in pending), default=0)
-        runner = JobRunner(self, record, completed, savepoints, highest_id=lost_ids)
+        runner = JobRunner(
+            self, record, completed, savepoints, highest_id=max(lost_ids, handed_out)
+        )
         for p in pending:
-            await self.store.remove_pending(record.job_id, p.checkpoint_id)
             log.info(
                 "checkpoint.aborted",
                 job_id=record.job_id,
                 checkpoint_id=p.checkpoint_id,
                 reason=AbortReason.COORDINATOR_RESTARTED.name,
             )
-        keep = [c.checkpoint_id for c in completed]
-        orphans = await asyncio.to_thread(runner.storage.cleanup_orphans, record.job_id, keep)
-        savepoint_orphans = [p.external_path for p in pending if p.kind.is_savepoint]
-        for path in savepoint_orphans:
-            await asyncio.to_thread(runner.storage.delete_incomplete_savepoint, path)
+        # The fenced, bounded orphan sweep removes the lost pending records with their
+        # directories (a savepoint's only without _metadata) and every other orphan.
+        orphans = await runner.sweep_orphans()
         self.jobs[record.job_id] = runner
         runner.start()
         log.info(

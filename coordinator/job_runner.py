@@ -48,10 +48,11 @@ from snapflow.coordinator.checkpoint_io import (
     CleanUpAborted,
     CommitTimings,
     DeleteRetired,
+    DeleteUnused,
     DiscardFiles,
     Finalize,
     SendTriggerRpc,
-    StorePending,
+    SweepOrphans,
 )
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage, s3_location
 from snapflow.coordinator.config import CoordinatorSettings
@@ -68,7 +69,6 @@ from snapflow.coordinator.model import (
     JobRecord,
     JobState,
     OperatorSubtaskState,
-    PendingCheckpointRecord,
     SubtaskMetrics,
     TaskKey,
 )
@@ -98,6 +98,9 @@ from snapflow.v1 import coordinator_pb2 as cpb
 log = structlog.get_logger("snapflow.coordinator")
 
 T = TypeVar("T")
+
+_SWEEP_RETRY_FIRST_S = 1.0
+_SWEEP_RETRY_MAX_S = 60.0
 
 
 class JobHost(Protocol):
@@ -166,8 +169,12 @@ class JobRunner:
             host.rng,
             host.settings.max_queued_trigger_requests,
         )
+        # A resubmission's ids up to run_start_checkpoint_id were handed out already.
         self.core.restore_completed(
-            completed, savepoints, highest_id=highest_id, job_ended=record.state.is_terminal
+            completed,
+            savepoints,
+            highest_id=max(highest_id, record.run_start_checkpoint_id),
+            job_ended=record.state.is_terminal,
         )
         self.stats = CheckpointStatsTracker(host.settings.history_size)
         self.views = JobViews(self.job_id, self.execution, self.core, self.stats)
@@ -177,7 +184,9 @@ class JobRunner:
         self.agents = AgentGateway(
             self.job_id, host.workers, lambda: host.epoch, self._trigger_failed, self._log
         )
-        self.io = CheckpointIo(self.job_id, host.store, self.storage, self, host, self._log)
+        self.io = CheckpointIo(
+            self.job_id, host.store, self.storage, self, host, self._log, clock=host.clock
+        )
         self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
         self._allocation_errors: dict[int, str] = {}
         self._finalize_timings: dict[int, CommitTimings] = {}
@@ -190,6 +199,9 @@ class JobRunner:
         self._loops: list[asyncio.Task[None]] = []
         self._heartbeats: dict[str, float] = {}
         """Agent address -> monotonic time of its registration or last heartbeat."""
+        self._sweep_now = asyncio.Event()
+        self._sweep_retry_s = _SWEEP_RETRY_FIRST_S
+        self._sweep_retry: asyncio.TimerHandle | None = None
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -199,7 +211,12 @@ class JobRunner:
             asyncio.create_task(self._timer_loop(), name=f"timer-{self.job_id}"),
             asyncio.create_task(self.io.run(), name=f"io-{self.job_id}"),
             asyncio.create_task(self._heartbeat_loop(), name=f"heartbeats-{self.job_id}"),
+            asyncio.create_task(self._sweep_loop(), name=f"sweep-{self.job_id}"),
         ]
+
+    async def sweep_orphans(self) -> list[int]:
+        """One bounded, fenced orphan sweep now (at recovery, before the runner starts)."""
+        return await self.io.sweep(self.manager.settings.orphan_sweep_max_deletes)
 
     async def close(self, reason: AbortReason = AbortReason.COORDINATOR_SHUTDOWN) -> None:
         if self._closed:
@@ -218,6 +235,8 @@ class JobRunner:
                 await task
         for task in list(self._background):
             task.cancel()
+        if self._sweep_retry is not None:
+            self._sweep_retry.cancel()
         self.agents.close()
         self.watchers.close()
 
@@ -520,6 +539,10 @@ class JobRunner:
         self._process(
             self.core.on_checkpoint_id(request, checkpoint_id, location, self.manager.clock())
         )
+        if not self.core.is_pending(checkpoint_id):
+            # Refused after the allocation, or its preparation had expired: nothing will ever
+            # be written for this id, so its directory goes now.
+            self.io.submit(DeleteUnused(checkpoint_id, location, request.kind.is_savepoint))
 
     def checkpoint_id_failed(self, request: TriggerRequest, message: str) -> None:
         if self.core.is_triggering(request):  # not a late answer of an expired preparation
@@ -567,6 +590,52 @@ class JobRunner:
     def savepoint_dirs(self) -> list[str]:
         return self.core.savepoint_dirs()
 
+    def savepoint_ids(self) -> dict[str, int]:
+        ids = {s.external_path: s.checkpoint_id for s in self.core.savepoints}
+        for p in self.core.pending.values():
+            if p.kind.is_savepoint:
+                ids[p.external_path] = p.checkpoint_id
+        return ids
+
+    def busy_ids(self) -> set[int]:
+        return {*self.core.retained_ids(), *self.core.pending}
+
+    def highest_known_id(self) -> int:
+        return self.core.highest_id
+
+    def request_sweep(self) -> None:
+        """A clean-up failed (Redis or storage unavailable, a late writer): sweep again after
+        a back-off (1 s doubling to the sweep interval), not only at the next interval."""
+        if self._sweep_retry is not None or self._closed:
+            return
+        delay = self._sweep_retry_s
+        self._sweep_retry_s = min(delay * 2, self._sweep_interval_s() or _SWEEP_RETRY_MAX_S)
+
+        def wake() -> None:
+            self._sweep_retry = None
+            self._sweep_now.set()
+
+        self._sweep_retry = asyncio.get_running_loop().call_later(delay, wake)
+
+    def _sweep_interval_s(self) -> float:
+        return self.manager.settings.orphan_sweep_interval_s
+
+    async def _sweep_loop(self) -> None:
+        """The periodic orphan sweep (through the I/O queue, so in order with everything
+        else), and earlier after a failed clean-up."""
+        while not self._closed and not self.manager.fenced:
+            interval = self._sweep_interval_s()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval if interval > 0 else None):
+                    await self._sweep_now.wait()
+            self._sweep_now.clear()
+            if self._closed or self.manager.fenced:
+                return
+            self.io.submit(SweepOrphans(self.manager.settings.orphan_sweep_max_deletes))
+            await self.io.join()
+            if self._sweep_retry is None:  # it ran: the next failure backs off from 1 s again
+                self._sweep_retry_s = _SWEEP_RETRY_FIRST_S
+
     # --- action execution ----------------------------------------------------------------------
 
     def _process(self, actions: Iterable[Action], wake_timer: bool = True) -> None:
@@ -603,17 +672,7 @@ class JobRunner:
                     periodic=action.request.periodic,
                     tasks=len(action.tasks),
                 )
-                self.io.submit(
-                    StorePending(
-                        PendingCheckpointRecord(
-                            self.job_id,
-                            action.checkpoint_id,
-                            action.request.kind,
-                            action.timestamp_ms,
-                            action.external_path,
-                        )
-                    )
-                )
+                # Its pending record is in Redis already (written while preparing the id).
             case SendTrigger():
                 self.io.submit(SendTriggerRpc(action))
             case SubtaskAcknowledged(checkpoint_id=checkpoint_id, ack=ack):

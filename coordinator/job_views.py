@@ -1,6 +1,15 @@
 """Read-only API views of one job: ``JobInfo``, ``TaskInfo``, checkpoint summaries, statistics
 and details, built from the cores (``JobExecution``, ``CheckpointCoordinator``) and the
 statistics tracker. Nothing here changes state.
+
+The statistics tracker lives in memory and starts empty with each runner (a coordinator
+restart, a resubmission), while completed checkpoints and savepoints are durable. So the
+statistics also cover the snapshots this runner *recovered* (those the checkpoint
+coordinator held when the views were made): they are in the history, in ``triggered`` and
+``completed``, and may be "latest", so the counts and "latest" always agree. Their failures
+and the percentiles of earlier runs are not known. A completed checkpoint whose files are
+gone (dropped by retention, a disposed savepoint) is marked ``discarded``, as in Flink's
+checkpoint history.
 """
 
 from __future__ import annotations
@@ -9,8 +18,13 @@ from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.checkpoint_coordinator import CheckpointCoordinator
 from snapflow.coordinator.execution import JobExecution
-from snapflow.coordinator.model import CompletedCheckpoint, ExecutionAttempt, JobRecord
-from snapflow.coordinator.stats import CheckpointStatsTracker
+from snapflow.coordinator.model import (
+    CheckpointStatus,
+    CompletedCheckpoint,
+    ExecutionAttempt,
+    JobRecord,
+)
+from snapflow.coordinator.stats import CheckpointStatsTracker, StateSizes
 from snapflow.errors import CheckpointNotFoundError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -31,6 +45,10 @@ class JobViews:
         self.core = core
         self.stats = stats
         self._source_vertices = {v.vertex_id for v in execution.graph.vertices if v.is_source}
+        # Newest first, like the history; made right after the core restored them.
+        self._recovered = sorted(
+            (*core.completed, *core.savepoints), key=lambda c: c.checkpoint_id, reverse=True
+        )
 
     def job_info(self, record: JobRecord, include_payloads: bool = False) -> cpb.JobInfo:
         """The job as the API shows it. Operator payloads (pickled user code, possibly large)
@@ -68,6 +86,7 @@ class JobViews:
             raise CheckpointNotFoundError(
                 f"checkpoint {checkpoint_id} of job {self.job_id} is not in the stats history"
             )
+        sizes = record.sizes
         return cpb.CheckpointSummary(
             checkpoint_id=record.checkpoint_id,
             kind=wire.CHECKPOINT_KIND.to_pb(record.kind),
@@ -75,7 +94,9 @@ class JobViews:
             trigger_timestamp_ms=record.trigger_timestamp_ms,
             latest_ack_timestamp_ms=record.latest_ack_timestamp_ms,
             end_to_end_duration_ms=record.end_to_end_duration_ms,
-            state_size_bytes=record.state_size_bytes,
+            state_size_bytes=sizes.state,
+            incremental_size_bytes=sizes.incremental,
+            shared_size_bytes=sizes.shared,
             processed_during_alignment_bytes=record.processed_during_alignment_bytes,
             persisted_in_flight_bytes=record.persisted_in_flight_bytes,
             num_acknowledged=len(record.acks),
@@ -84,6 +105,7 @@ class JobViews:
             failure_reason=record.failure_reason,
             failure_message=record.failure_message,
             unaligned=record.unaligned,
+            discarded=self._discarded(record.checkpoint_id, record.status),
             completion_latency_ms=record.completion_latency_ms,
             source_records=sum(
                 a.metrics.records_in
@@ -96,6 +118,7 @@ class JobViews:
         """Summary of a completed checkpoint, also when it is no longer in the history."""
         if self.stats.get(cp.checkpoint_id) is not None:
             return self.summary(cp.checkpoint_id)
+        sizes = StateSizes.of_acks(cp.subtask_states)
         return cpb.CheckpointSummary(
             checkpoint_id=cp.checkpoint_id,
             kind=wire.CHECKPOINT_KIND.to_pb(cp.kind),
@@ -103,34 +126,52 @@ class JobViews:
             trigger_timestamp_ms=cp.trigger_timestamp_ms,
             latest_ack_timestamp_ms=max((a.ack_timestamp_ms for a in cp.subtask_states), default=0),
             end_to_end_duration_ms=max(0, cp.completion_timestamp_ms - cp.trigger_timestamp_ms),
-            state_size_bytes=cp.state_size_bytes,
+            state_size_bytes=sizes.state,
+            incremental_size_bytes=sizes.incremental,
+            shared_size_bytes=sizes.shared,
             num_acknowledged=len(cp.subtask_states),
             num_tasks=len(cp.subtask_states),
             external_path=cp.external_path,
+            discarded=self._discarded(cp.checkpoint_id, CheckpointStatus.COMPLETED),
         )
+
+    def _discarded(self, checkpoint_id: int, status: CheckpointStatus) -> bool:
+        """A completed checkpoint or savepoint that is neither retained nor recorded any more."""
+        return (
+            status is CheckpointStatus.COMPLETED and self.core.find_snapshot(checkpoint_id) is None
+        )
+
+    def _recovered_only(self) -> list[CompletedCheckpoint]:
+        """Recovered snapshots the tracker has no record of (all of them, unless a checkpoint
+        with the same id was tracked since)."""
+        return [c for c in self._recovered if self.stats.get(c.checkpoint_id) is None]
 
     def checkpoint_stats(self, history_size: int) -> cpb.CheckpointStats:
         s = self.stats
+        recovered = self._recovered_only()
+        history = [self.summary(r.checkpoint_id) for r in s.history()]
+        history += [self.summary_of_completed(c) for c in recovered]  # older ids: after them
         out = cpb.CheckpointStats(
             counts=cpb.CheckpointCounts(
-                triggered=s.triggered,
+                triggered=s.triggered + len(recovered),
                 in_progress=s.in_progress,
-                completed=s.completed,
+                completed=s.completed + len(recovered),
                 failed=s.failed,
                 restored=s.restored,
             ),
-            history=[self.summary(r.checkpoint_id) for r in s.history(history_size or None)],
+            history=history[: history_size or None],
         )
+        recovered_savepoints = [c for c in recovered if c.kind.is_savepoint]
         if s.latest_completed:
             out.latest_completed.CopyFrom(self.summary(s.latest_completed.checkpoint_id))
-        elif (latest := self.core.latest_completed()) is not None:
-            out.latest_completed.CopyFrom(self.summary_of_completed(latest))
+        elif recovered:
+            out.latest_completed.CopyFrom(self.summary_of_completed(recovered[0]))
         if s.latest_failed:
             out.latest_failed.CopyFrom(self.summary(s.latest_failed.checkpoint_id))
         if s.latest_savepoint:
             out.latest_savepoint.CopyFrom(self.summary(s.latest_savepoint.checkpoint_id))
-        elif (savepoint := self.core.last_recorded_savepoint()) is not None:
-            out.latest_savepoint.CopyFrom(self.summary_of_completed(savepoint))
+        elif recovered_savepoints:
+            out.latest_savepoint.CopyFrom(self.summary_of_completed(recovered_savepoints[0]))
         if s.latest_restore:
             r = s.latest_restore
             out.latest_restore.CopyFrom(
@@ -162,18 +203,22 @@ class JobViews:
         else:
             acks, tasks = record.acks, record.tasks
             summary, trigger = self.summary(checkpoint_id), record.trigger_timestamp_ms
-        return cpb.CheckpointDetails(
-            summary=summary,
-            subtasks=[
+        subtasks = []
+        for a in tasks:
+            ack = acks.get(a)
+            if ack is None:
+                subtasks.append(cpb.SubtaskCheckpointDetails(attempt=convert.attempt_to_pb(a)))
+                continue
+            sizes = StateSizes.of_ack(ack)
+            subtasks.append(
                 cpb.SubtaskCheckpointDetails(
                     attempt=convert.attempt_to_pb(a),
-                    acknowledged=a in acks,
-                    ack_timestamp_ms=acks[a].ack_timestamp_ms if a in acks else 0,
-                    end_to_end_duration_ms=max(0, acks[a].ack_timestamp_ms - trigger)
-                    if a in acks
-                    else 0,
-                    metrics=convert.metrics_to_pb(acks[a].metrics) if a in acks else None,
+                    acknowledged=True,
+                    ack_timestamp_ms=ack.ack_timestamp_ms,
+                    end_to_end_duration_ms=max(0, ack.ack_timestamp_ms - trigger),
+                    metrics=convert.metrics_to_pb(ack.metrics),
+                    incremental_size_bytes=sizes.incremental,
+                    shared_size_bytes=sizes.shared,
                 )
-                for a in tasks
-            ],
-        )
+            )
+        return cpb.CheckpointDetails(summary=summary, subtasks=subtasks)

@@ -2,23 +2,37 @@
 
 Every coordinator owns a :class:`CoordinatorMetrics` with its own ``CollectorRegistry`` (not
 the process-global one), so several coordinators in one process (tests) do not clash.
-Names have the ``snapflow_`` prefix and base units (seconds, bytes). No label carries a
-checkpoint id or a job id: label values come from small fixed sets (abort reasons, ack results,
-refusal reasons, job states), all pre-initialised to 0 so ``rate()`` works from the start.
+Names have the ``snapflow_`` prefix and base units (seconds, bytes); the registry also holds
+prometheus_client's process, platform and GC collectors (``process_*``, ``python_*``).
+
+Labels: no label ever carries a checkpoint id. The coordinator-wide metrics take label values
+from small fixed sets (abort reasons, ack results, refusal reasons, job states), all
+pre-initialised to 0 so ``rate()`` works from the start. The per-job metrics
+(``snapflow_job_*``) have one label, ``job_id``: they are read from the jobs at scrape time by
+:class:`JobMetricsCollector`, so there is one series per job the coordinator hosts (at most
+``max_jobs``) and a job's series go when the job goes. The HTTP endpoint is in
+``coordinator/dashboard.py``.
 """
 
 from __future__ import annotations
 
 import enum
-import threading
-from collections.abc import Mapping
-from typing import Any
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from snapflow.coordinator.model import AbortReason, AckResult, JobState, TriggerRefusal
-from snapflow.security import PLAINTEXT, SecuritySettings
 
 # 5 ms .. 10 min
 DURATION_BUCKETS_S: tuple[float, ...] = (
@@ -130,6 +144,18 @@ class CoordinatorMetrics:
             self.trigger_refusals.labels(reason=label_value(refusal))
         for state in JobState:
             self.jobs.labels(state=label_value(state)).set(0)
+        # The coordinator process: CPU, memory, open files, start time; Python version; GC.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.job_collector: JobMetricsCollector | None = None
+
+    def collect_jobs(self, sample: Callable[[], Iterable[JobSample]]) -> None:
+        """Export the per-job metrics of ``sample()`` (called at each scrape); once."""
+        if self.job_collector is not None:
+            raise RuntimeError("the per-job metrics are already collected")
+        self.job_collector = JobMetricsCollector(sample)
+        self.registry.register(self.job_collector)
 
     # --- convenience --------------------------------------------------------------------------
 
@@ -171,63 +197,81 @@ class CoordinatorMetrics:
         self.checkpoints_in_progress.set(count)
 
 
-class MetricsServer:
-    """The running ``/metrics`` HTTP server. ``shutdown()`` stops it, closes its socket and
-    joins its thread; it is idempotent."""
-
-    def __init__(self, httpd: WSGIServer, thread: threading.Thread, host: str, port: int) -> None:
-        self._httpd = httpd
-        self.thread = thread
-        self.host = host
-        self.port = port
-        self._stopped = False
-        self._lock = threading.Lock()
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self.thread.join(timeout)
-
-    close = shutdown
-
-    def __repr__(self) -> str:
-        return f"MetricsServer(host={self.host!r}, port={self.port})"
+# --- per-job metrics ------------------------------------------------------------------------
 
 
-def start_metrics_server(
-    metrics: CoordinatorMetrics, host: str, port: int, security: SecuritySettings = PLAINTEXT
-) -> tuple[MetricsServer, int]:
-    """Serve ``metrics.registry`` at ``http://host:port/metrics`` in a daemon thread.
+@dataclass(frozen=True)
+class JobSample:
+    """The per-job values at one scrape. As in Flink's checkpoint and job gauges, -1 means
+    "none yet": no completed checkpoint, no restore; and an uptime of -1 an ended job."""
 
-    With TLS in ``security`` the endpoint serves HTTPS with the gRPC server's certificate,
-    and with ``tls_client_ca_file`` it requires a client certificate signed by that CA
-    (the scraper's); otherwise bind it (``metrics_host``) to the scrape network only.
-
-    ``port`` 0 picks a free port. Returns the server (stop it with ``server.shutdown()`` or
-    :func:`stop_metrics_server`) and the bound port. A negative port (disabled) is the caller's
-    business and raises ``ValueError``.
-    """
-    if port < 0 or port > 65535:
-        raise ValueError(f"metrics port {port} is out of range 0..65535 (-1 means disabled)")
-    tls: dict[str, Any] = {}
-    if security.server_tls:
-        tls = {
-            "certfile": security.tls_cert_file,
-            "keyfile": security.tls_key_file,
-            "client_cafile": security.tls_client_ca_file or None,
-            "client_auth_required": bool(security.tls_client_ca_file),
-        }
-    result = start_http_server(port, addr=host, registry=metrics.registry, **tls)
-    if not isinstance(result, tuple):  # prometheus_client < 0.20 returned None
-        raise RuntimeError("prometheus_client >= 0.20 is required (start_http_server -> tuple)")
-    httpd, thread = result
-    bound_port = int(httpd.server_address[1])
-    return MetricsServer(httpd, thread, host, bound_port), bound_port
+    job_id: str
+    last_completed_checkpoint_id: int
+    last_checkpoint_duration_s: float
+    last_checkpoint_size_bytes: int
+    last_restore_timestamp_s: float
+    restarts: int
+    uptime_s: float
 
 
-def stop_metrics_server(server: MetricsServer, timeout: float = 5.0) -> None:
-    server.shutdown(timeout)
+JOB_METRICS: tuple[tuple[str, str, str], ...] = (
+    (
+        "snapflow_job_last_completed_checkpoint_id",
+        "last_completed_checkpoint_id",
+        "Id of the job's latest completed checkpoint or savepoint (-1: none yet).",
+    ),
+    (
+        "snapflow_job_last_checkpoint_duration_seconds",
+        "last_checkpoint_duration_s",
+        "End-to-end duration of the job's latest completed checkpoint (-1: none yet).",
+    ),
+    (
+        "snapflow_job_last_checkpoint_size_bytes",
+        "last_checkpoint_size_bytes",
+        "State size of the job's latest completed checkpoint (-1: none yet).",
+    ),
+    (
+        "snapflow_job_last_checkpoint_restore_timestamp_seconds",
+        "last_restore_timestamp_s",
+        "Unix time the job's tasks last restored from a checkpoint or savepoint (-1: never).",
+    ),
+    (
+        "snapflow_job_uptime_seconds",
+        "uptime_s",
+        "How long the job has been RUNNING without interruption (0: not running yet or "
+        "restarting, -1: ended).",
+    ),
+)
+
+
+class JobMetricsCollector(Collector):
+    """``snapflow_job_*`` with a ``job_id`` label, read from ``sample()`` at each scrape.
+
+    ``sample`` reads the jobs' state, which the coordinator's event loop owns: the HTTP
+    server (``coordinator/dashboard.py``) runs on that loop, so a scrape sees a consistent
+    state without locks."""
+
+    def __init__(self, sample: Callable[[], Iterable[JobSample]]) -> None:
+        self._sample = sample
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families([])
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(list(self._sample()))
+
+    @staticmethod
+    def _families(samples: list[JobSample]) -> Iterator[Metric]:
+        for name, attribute, documentation in JOB_METRICS:
+            gauge = GaugeMetricFamily(name, documentation, labels=["job_id"])
+            for s in samples:
+                gauge.add_metric([s.job_id], float(getattr(s, attribute)))
+            yield gauge
+        restarts = CounterMetricFamily(
+            "snapflow_job_restarts",
+            "Times the job's tasks were redeployed after a failure (Flink's numRestarts).",
+            labels=["job_id"],
+        )
+        for s in samples:
+            restarts.add_metric([s.job_id], float(s.restarts))
+        yield restarts

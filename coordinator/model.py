@@ -166,6 +166,20 @@ class JobGraph:
 
 
 @dataclass(frozen=True)
+class StateBackendOptions:
+    """The rocksdb backend's sizing as a job's config carries it (validated against
+    ``snapflow.limits``); ``None`` keeps the worker's default. The worker's
+    ``StateBackendConfig`` documents each field."""
+
+    memory_budget_bytes: int | None = None
+    cache_entries: int | None = None
+    compaction_style: str | None = None
+    compaction_trigger: int | None = None
+    max_size_amplification_percent: int | None = None
+    upload_threads: int | None = None
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     """Checkpoint settings of one job. Defaults follow Flink's."""
 
@@ -187,6 +201,16 @@ class CheckpointConfig:
     """Completed checkpoints kept; older ones are deleted from storage."""
     storage_uri: str = ""
     """Checkpoint storage root for this job; empty = the coordinator's default."""
+    state_backend: str = "heap"
+    """Keyed state backend of the tasks: one of ``STATE_BACKENDS`` (the worker's
+    ``snapflow.worker.state.factory.BACKENDS``; a test keeps the two equal)."""
+    state_backend_options: StateBackendOptions = StateBackendOptions()
+    """Sizing of the rocksdb backend's instances; unset fields keep the worker's defaults."""
+
+
+STATE_BACKENDS = ("heap", "rocksdb")
+ROCKSDB_COMPACTION_STYLES = ("level", "universal")
+"""The worker's ``rocksdb_backend.COMPACTION_STYLES`` (a test keeps the two equal)."""
 
 
 @dataclass(frozen=True)
@@ -422,6 +446,8 @@ class JobRecord:
         )
         c = dict(d["checkpoint_config"])
         c["mode"] = CheckpointMode(c["mode"])
+        if "state_backend_options" in c:
+            c["state_backend_options"] = StateBackendOptions(**c["state_backend_options"])
         return JobRecord(
             job_id=d["job_id"],
             graph=graph,

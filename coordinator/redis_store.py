@@ -11,6 +11,10 @@ Key                                     Type        Content
 ``{ns}:coordinator:epoch``              string/int  Fencing token. Every coordinator incarnation
                                                     INCRs it once at start (:meth:`acquire_epoch`)
                                                     and every mutation checks it.
+``{ns}:coordinator:leader``             hash        The leader lease of highly available
+                                                    coordinators (``candidate``, ``address``,
+                                                    ``epoch``), with a TTL; renewed by the
+                                                    leader (:meth:`try_acquire_lease`).
 ``{ns}:jobs``                           set         Ids of all jobs.
 ``{ns}:job:{job}``                      string      :class:`~snapflow.coordinator.model.JobRecord` JSON.
 ``{ns}:job:{job}:checkpoint-id``        string/int  Checkpoint id counter (INCR). The last id
@@ -25,12 +29,19 @@ Key                                     Type        Content
 ``{ns}:job:{job}:savepoints``           hash        checkpoint id -> ``CompletedCheckpoint`` JSON
                                                     of savepoints: never subsumed, never trimmed by
                                                     retention, removed only when disposed.
+``{ns}:job:{job}:shared-refs``          hash        shared state file path -> references from
+                                                    retained checkpoints (scripts in
+                                                    ``coordinator/shared_state.py``).
+``{ns}:job:{job}:shared-of``            hash        checkpoint id -> JSON list of the shared paths
+                                                    it registered.
 ======================================  ==========  ==============================================
 
 Fencing: every mutation is one Lua script whose first action compares
 ``GET {ns}:coordinator:epoch`` with the caller's epoch; on a mismatch it changes nothing and
 fails, and the store raises :class:`~snapflow.errors.StaleEpochError`. A store that has not
-called :meth:`CheckpointStore.acquire_epoch` cannot mutate anything either.
+called :meth:`CheckpointStore.acquire_epoch` cannot mutate anything either. Deletions in
+checkpoint storage are fenced the same way: :meth:`CheckpointStore.claim_deletions` decides,
+inside one script, which checkpoints' files the caller may delete.
 
 Errors: Redis connection failures and timeouts become :class:`~snapflow.errors.UnavailableError`
 (naming the server); a job id that does not exist where one is required becomes
@@ -47,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -54,14 +66,17 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from snapflow.coordinator.model import CompletedCheckpoint, JobRecord, PendingCheckpointRecord
+from snapflow.coordinator.shared_state import SharedStateRegistry
 from snapflow.errors import (
     AlreadyExistsError,
+    FailedPreconditionError,
     InvalidArgumentError,
     JobNotFoundError,
     SnapflowError,
     StaleEpochError,
     UnavailableError,
 )
+from snapflow.redis_client import async_redis, describe_client
 
 DEFAULT_NAMESPACE = "snapflow"
 
@@ -73,6 +88,7 @@ DEFAULT_NAMESPACE = "snapflow"
 _ERR_STALE_EPOCH = "STALE_EPOCH"
 _ERR_ALREADY_EXISTS = "ALREADY_EXISTS"
 _ERR_JOB_NOT_FOUND = "JOB_NOT_FOUND"
+_ERR_LEADER_ELECTED = "LEADER_ELECTED"
 
 _FENCE = """
 local current = redis.call('GET', KEYS[1])
@@ -198,6 +214,82 @@ return dropped
 """
 )
 
+# The fenced decision before any deletion in checkpoint storage (docs/coordinator.md,
+# "Fencing of storage"). KEYS: epoch, pending, completed, savepoints
+# ARGV: epoch, decided ('1': the checkpoints are ended, forget their pending records too),
+# checkpoint ids... Returns the ids whose files the caller may delete: the caller is still the
+# current epoch (so no newer coordinator references anything yet) and none of them is a
+# retained checkpoint or a recorded savepoint in Redis, whatever the caller believes.
+_CLAIM_DELETIONS = (
+    _FENCE
+    + """
+local allowed = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  if not redis.call('ZSCORE', KEYS[3], id) and redis.call('HEXISTS', KEYS[4], id) == 0 then
+    if ARGV[2] == '1' then
+      redis.call('HDEL', KEYS[2], id)
+    end
+    allowed[#allowed + 1] = id
+  end
+end
+return allowed
+"""
+)
+
+# -------------------------------------------------------------------------------------------------
+# The leader lease (coordinator.leadership has the timing argument). The lease is a hash with a
+# TTL; winning it and taking the next epoch are one step, so only a lease winner takes an epoch.
+# -------------------------------------------------------------------------------------------------
+
+# KEYS: leader, epoch | ARGV: candidate, address, ttl_ms
+# -> {1, address, new epoch} won (free, or held by this same candidate: a new term), or
+#    {0, holder address, current epoch} held by another candidate.
+_ACQUIRE_LEASE = """
+local holder = redis.call('HMGET', KEYS[1], 'candidate', 'address')
+if holder[1] and holder[1] ~= ARGV[1] then
+  return {0, holder[2] or '', tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+local epoch = redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'candidate', ARGV[1], 'address', ARGV[2], 'epoch', epoch)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {1, ARGV[2], epoch}
+"""
+
+# KEYS: leader, epoch | ARGV: candidate, epoch, ttl_ms
+# -> {1, address, epoch} renewed; {0, holder address or '', current epoch} lost: the lease
+#    expired, or another term holds it, or the epoch moved on. A lost lease is never re-created.
+_RENEW_LEASE = """
+local current = redis.call('GET', KEYS[2])
+local holder = redis.call('HMGET', KEYS[1], 'candidate', 'address', 'epoch')
+if current == ARGV[2] and holder[1] == ARGV[1] and holder[3] == ARGV[2] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, holder[2], tonumber(current)}
+end
+return {0, holder[2] or '', tonumber(current or '0')}
+"""
+
+# KEYS: leader | ARGV: candidate, epoch -> 1 released, 0 not this term's lease
+_RELEASE_LEASE = """
+local holder = redis.call('HMGET', KEYS[1], 'candidate', 'epoch')
+if holder[1] == ARGV[1] and holder[2] == ARGV[2] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: epoch, leader -> the new epoch; refused while highly available coordinators hold the
+# lease (a coordinator without the election would fence their leader).
+_ACQUIRE_EPOCH = """
+local holder = redis.call('HGET', KEYS[2], 'address')
+if holder then
+  return redis.error_reply('LEADER_ELECTED ' .. holder)
+end
+return redis.call('INCR', KEYS[1])
+"""
+
 # Read-only. KEYS: completed, completed-data
 _LATEST_COMPLETED = """
 local ids = redis.call('ZREVRANGE', KEYS[1], 0, 0)
@@ -212,6 +304,12 @@ def _encode(d: dict[str, Any]) -> bytes:
     return json.dumps(d, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
 
+def _text(raw: bytes | str | None) -> str:
+    if raw is None:
+        return ""
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
 def _decode(raw: bytes | str) -> dict[str, Any]:
     value = json.loads(raw)
     if not isinstance(value, dict):
@@ -219,12 +317,23 @@ def _decode(raw: bytes | str) -> dict[str, Any]:
     return value
 
 
+@dataclass(frozen=True)
+class LeaseAnswer:
+    """What a lease script answered."""
+
+    ok: bool
+    """Acquired (or renewed, or released)."""
+
+    address: str
+    """The lease holder's advertised address ("" when nobody holds it)."""
+
+    epoch: int
+    """The won epoch when acquired; else the current epoch in Redis (0: none)."""
+
+
 def _describe_client(client: aioredis.Redis) -> str:
     """Where ``client`` points, for error messages (never includes credentials)."""
-    kwargs = client.connection_pool.connection_kwargs
-    if kwargs.get("path"):
-        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
-    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    return describe_client(client)
 
 
 class CheckpointStore:
@@ -240,6 +349,7 @@ class CheckpointStore:
         self._redis = redis
         self.namespace = namespace
         self.epoch: int | None = None
+        self._shared_state: SharedStateRegistry | None = None
         self.where = _describe_client(redis)
         self._create_job = redis.register_script(_CREATE_JOB)
         self._update_job = redis.register_script(_UPDATE_JOB)
@@ -250,14 +360,20 @@ class CheckpointStore:
         self._hdel_fenced = redis.register_script(_HDEL_FENCED)
         self._commit_completed = redis.register_script(_COMMIT_COMPLETED)
         self._latest_completed = redis.register_script(_LATEST_COMPLETED)
+        self._claim_deletions = redis.register_script(_CLAIM_DELETIONS)
+        self._acquire_lease = redis.register_script(_ACQUIRE_LEASE)
+        self._renew_lease = redis.register_script(_RENEW_LEASE)
+        self._release_lease = redis.register_script(_RELEASE_LEASE)
+        self._acquire_epoch = redis.register_script(_ACQUIRE_EPOCH)
 
     @classmethod
     def from_url(
         cls, url: str, namespace: str = DEFAULT_NAMESPACE, **redis_kwargs: Any
     ) -> CheckpointStore:
-        """A store with its own client for ``url``; ``redis_kwargs`` go to ``Redis.from_url``
-        (e.g. ``socket_timeout``, ``retry``)."""
-        return cls(aioredis.Redis.from_url(url, **redis_kwargs), namespace=namespace)
+        """A store with its own client for ``url`` (``redis+sentinel://`` too:
+        ``snapflow.redis_client``); ``redis_kwargs`` are redis-py connection options (e.g.
+        ``socket_timeout``, ``retry``)."""
+        return cls(async_redis(url, **redis_kwargs), namespace=namespace)
 
     async def close(self) -> None:
         """Close the Redis client (also one passed to the constructor)."""
@@ -279,6 +395,10 @@ class CheckpointStore:
     @property
     def epoch_key(self) -> str:
         return f"{self.namespace}:coordinator:epoch"
+
+    @property
+    def leader_key(self) -> str:
+        return f"{self.namespace}:coordinator:leader"
 
     @property
     def jobs_key(self) -> str:
@@ -304,6 +424,20 @@ class CheckpointStore:
     def savepoints_key(self, job_id: str) -> str:
         return f"{self.job_key(job_id)}:savepoints"
 
+    def shared_refs_key(self, job_id: str) -> str:
+        return f"{self.job_key(job_id)}:shared-refs"
+
+    def shared_of_key(self, job_id: str) -> str:
+        return f"{self.job_key(job_id)}:shared-of"
+
+    @property
+    def shared_state(self) -> SharedStateRegistry:
+        """Reference counts of shared state files (``coordinator/shared_state.py``), on this
+        store's client, namespace and epoch."""
+        if self._shared_state is None:
+            self._shared_state = SharedStateRegistry(self._redis, self, self._fence, self._errors)
+        return self._shared_state
+
     def all_job_keys(self, job_id: str) -> list[str]:
         """Every key that belongs to one job."""
         return [
@@ -313,6 +447,8 @@ class CheckpointStore:
             self.completed_key(job_id),
             self.completed_data_key(job_id),
             self.savepoints_key(job_id),
+            self.shared_refs_key(job_id),
+            self.shared_of_key(job_id),
         ]
 
     # -- error handling ------------------------------------------------------------------------
@@ -342,6 +478,12 @@ class CheckpointStore:
             return AlreadyExistsError(rest)
         if code == _ERR_JOB_NOT_FOUND:
             return JobNotFoundError(rest)
+        if code == _ERR_LEADER_ELECTED:
+            return FailedPreconditionError(
+                f"highly available coordinators use Redis at {self.where} (namespace "
+                f"{self.namespace!r}; their leader is {rest}): start this coordinator with "
+                f'high_availability = "redis" as well, and it waits as a standby'
+            )
         return SnapflowError(f"Redis at {self.where} refused {what}: {message}")
 
     def _fence(self, what: str) -> str:
@@ -355,11 +497,56 @@ class CheckpointStore:
     # -- epoch ---------------------------------------------------------------------------------
 
     async def acquire_epoch(self) -> int:
-        """Take a new coordinator epoch (fencing token); every older incarnation is fenced off."""
+        """Take a new coordinator epoch (fencing token); every older incarnation is fenced off.
+        Without the leader election only: refused (FailedPreconditionError) while highly
+        available coordinators hold the leader lease."""
         with self._errors("acquire_epoch"):
-            epoch = int(await self._redis.incr(self.epoch_key))
+            epoch = int(await self._acquire_epoch([self.epoch_key, self.leader_key], []))
         self.epoch = epoch
         return epoch
+
+    def with_epoch(self, epoch: int) -> CheckpointStore:
+        """A store on the same Redis client whose mutations are fenced by ``epoch`` (won
+        with the leader lease): one per leadership term, so a term that ended can never write
+        with a later term's epoch. Close only the original store (it owns the client)."""
+        store = CheckpointStore(self._redis, namespace=self.namespace)
+        store.epoch = epoch
+        return store
+
+    # -- the leader lease ----------------------------------------------------------------------
+
+    async def try_acquire_lease(self, candidate: str, address: str, ttl_ms: int) -> LeaseAnswer:
+        """Win the leader lease and a new epoch if the lease is free (or ``candidate``'s own,
+        from an earlier term); else answer who holds it. Does not set ``self.epoch`` (use
+        :meth:`with_epoch` for the term's store)."""
+        with self._errors("try_acquire_lease"):
+            ok, holder, epoch = await self._acquire_lease(
+                [self.leader_key, self.epoch_key], [candidate, address, str(int(ttl_ms))]
+            )
+        return LeaseAnswer(bool(ok), _text(holder), int(epoch))
+
+    async def renew_lease(self, candidate: str, epoch: int, ttl_ms: int) -> LeaseAnswer:
+        """Extend the lease of ``candidate``'s term ``epoch`` by ``ttl_ms``; ``ok`` False when
+        it is lost (expired, another term's, or the epoch moved on)."""
+        with self._errors("renew_lease"):
+            ok, holder, current = await self._renew_lease(
+                [self.leader_key, self.epoch_key], [candidate, str(int(epoch)), str(int(ttl_ms))]
+            )
+        return LeaseAnswer(bool(ok), _text(holder), int(current))
+
+    async def release_lease(self, candidate: str, epoch: int) -> bool:
+        """Delete the lease if it is still ``candidate``'s term ``epoch``."""
+        with self._errors("release_lease"):
+            released = await self._release_lease([self.leader_key], [candidate, str(int(epoch))])
+        return bool(released)
+
+    async def read_lease(self) -> LeaseAnswer | None:
+        """The lease holder (``ok`` True) and its epoch, or None when nobody holds it."""
+        with self._errors("read_lease"):
+            raw = await self._redis.hmget(self.leader_key, ["address", "epoch"])
+        if raw[0] is None:
+            return None
+        return LeaseAnswer(True, _text(raw[0]), int(raw[1] or 0))
 
     async def current_epoch(self) -> int | None:
         """The epoch stored in Redis (the newest incarnation's), or None if none was taken."""
@@ -425,6 +612,41 @@ class CheckpointStore:
         keys = [self.epoch_key, self.checkpoint_id_key(job_id)]
         with self._errors("ensure_checkpoint_id_at_least"):
             return int(await self._ensure_at_least(keys, [epoch, str(int(value))]))
+
+    async def checkpoint_id_counter(self, job_id: str) -> int:
+        """The last checkpoint id handed out for the job (0 if none). Read at recovery, right
+        after taking the epoch: every id an older incarnation allocated is at most this."""
+        with self._errors("checkpoint_id_counter"):
+            raw = await self._redis.get(self.checkpoint_id_key(job_id))
+        return int(raw) if raw is not None else 0
+
+    # -- storage deletions ---------------------------------------------------------------------
+
+    async def claim_deletions(
+        self, job_id: str, checkpoint_ids: Sequence[int], *, decided: bool
+    ) -> set[int]:
+        """The fenced step before deleting anything in checkpoint storage: of the checkpoints
+        (and savepoints) ``checkpoint_ids``, those whose files this coordinator may delete.
+
+        One Lua script checks the epoch (raises :class:`StaleEpochError` when a newer
+        coordinator exists: it may reference anything, so nothing may be deleted) and refuses
+        every id that Redis holds as a retained checkpoint or a recorded savepoint, even one the
+        caller believes aborted (a commit whose reply was lost). ``decided``: the checkpoints
+        have ended; their pending records are removed in the same step, so a record never
+        outlives its files' deletion decision."""
+        epoch = self._fence("claim_deletions")
+        if not checkpoint_ids:
+            return set()
+        keys = [
+            self.epoch_key,
+            self.pending_key(job_id),
+            self.completed_key(job_id),
+            self.savepoints_key(job_id),
+        ]
+        args = [epoch, "1" if decided else "0", *(str(int(i)) for i in checkpoint_ids)]
+        with self._errors("claim_deletions"):
+            allowed = await self._claim_deletions(keys, args)
+        return {int(i) for i in allowed}
 
     # -- pending checkpoints -------------------------------------------------------------------
 

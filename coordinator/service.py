@@ -1,7 +1,8 @@
 """gRPC servicer of ``snapflow.v1.CoordinatorService``: protos in, ``JobManager`` calls out.
 
-Nothing here decides anything: requests are validated and converted (``coordinator.convert``),
-handed to the job manager, and errors become statuses (``coordinator.grpc_errors``).
+Nothing here decides anything: requests are validated and converted (``coordinator.convert``)
+against the bounds of ``snapflow.limits``, handed to the job manager, and errors become
+statuses (``coordinator.grpc_errors``).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from snapflow import wire
+from snapflow import limits, wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.confinement import check_confined
 from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.job_runner import JobRunner
 from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey
-from snapflow.errors import InvalidArgumentError, SnapflowError
+from snapflow.errors import CheckpointRefusedError, InvalidArgumentError, SnapflowError
 from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -25,7 +26,16 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 MAX_HISTORY = 1000
 MAX_ACKS_PER_BATCH = 4096
-MAX_HEARTBEAT_TASKS = 32768
+MAX_HEARTBEAT_TASKS = limits.MAX_PARALLELISM
+
+
+def _location(value: str, field: str) -> str:
+    """A path a client sends, within the size limits (before confinement or any I/O)."""
+    return limits.check_location(value, field)
+
+
+def _address(value: str, field: str) -> str:
+    return limits.check_length(value, limits.MAX_ADDRESS_CHARS, field)
 
 
 class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
@@ -55,6 +65,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         roots = self.manager.settings.allowed_roots()
         check_confined(config.storage_uri, roots, "checkpoint_config.storage_uri", allow_root=True)
         if request.restore.WhichOneof("source") == "savepoint_path":
+            _location(request.restore.savepoint_path, "restore.savepoint_path")
             check_confined(request.restore.savepoint_path, roots, "restore.savepoint_path")
         runner = await self.manager.submit(job_id, graph, config, request.restore)
         return cpb.SubmitJobResponse(job=runner.job_info())
@@ -106,6 +117,8 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
             raise InvalidArgumentError(f"subtask_index must be >= 0, got {request.subtask_index}")
         if not request.vertex_id:
             raise InvalidArgumentError("vertex_id is required")
+        limits.check_length(request.vertex_id, limits.MAX_ID_CHARS, "vertex_id")
+        _address(request.address, "address")
         attempt, restore = await runner.register_task(
             TaskKey(request.vertex_id, request.subtask_index), request.address
         )
@@ -130,7 +143,8 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         state = wire.TASK_STATE.from_pb_or(request.state, None)
         if state is None or state is TaskState.DEPLOYING:
             raise InvalidArgumentError("state must be RUNNING, FINISHED, FAILED or CANCELED")
-        await runner.update_task_state(attempt, state, request.failure)
+        failure = limits.cut_chars(request.failure, limits.MAX_FAILURE_CHARS)
+        await runner.update_task_state(attempt, state, failure)
         return cpb.UpdateTaskStateResponse()
 
     @grpc_errors
@@ -138,6 +152,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         self, request: cpb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> cpb.HeartbeatResponse:
         runner = self._runner(request.job_id)
+        _address(request.address, "address")
         if len(request.tasks) > MAX_HEARTBEAT_TASKS:
             raise InvalidArgumentError(
                 f"{len(request.tasks)} tasks in one heartbeat; at most {MAX_HEARTBEAT_TASKS}"
@@ -205,7 +220,8 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         attempt = convert.attempt_from_pb(request.attempt)
         checkpoint_id = convert.checkpoint_id_from_pb(request.checkpoint_id)
         reason = convert.decline_reason_from_pb(request.reason)
-        runner.decline(attempt, checkpoint_id, reason, request.message)
+        message = limits.cut_chars(request.message, limits.MAX_FAILURE_CHARS)
+        runner.decline(attempt, checkpoint_id, reason, message)
         return cpb.DeclineCheckpointResponse()
 
     # --- checkpoints (user side) ---------------------------------------------------------------------
@@ -214,8 +230,12 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         self, job_id: str, kind: CheckpointKind, target: str, context: grpc.aio.ServicerContext
     ) -> cpb.CheckpointSummary:
         runner = self._runner(job_id)
+        _location(target, "target_directory")
         check_confined(target, self.manager.settings.allowed_roots(), "target_directory")
-        cp: CompletedCheckpoint = await runner.trigger(kind, target, self._deadline(context))
+        try:
+            cp: CompletedCheckpoint = await runner.trigger(kind, target, self._deadline(context))
+        except CheckpointRefusedError as refused:
+            raise _naming_the_job_state(refused, runner) from None
         return runner.summary_of_completed(cp)
 
     @grpc_errors
@@ -249,6 +269,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     ) -> cpb.DisposeSavepointResponse:
         if not request.savepoint_path:
             raise InvalidArgumentError("savepoint_path is required")
+        _location(request.savepoint_path, "savepoint_path")
         check_confined(
             request.savepoint_path, self.manager.settings.allowed_roots(), "savepoint_path"
         )
@@ -271,6 +292,27 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     ) -> cpb.CheckpointDetails:
         runner = self._runner(request.job_id)
         return runner.details_pb(convert.checkpoint_id_from_pb(request.checkpoint_id))
+
+
+def _naming_the_job_state(
+    refused: CheckpointRefusedError, runner: JobRunner
+) -> CheckpointRefusedError:
+    """A refusal because the job's checkpoint coordinator is shut down says why: the job has
+    ended (or is ending after a stop-with-savepoint), in the words of its state."""
+    if refused.reason != "CHECKPOINT_COORDINATOR_SHUTDOWN":
+        return refused
+    state = runner.execution.state
+    if state.is_terminal:
+        why = (
+            f"job {runner.job_id} is {state.name}: an ended job takes no checkpoints or "
+            f"savepoints (resubmit it with restore to run it again)"
+        )
+    else:
+        why = (
+            f"job {runner.job_id} is {state.name} but stopping after a stop-with-savepoint: it "
+            f"takes no more checkpoints"
+        )
+    return CheckpointRefusedError(refused.reason, why)
 
 
 __all__ = ["CoordinatorServicer", "pb"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from snapflow.coordinator.model import (
@@ -18,8 +19,45 @@ from snapflow.coordinator.model import (
     ExecutionAttempt,
     SubtaskAck,
 )
+from snapflow.coordinator.shared_state import SHARED
 
 SUMMARY_WINDOW = 1000  # completed checkpoints the percentiles are computed over
+
+
+@dataclass(frozen=True)
+class StateSizes:
+    """The bytes a snapshot's state handles name, split by who wrote them (Flink's "full
+    checkpoint data size" and "checkpointed data size").
+
+    ``state``: every byte the handles name (a full snapshot's whole state; an incremental
+    checkpoint's files plus the shared files it reuses). ``shared``: bytes of the reused shared
+    files (handles of kind ``shared``, uploaded by an earlier checkpoint). ``incremental``:
+    the rest, what this snapshot wrote (its own files and the shared files it uploaded,
+    ``shared-new``). Always ``state == incremental + shared``."""
+
+    state: int = 0
+    incremental: int = 0
+    shared: int = 0
+
+    @staticmethod
+    def of_ack(ack: SubtaskAck) -> StateSizes:
+        # A subtask that reported a size but no handles (``state_size_bytes`` falls back to its
+        # metrics) wrote what it reported.
+        state = ack.state_size_bytes
+        shared = sum(
+            h.size_bytes for s in ack.operator_states for h in s.handles if h.kind == SHARED
+        )
+        return StateSizes(state, state - shared, shared)
+
+    @staticmethod
+    def of_acks(acks: Iterable[SubtaskAck]) -> StateSizes:
+        state = incremental = shared = 0
+        for ack in acks:
+            sizes = StateSizes.of_ack(ack)
+            state += sizes.state
+            incremental += sizes.incremental
+            shared += sizes.shared
+        return StateSizes(state, incremental, shared)
 
 
 @dataclass
@@ -45,6 +83,11 @@ class CheckpointRecord:
     def end_to_end_duration_ms(self) -> int:
         end = self.end_timestamp_ms or self.latest_ack_timestamp_ms
         return max(0, end - self.trigger_timestamp_ms) if end else 0
+
+    @property
+    def sizes(self) -> StateSizes:
+        """Summed over the acknowledged subtasks."""
+        return StateSizes.of_acks(self.acks.values())
 
     @property
     def state_size_bytes(self) -> int:
@@ -119,6 +162,7 @@ class CheckpointStatsTracker:
         self.latest_restore: RestoreRecord | None = None
         self._durations: deque[float] = deque(maxlen=SUMMARY_WINDOW)
         self._sizes: deque[float] = deque(maxlen=SUMMARY_WINDOW)
+        self._incremental_sizes: deque[float] = deque(maxlen=SUMMARY_WINDOW)
         self._aligned_bytes: deque[float] = deque(maxlen=SUMMARY_WINDOW)
         self._in_flight_bytes: deque[float] = deque(maxlen=SUMMARY_WINDOW)
 
@@ -140,6 +184,7 @@ class CheckpointStatsTracker:
         return {
             "end_to_end_duration_ms": Quantiles.of(list(self._durations)),
             "state_size_bytes": Quantiles.of(list(self._sizes)),
+            "incremental_size_bytes": Quantiles.of(list(self._incremental_sizes)),
             "processed_during_alignment_bytes": Quantiles.of(list(self._aligned_bytes)),
             "persisted_in_flight_bytes": Quantiles.of(list(self._in_flight_bytes)),
         }
@@ -177,7 +222,9 @@ class CheckpointStatsTracker:
         if checkpoint.kind.is_savepoint:
             self.latest_savepoint = record
         self._durations.append(record.end_to_end_duration_ms)
-        self._sizes.append(record.state_size_bytes)
+        sizes = record.sizes
+        self._sizes.append(sizes.state)
+        self._incremental_sizes.append(sizes.incremental)
         self._aligned_bytes.append(record.processed_during_alignment_bytes)
         self._in_flight_bytes.append(record.persisted_in_flight_bytes)
         self._trim()

@@ -1,7 +1,9 @@
 """``WatchJob`` streams of one job: every subscriber gets the job's events in order.
 
 A subscriber that does not keep up (``WATCH_QUEUE_BOUND`` events buffered) is cut off rather
-than buffering forever; closing the watch ends every stream.
+than buffering forever; closing the watch ends every stream. The job's recent history (its
+exceptions, when it started running: ``coordinator/job_history.py``) is fed by the same
+events, whether anyone watches or not.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from snapflow.coordinator import convert
+from snapflow.coordinator.job_history import JobHistory
 from snapflow.coordinator.model import ExecutionAttempt, JobState
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -23,6 +26,7 @@ class JobWatch:
         self.job_id = job_id
         self._clock = clock
         self._subscribers: set[asyncio.Queue[cpb.JobEvent | None]] = set()
+        self.history = JobHistory()
 
     @property
     def subscribers(self) -> int:
@@ -55,6 +59,7 @@ class JobWatch:
     # --- events ----------------------------------------------------------------------------
 
     def state_changed(self, state: JobState, reason: str) -> None:
+        self.history.on_state_changed(self._clock(), state, reason)
         if self._subscribers:
             self._publish(
                 self._event(
@@ -66,6 +71,7 @@ class JobWatch:
             )
 
     def task_failed(self, attempt: ExecutionAttempt, message: str) -> None:
+        self.history.on_task_failed(self._clock(), attempt, message)
         if self._subscribers:
             self._publish(
                 self._event(

@@ -12,7 +12,9 @@ The interface is shaped by what object stores do well and charge for, not by POS
 * ranged reads (:meth:`FileStore.read_range`), so a restore reads only the key-group sections
   it owns;
 * batched deletes (:meth:`FileStore.delete`, ``DeleteObjects`` with up to 1,000 keys a request);
-* listing (:meth:`FileStore.list`) only off the hot path (orphan clean-up, disposal).
+* listing (:meth:`FileStore.list`) only off the hot path (orphan clean-up, disposal);
+* file transfers that never hold a whole object in memory (:meth:`FileStore.upload_file`,
+  :meth:`FileStore.download_file`), for state files as large as a compaction makes them.
 
 Every request is counted by kind (:class:`RequestCounts`): benchmarks and tests read the counts
 to hold checkpoints to a request budget.
@@ -30,8 +32,12 @@ attempts); a permanent error (no such bucket, access denied) raises
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import secrets
+import shutil
 import threading
+import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -40,10 +46,11 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from snapflow.durable_files import create_exclusive, write_atomic
+from snapflow.durable_files import create_exclusive, fsync_dir, write_atomic
 from snapflow.errors import AlreadyExistsError, InvalidArgumentError, StorageError
 
 __all__ = [
+    "TRANSFER_CHUNK_BYTES",
     "FileStore",
     "LocalFileStore",
     "MultipartUploads",
@@ -51,12 +58,18 @@ __all__ = [
     "RequestKind",
     "S3FileStore",
     "S3Settings",
+    "file_crc32",
     "is_object_store_uri",
     "store_for",
 ]
 
 #: S3 refuses more keys in one ``DeleteObjects`` request.
 MAX_KEYS_PER_DELETE = 1000
+
+#: Bytes a file transfer holds in memory at once: the chunk of a streamed download, and the
+#: part size of an S3 upload (a file below twice this size is one ``PutObject``; s3fs reads it
+#: whole). At least S3's 5 MiB minimum part size.
+TRANSFER_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class RequestKind(StrEnum):
@@ -128,12 +141,44 @@ class FileStore(ABC):
     def list(self, prefix: str) -> list[str]:
         """Every object under the directory ``prefix``, recursively (off the hot path only)."""
 
+    @abstractmethod
+    def upload_file(self, path: str, local_path: str) -> None:
+        """Write the local file ``local_path`` as the object ``path`` (a unique name, as for
+        :meth:`write`) without reading it into memory whole. The local file must not change
+        while it is uploaded."""
+
+    @abstractmethod
+    def download_file(self, path: str, local_path: str) -> tuple[int, int]:
+        """Write the object ``path`` to the new local file ``local_path`` in chunks; returns
+        ``(size, CRC-32)`` of the bytes written. :class:`FileNotFoundError` if there is no
+        object (and then no local file either)."""
+
     def exists(self, path: str) -> bool:
         try:
             self.size(path)
         except FileNotFoundError:
             return False
         return True
+
+
+def _crc_copy(reader: Any, writer: Any) -> tuple[int, int]:
+    """Copy ``reader`` to ``writer`` in :data:`TRANSFER_CHUNK_BYTES` chunks; ``(size, crc)``."""
+    size = crc = 0
+    while chunk := reader.read(TRANSFER_CHUNK_BYTES):
+        writer.write(chunk)
+        size += len(chunk)
+        crc = zlib.crc32(chunk, crc)
+    return size, crc
+
+
+def file_crc32(local_path: str) -> tuple[int, int]:
+    """``(size, CRC-32)`` of a local file, read in chunks."""
+    size = crc = 0
+    with open(local_path, "rb") as f:
+        while chunk := f.read(TRANSFER_CHUNK_BYTES):
+            size += len(chunk)
+            crc = zlib.crc32(chunk, crc)
+    return size, crc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,6 +229,48 @@ class LocalFileStore(FileStore):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         return n
+
+    def upload_file(self, path: str, local_path: str) -> None:
+        """A hard link when both names are on one file system (the callers' files are
+        immutable once written, as RocksDB's SST files are, so the object and the local file
+        may share the inode; the data is fsynced, a link adds no bytes); a chunked copy to a
+        temporary file, fsynced and renamed, otherwise."""
+        self.requests.add(RequestKind.PUT)
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        try:
+            os.link(local_path, path)
+        except FileExistsError:
+            raise
+        except OSError:
+            tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+            try:
+                with open(local_path, "rb") as src, open(tmp, "xb") as dst:
+                    shutil.copyfileobj(src, dst, TRANSFER_CHUNK_BYTES)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        else:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(directory)
+
+    def download_file(self, path: str, local_path: str) -> tuple[int, int]:
+        self.requests.add(RequestKind.GET)
+        with open(path, "rb") as src:
+            try:
+                with open(local_path, "xb") as dst:
+                    return _crc_copy(src, dst)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(local_path)
+                raise
 
     def list(self, prefix: str) -> list[str]:
         self.requests.add(RequestKind.LIST)
@@ -276,12 +363,20 @@ class S3FileStore(FileStore):
 
     def _call(self, kind: RequestKind, operation: str, uri: str, **kwargs: Any) -> Any:
         self.requests.add(kind)
+        return self._mapped(
+            operation, uri, kwargs.get("Bucket"), self._client().call_s3, operation, **kwargs
+        )
+
+    def _mapped(
+        self, operation: str, uri: str, bucket: Any, fn: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """``fn(*args, **kwargs)`` with s3fs's and botocore's errors mapped to ours."""
         try:
-            return self._client().call_s3(operation, **kwargs)
+            return fn(*args, **kwargs)
         except FileNotFoundError as e:
             if "bucket" in str(e).lower():  # NoSuchBucket: no retry or restore can fix it
                 raise StorageError(
-                    f"S3 {operation} on {uri}: the bucket {kwargs.get('Bucket')!r} does not "
+                    f"S3 {operation} on {uri}: the bucket {bucket!r} does not "
                     "exist (NoSuchBucket); create it or fix the storage URI"
                 ) from e
             raise
@@ -332,6 +427,53 @@ class S3FileStore(FileStore):
                 raise AlreadyExistsError(
                     f"{path} already exists; it is never overwritten"
                 ) from None
+            raise
+
+    def upload_file(self, path: str, local_path: str) -> None:
+        """s3fs's ``put_file``: one ``PutObject`` below twice :data:`TRANSFER_CHUNK_BYTES`,
+        a multipart upload of such parts (one at a time: the callers upload several files at
+        once) above, aborted if a part fails. Counted as the requests it makes."""
+        bucket, _ = _split(path)
+        size = os.path.getsize(local_path)
+        chunk = _s3fs_chunksize(size)
+        if size < 2 * chunk:
+            self.requests.add(RequestKind.PUT)
+        else:  # create, the parts, complete
+            self.requests.add(RequestKind.PUT, 2 + math.ceil(size / chunk))
+        self._mapped(
+            "put_file",
+            path,
+            bucket,
+            self._client().put_file,
+            local_path,
+            path,
+            chunksize=chunk,
+            max_concurrency=1,
+        )
+
+    def download_file(self, path: str, local_path: str) -> tuple[int, int]:
+        """One ``GetObject`` whose body is streamed to the file in chunks."""
+        bucket, key = _split(path)
+        out = self._call(RequestKind.GET, "get_object", path, Bucket=bucket, Key=key)
+        from fsspec.asyn import sync
+
+        async def stream(dst: Any) -> tuple[int, int]:
+            size = crc = 0
+            async with out["Body"] as body:
+                while chunk := await body.read(TRANSFER_CHUNK_BYTES):
+                    dst.write(chunk)
+                    size += len(chunk)
+                    crc = zlib.crc32(chunk, crc)
+            return size, crc
+
+        try:
+            with open(local_path, "xb") as dst:
+                return self._mapped(
+                    "get_object", path, bucket, sync, self._client().loop, stream, dst
+                )
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local_path)
             raise
 
     def read(self, path: str) -> bytes:
@@ -502,6 +644,12 @@ class MultipartUploads:
                 return out
             kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
             kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
+
+
+def _s3fs_chunksize(size: int) -> int:
+    """The part size s3fs's ``put_file`` uses for a file of ``size`` bytes when asked for
+    :data:`TRANSFER_CHUNK_BYTES` (S3 allows 10,000 parts: larger files get larger parts)."""
+    return max(TRANSFER_CHUNK_BYTES, math.ceil(size / 10_000))
 
 
 def _read_body(fs: Any, body: Any) -> bytes:

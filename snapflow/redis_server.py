@@ -8,6 +8,12 @@ embedded default finds its jobs and checkpoints again::
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
 
+Given ``replica_of`` (a master's port on 127.0.0.1) the server starts as its replica;
+:class:`SentinelServer` runs the same binary as a Redis Sentinel (``--sentinel`` with a
+private, writable config file, which Sentinel rewrites) monitoring one master. A master, a
+replica and three sentinels on free ports make a Sentinel setup for tests
+(tests/foundation/test_sentinel.py); each process is stopped by its PID.
+
 The binary is looked up in this order (see :func:`find_redis_server_binary`):
 
 1. ``redis-server`` on ``PATH`` (``shutil.which``);
@@ -93,8 +99,11 @@ class RedisServer:
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         data_dir: str | None = None,
         port: int = 0,
+        replica_of: int | None = None,
     ) -> None:
         self.binary = binary or find_redis_server_binary()
+        self.replica_of = replica_of
+        """Start as a replica of the master on this port of 127.0.0.1; None = a master."""
         self.startup_timeout_s = startup_timeout_s
         self.data_dir = data_dir
         """Persist (AOF) in this directory and keep it at stop; None = temporary, no persistence."""
@@ -143,9 +152,8 @@ class RedisServer:
         self._cleanup_dir()
         raise RuntimeError("could not start redis-server: " + " | ".join(errors))
 
-    def _try_start(self, port: int, errors: list[str]) -> bool:
+    def _command(self, port: int) -> list[str]:
         assert self._dir is not None
-        log_path = Path(self._dir) / "redis.log"
         cmd = [
             self.binary,
             "--port", str(port),
@@ -156,6 +164,14 @@ class RedisServer:
             "--daemonize", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
+        if self.replica_of is not None:
+            cmd += ["--replicaof", HOST, str(self.replica_of)]
+        return cmd
+
+    def _try_start(self, port: int, errors: list[str]) -> bool:
+        assert self._dir is not None
+        log_path = Path(self._dir) / "redis.log"
+        cmd = self._command(port)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
@@ -184,6 +200,12 @@ class RedisServer:
         if process is not None:
             self._kill(process)
         self._cleanup_dir()
+
+    def kill(self) -> None:
+        """SIGKILL the server by its PID and reap it (a crash); ``stop`` still cleans up."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(timeout=DEFAULT_STOP_TIMEOUT_S)
 
     def __enter__(self) -> RedisServer:
         return self.start()
@@ -254,3 +276,48 @@ class RedisServer:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self._dir)
             self._dir = None
+
+
+class SentinelServer(RedisServer):
+    """``redis-server --sentinel`` monitoring the master ``master_port`` on 127.0.0.1 as
+    ``service_name``, with a quorum of ``quorum``; a master is considered down after
+    ``down_after_ms`` without an answer (Redis's default is 30 000 ms; tests use ~1 000)."""
+
+    def __init__(
+        self,
+        master_port: int,
+        service_name: str = "mymaster",
+        *,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        binary: str | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    ) -> None:
+        super().__init__(binary=binary, startup_timeout_s=startup_timeout_s)
+        self.master_port = master_port
+        self.service_name = service_name
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def _command(self, port: int) -> list[str]:
+        assert self._dir is not None
+        config = Path(self._dir) / f"sentinel-{port}.conf"  # Sentinel rewrites it: private
+        name = self.service_name
+        config.write_text(
+            f"port {port}\n"
+            f"bind {HOST}\n"
+            "daemonize no\n"
+            f"dir {self._dir}\n"
+            "loglevel warning\n"
+            f"sentinel monitor {name} {HOST} {self.master_port} {self.quorum}\n"
+            f"sentinel down-after-milliseconds {name} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {name} 1\n"
+        )
+        return [self.binary, str(config), "--sentinel"]

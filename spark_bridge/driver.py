@@ -18,9 +18,11 @@
    coordinator; ``BarrierTaskContext.barrier()`` is called at most once, at start-up, and only
    with ``startup_barrier=True`` (it polls about once a second). The stage's Spark job runs in
    a job group, so :meth:`JobHandle.cancel` can cancel it.
-4. **Failover.** A failed task fails the barrier stage (Spark kills the other tasks; with
-   ``spark.stage.maxConsecutiveAttempts`` > 1 Spark itself re-runs the stage first, which is a
-   restart too). The driver waits (bounded) until the coordinator has seen the deployment fail,
+4. **Failover.** A failed task fails the barrier stage (Spark kills the other tasks). The stage
+   is a barrier *ResultStage*, which Spark's DAGScheduler never re-attempts ("Could not recover
+   from a failed barrier ResultStage"; only barrier ShuffleMapStages are retried under
+   ``spark.stage.maxConsecutiveAttempts``), so every failure comes back here whatever that
+   setting is (``tests/spark_bridge/test_spark_stage_retries.py``). The driver waits (bounded) until the coordinator has seen the deployment fail,
    asks :func:`snapflow.spark_bridge.restart.next_action`, waits the restart strategy's delay and
    submits the stage again: its tasks register, which starts a new deployment that restores
    from the latest completed checkpoint (the coordinator does that on registration).
@@ -60,7 +62,8 @@ from snapflow.errors import (
     SnapflowError,
     UnavailableError,
 )
-from snapflow.security import PLAINTEXT, SecuritySettings, sync_channel
+from snapflow.leader_channel import sync_leader_channel
+from snapflow.security import PLAINTEXT, SecuritySettings
 from snapflow.spark_bridge.executor import SlotConfig, run_slot
 from snapflow.spark_bridge.restart import (
     Finish,
@@ -154,8 +157,22 @@ class RunOptions:
     """TLS and token of the driver's and the agents' calls to a coordinator given by address
     (docs/security.md); None: from the ``SNAPFLOW_*`` environment. An embedded coordinator is
     plaintext on 127.0.0.1."""
+    debloat_target_ms: int | None = None
+    """The agents' buffer debloating: each output channel holds what its consumer drains in
+    this many milliseconds (0: off); None: the agent's default, 100 (docs/worker.md)."""
+    task_thread: bool = False
+    """Run every subtask's operators on a task thread of its own, so checkpoints never wait
+    for user code; helps sinks and functions that block, slows CPU-bound Python functions
+    (docs/worker.md, "The task thread")."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.task_thread, bool):
+            raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
+        t = self.debloat_target_ms
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise InvalidArgumentError(
+                f"debloat_target_ms must be None or an integer >= 0 (0: off), got {t!r}"
+            )
         if not isinstance(self.startup_barrier, bool):
             raise InvalidArgumentError(
                 f"startup_barrier must be a bool, got {self.startup_barrier!r}"
@@ -250,7 +267,7 @@ class CoordinatorClient:
         self.address = address
         self.security = security
         self._closed = False
-        self._channel = sync_channel(address, security)
+        self._channel = sync_leader_channel(address, security)  # host:port[,host:port...]
         self._stub = cgrpc.CoordinatorServiceStub(self._channel)
 
     def close(self) -> None:
@@ -563,6 +580,8 @@ class JobHandle:
             log_level=o.executor_log_level,
             startup_barrier=o.startup_barrier,
             security=agent_security(self._client.security),
+            debloat_target_ms=o.debloat_target_ms,
+            task_thread=o.task_thread,
         )
         rdd = (
             sc.parallelize(range(self.slots), self.slots)

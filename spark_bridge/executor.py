@@ -10,6 +10,7 @@ coordinator; ``BarrierTaskContext.barrier()`` is called at most once, at start-u
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from snapflow.security import PLAINTEXT, SecuritySettings
 
 if TYPE_CHECKING:
-    pass
+    from snapflow.worker.runtime.agent import Agent
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class SlotConfig:
     log_level: str
     startup_barrier: bool
     security: SecuritySettings = PLAINTEXT
+    debloat_target_ms: int | None = None
+    """The agents' buffer-debloat target (``DataplaneSettings``); None: the agent's default."""
+    task_thread: bool = False
+    """Operators on a task thread of their own (``DataplaneSettings.task_thread``)."""
 
 
 def _host_of(address: str) -> str:
@@ -43,10 +48,14 @@ def _host_of(address: str) -> str:
     return address.rsplit(":", 1)[0] if ":" in address else address
 
 
-async def _run_agent(config: SlotConfig, slot: int, host: str) -> str:
-    from snapflow.worker.runtime.agent import Agent
+def _agent(config: SlotConfig, slot: int, host: str) -> Agent:
+    """The slot's agent, with the run's settings."""
+    from snapflow.worker.runtime.agent import Agent, DataplaneSettings
 
-    agent = Agent(
+    dataplane = DataplaneSettings(task_thread=config.task_thread)
+    if config.debloat_target_ms is not None:
+        dataplane = dataclasses.replace(dataplane, debloat_target_ms=config.debloat_target_ms)
+    return Agent(
         config.coordinator_address,
         config.job_id,
         slot=slot,
@@ -55,7 +64,12 @@ async def _run_agent(config: SlotConfig, slot: int, host: str) -> str:
         source_batch_records=config.source_batch_records,
         final_checkpoint_without_interval=True,
         security=config.security,
+        dataplane=dataplane,
     )
+
+
+async def _run_agent(config: SlotConfig, slot: int, host: str) -> str:
+    agent = _agent(config, slot, host)
     await agent.start()
     try:
         await agent.run()

@@ -39,6 +39,7 @@ stream, though (fan-out to several vertices).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -82,6 +83,7 @@ from snapflow.worker.api.operators import (
 )
 from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
 from snapflow.worker.runtime.operator import Operator, SourceOperator
+from snapflow.worker.state.factory import HEAP, StateBackendConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -146,9 +148,14 @@ class CheckpointSettings:
     tolerable_failures: int = 0
     retained: int = 1
     storage: str = ""
+    state_backend: str | StateBackendConfig = HEAP
+    """Keyed state backend: ``"heap"``, ``"rocksdb"`` or a :class:`StateBackendConfig` with
+    the rocksdb sizing (see :meth:`Pipeline.state_backend`); kept as a config."""
 
     def __post_init__(self) -> None:
         _check_int("interval_ms", self.interval_ms, 0)
+        # InvalidArgumentError naming the choices
+        object.__setattr__(self, "state_backend", StateBackendConfig.parse(self.state_backend))
         if 0 < self.interval_ms < MIN_INTERVAL_MS:
             raise InvalidArgumentError(
                 f"interval_ms must be 0 (checkpointing off) or >= {MIN_INTERVAL_MS}, got {self.interval_ms}"
@@ -192,7 +199,13 @@ class CheckpointSettings:
             tolerable_failures=self.tolerable_failures,
             retained=self.retained,
             storage_uri=self.storage,
+            state_backend=self.backend_config.kind,
+            state_backend_options=self.backend_config.options_pb(),
         )
+
+    @property
+    def backend_config(self) -> StateBackendConfig:
+        return StateBackendConfig.parse(self.state_backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -600,6 +613,28 @@ class Pipeline:
             tolerable_failures=tolerable_failures,
             retained=retained,
             storage=storage,  # type: ignore[arg-type]  # normalised to str in __post_init__
+            state_backend=self.checkpoint_settings.state_backend,
+        )
+        return self
+
+    def state_backend(self, kind: str | StateBackendConfig, **tuning: Any) -> Pipeline:
+        """The keyed state backend of the job's tasks: ``"heap"`` (the default: Python dicts,
+        full snapshots) or ``"rocksdb"`` (RocksDB on the executors' local disk: state larger
+        than memory, incremental checkpoints; docs/storage.md). A savepoint of either restores
+        into the other. ``tuning``: rocksdb sizing fields of :class:`StateBackendConfig`
+        (``memory_budget_bytes``, ``cache_entries``, ``compaction_style``,
+        ``compaction_trigger``, ``max_size_amplification_percent``, ``upload_threads``); they
+        travel in the job's config to every task. Returns the pipeline."""
+        config = StateBackendConfig.parse(kind)
+        unknown = sorted(set(tuning) - set(StateBackendConfig.OPTION_FIELDS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"state_backend: unknown setting(s) {', '.join(unknown)}; choose from "
+                f"{', '.join(StateBackendConfig.OPTION_FIELDS)}"
+            )
+        config = dataclasses.replace(config, **tuning)
+        self.checkpoint_settings = dataclasses.replace(
+            self.checkpoint_settings, state_backend=config
         )
         return self
 

@@ -138,7 +138,7 @@ class JobGraph(_message.Message):
     def __init__(self, name: _Optional[str] = ..., vertices: _Optional[_Iterable[_Union[JobVertex, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[JobEdge, _Mapping]]] = ...) -> None: ...
 
 class CheckpointConfig(_message.Message):
-    __slots__ = ("interval_ms", "timeout_ms", "min_pause_ms", "max_concurrent", "mode", "aligned_checkpoint_timeout_ms", "tolerable_failures", "retained", "storage_uri", "tolerable_failures_unlimited")
+    __slots__ = ("interval_ms", "timeout_ms", "min_pause_ms", "max_concurrent", "mode", "aligned_checkpoint_timeout_ms", "tolerable_failures", "retained", "storage_uri", "tolerable_failures_unlimited", "state_backend", "state_backend_options")
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,8 @@ class CheckpointConfig(_message.Message):
     RETAINED_FIELD_NUMBER: _ClassVar[int]
     STORAGE_URI_FIELD_NUMBER: _ClassVar[int]
     TOLERABLE_FAILURES_UNLIMITED_FIELD_NUMBER: _ClassVar[int]
+    STATE_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    STATE_BACKEND_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     interval_ms: int
     timeout_ms: int
     min_pause_ms: int
@@ -159,7 +161,25 @@ class CheckpointConfig(_message.Message):
     retained: int
     storage_uri: str
     tolerable_failures_unlimited: bool
-    def __init__(self, interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., min_pause_ms: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., mode: _Optional[_Union[CheckpointMode, str]] = ..., aligned_checkpoint_timeout_ms: _Optional[int] = ..., tolerable_failures: _Optional[int] = ..., retained: _Optional[int] = ..., storage_uri: _Optional[str] = ..., tolerable_failures_unlimited: _Optional[bool] = ...) -> None: ...
+    state_backend: str
+    state_backend_options: StateBackendOptions
+    def __init__(self, interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., min_pause_ms: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., mode: _Optional[_Union[CheckpointMode, str]] = ..., aligned_checkpoint_timeout_ms: _Optional[int] = ..., tolerable_failures: _Optional[int] = ..., retained: _Optional[int] = ..., storage_uri: _Optional[str] = ..., tolerable_failures_unlimited: _Optional[bool] = ..., state_backend: _Optional[str] = ..., state_backend_options: _Optional[_Union[StateBackendOptions, _Mapping]] = ...) -> None: ...
+
+class StateBackendOptions(_message.Message):
+    __slots__ = ("memory_budget_bytes", "cache_entries", "compaction_style", "compaction_trigger", "max_size_amplification_percent", "upload_threads")
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_STYLE_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIZE_AMPLIFICATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_THREADS_FIELD_NUMBER: _ClassVar[int]
+    memory_budget_bytes: int
+    cache_entries: int
+    compaction_style: str
+    compaction_trigger: int
+    max_size_amplification_percent: int
+    upload_threads: int
+    def __init__(self, memory_budget_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., compaction_style: _Optional[str] = ..., compaction_trigger: _Optional[int] = ..., max_size_amplification_percent: _Optional[int] = ..., upload_threads: _Optional[int] = ...) -> None: ...
 
 class TaskAttempt(_message.Message):
     __slots__ = ("vertex_id", "subtask_index", "attempt")

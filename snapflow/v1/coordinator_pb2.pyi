@@ -379,7 +379,7 @@ class GetCheckpointDetailsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class CheckpointSummary(_message.Message):
-    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned", "completion_latency_ms", "source_records")
+    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned", "completion_latency_ms", "source_records", "discarded", "incremental_size_bytes", "shared_size_bytes")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +397,9 @@ class CheckpointSummary(_message.Message):
     UNALIGNED_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    INCREMENTAL_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: int
     kind: _common_pb2.CheckpointKind
     status: _common_pb2.CheckpointStatus
@@ -414,7 +417,10 @@ class CheckpointSummary(_message.Message):
     unaligned: bool
     completion_latency_ms: float
     source_records: int
-    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ..., completion_latency_ms: _Optional[float] = ..., source_records: _Optional[int] = ...) -> None: ...
+    discarded: bool
+    incremental_size_bytes: int
+    shared_size_bytes: int
+    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ..., completion_latency_ms: _Optional[float] = ..., source_records: _Optional[int] = ..., discarded: _Optional[bool] = ..., incremental_size_bytes: _Optional[int] = ..., shared_size_bytes: _Optional[int] = ...) -> None: ...
 
 class Quantiles(_message.Message):
     __slots__ = ("min", "avg", "p50", "p90", "p99", "max")
@@ -459,7 +465,7 @@ class RestoreInfo(_message.Message):
     def __init__(self, checkpoint_id: _Optional[int] = ..., restore_timestamp_ms: _Optional[int] = ..., is_savepoint: _Optional[bool] = ..., external_path: _Optional[str] = ...) -> None: ...
 
 class CheckpointStats(_message.Message):
-    __slots__ = ("counts", "latest_completed", "latest_failed", "latest_savepoint", "latest_restore", "history", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes")
+    __slots__ = ("counts", "latest_completed", "latest_failed", "latest_savepoint", "latest_restore", "history", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "incremental_size_bytes")
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     LATEST_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     LATEST_FAILED_FIELD_NUMBER: _ClassVar[int]
@@ -470,6 +476,7 @@ class CheckpointStats(_message.Message):
     STATE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_DURING_ALIGNMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PERSISTED_IN_FLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INCREMENTAL_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     counts: CheckpointCounts
     latest_completed: CheckpointSummary
     latest_failed: CheckpointSummary
@@ -480,21 +487,26 @@ class CheckpointStats(_message.Message):
     state_size_bytes: Quantiles
     processed_during_alignment_bytes: Quantiles
     persisted_in_flight_bytes: Quantiles
-    def __init__(self, counts: _Optional[_Union[CheckpointCounts, _Mapping]] = ..., latest_completed: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., latest_failed: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., latest_savepoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., latest_restore: _Optional[_Union[RestoreInfo, _Mapping]] = ..., history: _Optional[_Iterable[_Union[CheckpointSummary, _Mapping]]] = ..., end_to_end_duration_ms: _Optional[_Union[Quantiles, _Mapping]] = ..., state_size_bytes: _Optional[_Union[Quantiles, _Mapping]] = ..., processed_during_alignment_bytes: _Optional[_Union[Quantiles, _Mapping]] = ..., persisted_in_flight_bytes: _Optional[_Union[Quantiles, _Mapping]] = ...) -> None: ...
+    incremental_size_bytes: Quantiles
+    def __init__(self, counts: _Optional[_Union[CheckpointCounts, _Mapping]] = ..., latest_completed: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., latest_failed: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., latest_savepoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., latest_restore: _Optional[_Union[RestoreInfo, _Mapping]] = ..., history: _Optional[_Iterable[_Union[CheckpointSummary, _Mapping]]] = ..., end_to_end_duration_ms: _Optional[_Union[Quantiles, _Mapping]] = ..., state_size_bytes: _Optional[_Union[Quantiles, _Mapping]] = ..., processed_during_alignment_bytes: _Optional[_Union[Quantiles, _Mapping]] = ..., persisted_in_flight_bytes: _Optional[_Union[Quantiles, _Mapping]] = ..., incremental_size_bytes: _Optional[_Union[Quantiles, _Mapping]] = ...) -> None: ...
 
 class SubtaskCheckpointDetails(_message.Message):
-    __slots__ = ("attempt", "acknowledged", "ack_timestamp_ms", "end_to_end_duration_ms", "metrics")
+    __slots__ = ("attempt", "acknowledged", "ack_timestamp_ms", "end_to_end_duration_ms", "metrics", "incremental_size_bytes", "shared_size_bytes")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
     ACK_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     END_TO_END_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    INCREMENTAL_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     attempt: _common_pb2.TaskAttempt
     acknowledged: bool
     ack_timestamp_ms: int
     end_to_end_duration_ms: int
     metrics: _common_pb2.SubtaskCheckpointMetrics
-    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., acknowledged: _Optional[bool] = ..., ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., metrics: _Optional[_Union[_common_pb2.SubtaskCheckpointMetrics, _Mapping]] = ...) -> None: ...
+    incremental_size_bytes: int
+    shared_size_bytes: int
+    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., acknowledged: _Optional[bool] = ..., ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., metrics: _Optional[_Union[_common_pb2.SubtaskCheckpointMetrics, _Mapping]] = ..., incremental_size_bytes: _Optional[int] = ..., shared_size_bytes: _Optional[int] = ...) -> None: ...
 
 class CheckpointDetails(_message.Message):
     __slots__ = ("summary", "subtasks")

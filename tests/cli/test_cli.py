@@ -421,3 +421,180 @@ def test_coordinator_command_serves_and_stops_gracefully_on_sigterm(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
+
+
+# --- JSON numbers, tables that fit, discarded checkpoints, ended jobs ---------------------------
+
+
+def _int64_fields_are_numbers(value: Any, path: str = "") -> None:
+    """No JSON string in the output is a number in disguise (the proto3 mapping of int64)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _int64_fields_are_numbers(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _int64_fields_are_numbers(v, f"{path}[{i}]")
+    else:
+        assert not (isinstance(value, str) and re.fullmatch(r"-?\d+", value)), (
+            f"{path} is the string {value!r}, not a number"
+        )
+
+
+def test_json_prints_64_bit_integers_as_numbers(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli(capsys, *client(env, "checkpoints list", env.job_id, "--json"))
+    assert code == 0
+    stats = json.loads(out)
+    _int64_fields_are_numbers(stats)
+    assert isinstance(stats["counts"]["completed"], int) and stats["counts"]["completed"] >= 1
+    first = stats["history"][-1]
+    assert isinstance(first["checkpoint_id"], int) and first["trigger_timestamp_ms"] > 0
+    for command in ("jobs", "job", "info", "checkpoints show"):
+        args = {"jobs": (), "checkpoints show": (env.job_id, "1")}.get(command, (env.job_id,))
+        code, out, _ = cli(capsys, *client(env, command, *args, "--json"))
+        assert code == 0, command
+        _int64_fields_are_numbers(json.loads(out), command)
+    code, out, _ = cli(capsys, *client(env, "job", env.job_id, "--json"))
+    assert isinstance(json.loads(out)["job"]["created_at_ms"], int)
+
+
+def _last_cells(out: str) -> str:
+    """The text of the last column of every table row, joined: a wrapped path comes back
+    whole (its other columns are blank on the continuation lines)."""
+    cells = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split("│")]
+        inner = [p for p in parts[1:-1]] if len(parts) > 2 else []
+        if inner:
+            cells.append(inner[-1])
+    return "".join(cells)
+
+
+def test_tables_fit_80_columns_without_cutting_ids_states_or_paths(
+    env: Env, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    job_id = env.new_job("a-job-with-a-rather-long-name-" + "x" * 40)
+    for _ in range(2):
+        cli(capsys, *client(env, "trigger", job_id))
+    commands = {
+        "jobs": (),
+        "job": (job_id,),
+        "info": (job_id,),
+        "checkpoints list": (job_id,),
+        "checkpoints show": (job_id, "2"),
+    }
+    outputs = {}
+    for command, args in commands.items():
+        code, out, err = cli(capsys, *client(env, command, *args))
+        assert (code, err) == (0, ""), command
+        wide = [line for line in out.splitlines() if len(line) > 80]
+        assert not wide, f"{command}: {len(wide)} lines wider than 80 columns: {wide[0]!r}"
+        assert "…" not in out, f"{command} cut something:\n{out}"
+        outputs[command] = out
+    assert job_id in outputs["jobs"] and "RUNNING" in outputs["jobs"]
+    assert job_id in outputs["job"]
+    for state in ("RUNNING",):
+        assert state in outputs["job"]
+    stats = json.loads(cli(capsys, *client(env, "checkpoints list", job_id, "--json"))[1])
+    paths = [s["external_path"] for s in stats["history"]]
+    assert paths and all(p and p in _last_cells(outputs["checkpoints list"]) for p in paths)
+    for kind in ("CHECKPOINT",):
+        assert kind in outputs["checkpoints list"]
+    assert "map#1@1" in outputs["checkpoints show"] and "src#0@1" in outputs["checkpoints show"]
+
+
+def test_history_marks_checkpoints_discarded_by_retention(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = env.new_job("retention")  # retained: 1 (the default)
+    for _ in range(3):
+        assert cli(capsys, *client(env, "trigger", job_id))[0] == 0
+    code, out, _ = cli(capsys, *client(env, "checkpoints list", job_id, "--json"))
+    history = json.loads(out)["history"]
+    assert [(s["checkpoint_id"], s["discarded"]) for s in history] == [
+        (3, False),
+        (2, True),
+        (1, True),
+    ]
+    gone = [s["external_path"] for s in history if s["discarded"]]
+    # Retention deletes their directories in the job's I/O queue, after the completion.
+    wait_until(
+        lambda: not any(os.path.exists(p) for p in gone),
+        "the discarded checkpoints' directories deleted",
+        timeout_s=10,
+        interval_s=0.05,
+    )
+    code, out, _ = cli(capsys, *client(env, "checkpoints list", job_id))
+    assert code == 0
+    rows = {line.split()[1]: line for line in out.splitlines() if re.match(r"^│\s+\d ", line)}
+    assert "DISCARDED" in rows["1"] and "DISCARDED" in rows["2"]
+    assert "COMPLETED" in rows["3"] and "DISCARDED" not in rows["3"]
+    assert "deleted by retention" in out
+
+
+def test_trigger_on_an_ended_job_names_its_state(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = env.new_job("ended")
+    assert cli(capsys, *client(env, "cancel", job_id))[0] == 0
+    for command in ("trigger", "savepoint"):
+        code, out, err = cli(capsys, *client(env, command, job_id))
+        assert (code, out) == (1, "")
+        assert err.startswith("error: FAILED_PRECONDITION: CHECKPOINT_COORDINATOR_SHUTDOWN: ")
+        assert f"job {job_id} is CANCELED" in err, err
+        assert "is shut down" not in err
+
+
+def test_counts_and_latest_agree_after_a_coordinator_restart(
+    redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    namespace = f"cli-restart-{os.getpid()}"
+    storage = str(tmp_path / "cp")
+    loop = LoopThread()
+
+    async def first_run() -> str:
+        async with running_coordinator(redis_server.url, storage, redis_namespace=namespace) as c:
+            job_id = await submit(c.stub, two_vertex_graph(1, 1), retained=2)
+            agent = SimulatedAgent(c.address, job_id, [("src", 0), ("map", 0)])
+            await agent.start()
+            try:
+                await agent.register_all()
+                for _ in range(3):
+                    await c.stub.TriggerCheckpoint(
+                        cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                    )
+            finally:
+                await agent.stop()
+            return job_id
+
+    saved = structlog.get_config()
+    configure_logging("warning", "json", stream=io.StringIO())
+    try:
+        job_id = loop.run(first_run(), 60)
+        stack = contextlib.AsyncExitStack()
+
+        async def restart() -> Running:
+            return await stack.enter_async_context(
+                running_coordinator(redis_server.url, storage, redis_namespace=namespace)
+            )
+
+        running = loop.run(restart())
+        try:
+            argv = ["--address", running.address, "--timeout", "10"]
+            code, out, _ = cli(capsys, "checkpoints", "list", job_id, *argv, "--json")
+            stats = json.loads(out)
+            assert code == 0
+            # Retained checkpoints 2 and 3 come back from Redis: counted, listed and latest.
+            assert stats["counts"]["completed"] == stats["counts"]["triggered"] == 2
+            assert [s["checkpoint_id"] for s in stats["history"]] == [3, 2]
+            assert stats["latest_completed"]["checkpoint_id"] == 3
+            code, out, _ = cli(capsys, "checkpoints", "list", job_id, *argv)
+            assert "completed 2" in out and "#3 CHECKPOINT COMPLETED" in out
+        finally:
+            loop.run(stack.aclose())
+    finally:
+        loop.close()
+        configure_logging("info", "auto")
+        structlog.configure(**saved)

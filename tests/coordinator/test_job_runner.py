@@ -83,6 +83,7 @@ class Results:
     def __init__(self, snapshot_dirs: list[str] | None = None) -> None:
         self.events: list[tuple[Any, ...]] = []
         self.pending: set[int] = set()
+        self.highest_id = 1000
         self._snapshot_dirs = snapshot_dirs or []
 
     def checkpoint_id_allocated(
@@ -113,6 +114,18 @@ class Results:
 
     def savepoint_dirs(self) -> list[str]:
         return []
+
+    def savepoint_ids(self) -> dict[str, int]:
+        return {}
+
+    def busy_ids(self) -> set[int]:
+        return set(self.pending)
+
+    def highest_known_id(self) -> int:
+        return self.highest_id
+
+    def request_sweep(self) -> None:
+        self.events.append(("sweep_requested",))
 
 
 class Fencing:

@@ -18,6 +18,7 @@ from snapflow.coordinator.stats import (
     CheckpointStatsTracker,
     Quantiles,
     RestoreRecord,
+    StateSizes,
     percentile,
 )
 
@@ -129,3 +130,58 @@ def test_summary_window_is_over_completed_checkpoints(size: int) -> None:
     q = s.summary()["end_to_end_duration_ms"]
     assert (q.min, q.max, q.avg) == (10, 50, 30)
     assert len(s.history()) == size
+
+
+def incremental_ack(
+    attempt: ExecutionAttempt, at_ms: int, handles: list[tuple[str, int]]
+) -> SubtaskAck:
+    """An ack of the disk backend's shape: ``(kind, size)`` per handle."""
+    states = (
+        OperatorSubtaskState(
+            "op",
+            tuple(
+                StateHandle(f"/s/{attempt}/{i}", size, kind)
+                for i, (kind, size) in enumerate(handles)
+            ),
+        ),
+    )
+    return SubtaskAck(attempt, at_ms, states)
+
+
+def test_incremental_and_shared_sizes_are_summed_over_subtasks() -> None:
+    s = CheckpointStatsTracker()
+    # Checkpoint 1 uploads everything; checkpoint 2 reuses most of it.
+    s.on_triggered(1, CheckpointKind.CHECKPOINT, 0, "/cp/chk-1", (A, B))
+    s.on_acknowledged(1, incremental_ack(A, 10, [("shared-new", 1000), ("incremental", 40)]))
+    s.on_acknowledged(1, incremental_ack(B, 12, [("shared-new", 700), ("timers", 3)]))
+    r1 = s.get(1)
+    assert r1 is not None
+    assert r1.sizes == StateSizes(state=1743, incremental=1743, shared=0)
+    s.on_completed(completed(1, 20))
+    s.on_triggered(2, CheckpointKind.CHECKPOINT, 100, "/cp/chk-2", (A, B))
+    s.on_acknowledged(
+        2, incremental_ack(A, 110, [("shared", 1000), ("shared-new", 50), ("incremental", 41)])
+    )
+    r2 = s.get(2)
+    assert r2 is not None
+    # Only the acknowledged subtask counts while in progress.
+    assert r2.sizes == StateSizes(state=1091, incremental=91, shared=1000)
+    s.on_acknowledged(2, incremental_ack(B, 112, [("shared", 700), ("keyed", 9)]))
+    assert r2.sizes == StateSizes(state=1800, incremental=100, shared=1700)
+    assert r2.sizes.state == r2.state_size_bytes
+    s.on_completed(completed(2, 120))
+    summary = s.summary()
+    assert summary["state_size_bytes"] == Quantiles.of([1743.0, 1800.0])
+    assert summary["incremental_size_bytes"] == Quantiles.of([1743.0, 100.0])
+    assert (summary["incremental_size_bytes"].min, summary["incremental_size_bytes"].max) == (
+        100,
+        1743,
+    )
+
+
+def test_sizes_of_an_ack_without_handles_are_its_reported_size() -> None:
+    reported = SubtaskAck(A, 5, (), SubtaskMetrics(state_size_bytes=77))
+    assert StateSizes.of_ack(reported) == StateSizes(77, 77, 0)
+    assert StateSizes.of_acks([]) == StateSizes(0, 0, 0)
+    heap = incremental_ack(B, 6, [("keyed", 30), ("timers", 2)])
+    assert StateSizes.of_acks([reported, heap]) == StateSizes(109, 109, 0)

@@ -200,6 +200,16 @@ INVALID_CONFIGS = [
         {"max_concurrent": -1}, "max_concurrent must be >= 0", id="negative-max-concurrent"
     ),
     pytest.param(
+        {"mode": pb.CHECKPOINT_MODE_UNALIGNED, "max_concurrent": 2},
+        "at most 1 checkpoint may be in flight",
+        id="unaligned-with-max-concurrent-2",
+    ),
+    pytest.param(
+        {"aligned_checkpoint_timeout_ms": 50, "max_concurrent": 3},
+        "max_concurrent 3 needs aligned checkpoints",
+        id="aligned-timeout-with-max-concurrent-3",
+    ),
+    pytest.param(
         {"tolerable_failures": -2},
         "tolerable_failures must be >= 0",
         id="negative-tolerable-failures",

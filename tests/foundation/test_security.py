@@ -4,16 +4,13 @@ of errors, settings dumps and metrics."""
 from __future__ import annotations
 
 import os
-import ssl
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from kit.tls import make_pki
 
 from snapflow.coordinator.config import load_settings
-from snapflow.coordinator.metrics import CoordinatorMetrics, start_metrics_server
 from snapflow.errors import ConfigError
 from snapflow.security import (
     Authenticator,
@@ -125,25 +122,6 @@ def test_coordinator_settings_carry_security_and_validate_it(tmp_path: Path) -> 
             environ={},
         )
     assert load_settings(environ={}).allowed_roots() == ()
-
-
-def test_metrics_endpoint_serves_https_and_requires_a_client_certificate(tmp_path: Path) -> None:
-    pki = make_pki(tmp_path)
-    server, port = start_metrics_server(
-        CoordinatorMetrics(), "127.0.0.1", 0, pki.server(mutual=True)
-    )
-    try:
-        url = f"https://127.0.0.1:{port}/metrics"
-        context = ssl.create_default_context(cafile=str(pki.ca))
-        with pytest.raises((ssl.SSLError, OSError)):
-            urllib.request.urlopen(url, context=context, timeout=5).read()
-        context.load_cert_chain(str(pki.nobody_cert), str(pki.nobody_key))
-        body = urllib.request.urlopen(url, context=context, timeout=5).read()
-        assert b"snapflow" in body
-        with pytest.raises(OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-    finally:
-        server.shutdown()
 
 
 def test_redis_password_comes_from_a_file(tmp_path: Path) -> None:

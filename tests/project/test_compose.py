@@ -2,11 +2,15 @@
 
 No Docker engine is needed. docker-compose.yml is read with PyYAML (which applies the YAML merge
 keys the file uses, as Compose does) and validated by ``compose-spec``, a spec-compliant Compose
-parser (unknown keys, bad durations, conditions or port syntax fail there); the tests then check
-what matters across files: the services and their dependencies, health checks, the image build
-(the Dockerfile's base and pyspark pin against the installed pyspark), the commands against the
-real ``snapflow`` CLI parser and the coordinator's default settings, and the volumes that must be
-shared. The health check script is run against a real in-process gRPC health server.
+parser (unknown keys, bad durations, conditions or port syntax fail there); the real Compose
+implementations found on PATH parse it too (``docker compose`` v2, ``docker-compose`` 1.29 as
+Debian ships it: ``config -q``), and the top-level keys are checked against what 1.29 accepts
+when it is not installed. The tests then check what matters across files: the services and their
+dependencies, health checks, the image build (a slim Python base that exists, a JRE from Debian,
+the pyspark pin against the installed pyspark, Spark's launcher from the pyspark wheel), the
+commands against the real ``snapflow`` CLI parser and the coordinator's default settings, and
+the volumes that must be shared. The health check script is run against a real in-process gRPC
+health server.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import argparse
 import importlib.metadata
 import ipaddress
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -286,30 +292,106 @@ def test_snapflow_services_build_the_project_image(services: dict[str, dict[str,
         )
 
 
-def test_dockerfile_is_based_on_the_spark_image_matching_pyspark() -> None:
-    pyspark = _release(importlib.metadata.version("pyspark"))
+# The official Python image of a release the project supports, on Debian bookworm (whose
+# archive has the JRE below); a tag that certainly exists, unlike guessed Spark image tags.
+BASE_IMAGE = re.compile(r"^(docker\.io/(library/)?)?python:3\.(\d+)(\.\d+)?-slim-bookworm$")
+JRE_PACKAGE = re.compile(r"\bopenjdk-(\d+)-jre-headless\b")
+
+
+def test_dockerfile_is_a_slim_python_base_with_a_debian_jre() -> None:
     image = _base_image(_dockerfile())
-    repository, _, tag = image.partition(":")
-    assert repository in ("apache/spark", "docker.io/apache/spark"), (
-        f"the Dockerfile must be FROM the official apache/spark image, not {image!r}"
+    match = BASE_IMAGE.match(image)
+    assert match, f"FROM {image!r}: use the official python:3.X-slim-bookworm image"
+    requires = re.search(r">=\s*3\.(\d+)", _pyproject()["project"]["requires-python"])
+    assert requires and int(match.group(3)) >= int(requires.group(1)), (
+        f"FROM {image!r} is older than requires-python"
     )
-    assert tag, f"FROM {image!r} has no tag: pin apache/spark:{pyspark}-python3"
-    assert tag.endswith("python3") or "-python3-" in tag, (
-        f"FROM {image!r}: use a Python flavour of the image (apache/spark:{pyspark}-python3)"
+    runs = [rest for keyword, rest in _dockerfile_instructions(_dockerfile()) if keyword == "RUN"]
+    installs = [r for r in runs if "apt-get install" in r]
+    jre = [int(v) for r in installs for v in JRE_PACKAGE.findall(r)]
+    # Spark 4 runs on Java 17 or 21 (bookworm has 17).
+    assert jre and jre[0] >= 17, (
+        f"the Dockerfile must apt-get install openjdk-17-jre-headless: {installs}"
     )
-    assert _release(tag) == pyspark, (
-        f"FROM {image!r} is Spark {_release(tag)} but the installed pyspark is {pyspark}; use "
-        f"apache/spark:{pyspark}-python3"
-    )
+    assert not any("apache/spark" in rest for _, rest in _dockerfile_instructions(_dockerfile()))
 
 
-def test_dockerfile_pins_pyspark_to_the_image_version() -> None:
-    image_release = _release(_base_image(_dockerfile()).partition(":")[2])
+def _pyproject() -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_dockerfile_pins_the_tested_pyspark() -> None:
+    pyspark = _release(importlib.metadata.version("pyspark"))
     text = " ".join(rest for _, rest in _dockerfile_instructions(_dockerfile()))
     pins = re.findall(r"pyspark==([0-9][\w.+-]*)", text)
-    assert pins, "the Dockerfile must pin pyspark==<the image's Spark version> when installing"
-    wrong = [p for p in pins if _release(p) != image_release]
-    assert not wrong, f"pyspark pins {wrong} differ from the image's Spark {image_release}"
+    assert pins, f"the Dockerfile must pin pyspark=={pyspark} when installing"
+    wrong = [p for p in pins if _release(p) != pyspark]
+    assert not wrong, f"pyspark pins {wrong} differ from the tested pyspark {pyspark}"
+
+
+def test_spark_services_use_the_launcher_of_the_pyspark_wheel(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    # The pip package installs Spark's launch scripts as console scripts on the venv's PATH.
+    scripts = {
+        Path(str(f)).name for f in importlib.metadata.files("pyspark") or [] if "bin" in str(f)
+    }
+    assert "spark-class" in scripts, sorted(scripts)
+    for name in ("spark-master", *SPARK_WORKERS):
+        program = _argv(services[name])[0]
+        assert program == "spark-class", (
+            f"{name} runs {program!r}; the image has Spark only from the pyspark wheel, whose "
+            f"launcher is `spark-class` on PATH"
+        )
+
+
+# --- real Compose implementations -----------------------------------------------------------------
+
+# What docker-compose 1.29 accepts at the top level of a file without `version` (the Compose
+# specification of that time): no `name`, which it refuses.
+COMPOSE_1_29_TOP_LEVEL = {"services", "volumes", "networks", "configs", "secrets"}
+
+
+def test_top_level_keys_are_accepted_by_docker_compose_1_29() -> None:
+    loaded = yaml.safe_load(COMPOSE_FILE.read_text())
+    extra = {k for k in loaded if k not in COMPOSE_1_29_TOP_LEVEL and not k.startswith("x-")}
+    assert not extra, f"top-level keys {sorted(extra)} are refused by docker-compose 1.29"
+
+
+def _compose_commands() -> list[list[str]]:
+    commands = []
+    if shutil.which("docker-compose"):
+        commands.append(["docker-compose"])
+    docker = shutil.which("docker")
+    if (
+        docker
+        and subprocess.run(
+            [docker, "compose", "version"], capture_output=True, timeout=30
+        ).returncode
+        == 0
+    ):
+        commands.append([docker, "compose"])
+    return commands
+
+
+@pytest.mark.parametrize(
+    "compose", _compose_commands() or [None], ids=lambda c: " ".join(c or ["none"])
+)
+def test_real_compose_implementations_parse_the_file(compose: list[str] | None) -> None:
+    if compose is None:
+        pytest.skip("no Compose implementation on PATH (docker compose, docker-compose)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SNAPFLOW_", "AWS_"))}
+    run = subprocess.run(
+        [*compose, "-f", str(COMPOSE_FILE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+    assert run.returncode == 0, f"`{' '.join(compose)} config` refuses the file: {run.stderr}"
 
 
 def test_dockerfile_exposes_grpc_and_metrics_ports() -> None:

@@ -1,31 +1,18 @@
-"""Structured logging (one JSON event per line with the bound job context) and the Prometheus
-metrics registry and HTTP endpoint."""
+"""Structured logging (one JSON event per line with the bound job context). The Prometheus
+metrics and their HTTP endpoint are tested in tests/coordinator/test_metrics.py and
+tests/coordinator/test_dashboard_*.py."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
-import prometheus_client
 import pytest
 import structlog
 
-from snapflow.coordinator.metrics import (
-    CoordinatorMetrics,
-    start_metrics_server,
-    stop_metrics_server,
-)
-from snapflow.coordinator.model import (
-    AbortReason,
-    AckResult,
-    ExecutionAttempt,
-    JobState,
-    TriggerRefusal,
-)
+from snapflow.coordinator.model import ExecutionAttempt
 from snapflow.logging import bind_job, configure_logging
 
 # --- logging -----------------------------------------------------------------------------------
@@ -143,77 +130,3 @@ def test_invalid_arguments() -> None:
         configure_logging("loud")
     with pytest.raises(ValueError, match="log format"):
         configure_logging("info", "xml")
-
-
-# --- metrics -----------------------------------------------------------------------------------
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        assert resp.status == 200
-        body: bytes = resp.read()
-    return body.decode()
-
-
-def test_metrics_server_serves_snapflow_metrics_and_stops() -> None:
-    metrics = CoordinatorMetrics()
-    metrics.record_triggered()
-    metrics.record_completed(duration_s=0.2, size_bytes=5000)
-    metrics.record_failed(AbortReason.EXPIRED)
-    metrics.record_ack(AckResult.SUCCESS)
-    metrics.record_refusal(TriggerRefusal.MINIMUM_TIME_BETWEEN_CHECKPOINTS)
-    metrics.record_task_failure()
-    metrics.set_job_counts({JobState.RUNNING: 2})
-    metrics.set_in_progress(1)
-
-    server, port = start_metrics_server(metrics, "127.0.0.1", 0)
-    try:
-        assert port > 0 and server.port == port
-        text = scrape(port)
-    finally:
-        stop_metrics_server(server)
-    for expected in [
-        "snapflow_checkpoints_triggered_total 1.0",
-        "snapflow_checkpoints_completed_total 1.0",
-        'snapflow_checkpoints_failed_total{reason="expired"} 1.0',
-        'snapflow_checkpoints_failed_total{reason="declined"} 0.0',
-        'snapflow_checkpoint_acks_total{result="success"} 1.0',
-        'snapflow_trigger_refusals_total{reason="minimum_time_between_checkpoints"} 1.0',
-        "snapflow_task_failures_total 1.0",
-        'snapflow_jobs{state="running"} 2.0',
-        'snapflow_jobs{state="failed"} 0.0',
-        "snapflow_checkpoints_in_progress 1.0",
-        "snapflow_last_checkpoint_duration_seconds 0.2",
-        "snapflow_last_checkpoint_size_bytes 5000.0",
-        'snapflow_checkpoint_duration_seconds_bucket{le="0.005"} 0.0',
-        'snapflow_checkpoint_duration_seconds_bucket{le="0.25"} 1.0',
-        'snapflow_checkpoint_duration_seconds_bucket{le="600.0"} 1.0',
-        "snapflow_checkpoint_duration_seconds_count 1.0",
-        "snapflow_checkpoint_size_bytes_count 1.0",
-    ]:
-        assert expected in text, expected
-    server.shutdown()  # idempotent
-    with pytest.raises(urllib.error.URLError):
-        scrape(port)
-
-
-def test_registries_are_separate_and_labels_are_low_cardinality() -> None:
-    a, b = CoordinatorMetrics(), CoordinatorMetrics()
-    a.record_triggered()
-    assert a.registry.get_sample_value("snapflow_checkpoints_triggered_total") == 1.0
-    assert b.registry.get_sample_value("snapflow_checkpoints_triggered_total") == 0.0
-    global_names = {m.name for m in prometheus_client.REGISTRY.collect()}
-    assert "snapflow_checkpoints_triggered" not in global_names
-
-    names = set()
-    for family in a.registry.collect():
-        names.add(family.name)
-        for sample in family.samples:
-            assert not {"checkpoint_id", "job_id"} & set(sample.labels), sample
-    assert all(n.startswith("snapflow_") for n in names)
-    assert len(names) == 12
-
-
-def test_metrics_server_rejects_disabled_port() -> None:
-    with pytest.raises(ValueError, match="disabled"):
-        start_metrics_server(CoordinatorMetrics(), "127.0.0.1", -1)

@@ -46,7 +46,8 @@ def _package_files() -> set[str]:
     for d, dirs, names in os.walk(package, followlinks=True):
         dirs[:] = [n for n in dirs if n != "__pycache__"]
         for name in names:
-            if name.endswith((".py", ".pyi")) or name == "py.typed":
+            # Python files, the typing marker, and the dashboard's static files.
+            if name.endswith((".py", ".pyi")) or name == "py.typed" or "dashboard_static" in d:
                 rel = (Path(d) / name).relative_to(package)
                 files.add(f"snapflow/{rel.as_posix()}")
     return files
@@ -115,6 +116,7 @@ def test_wheel_holds_every_layer(wheel: Path) -> None:
         assert any(n.startswith(f"snapflow/{layer}/") for n in expected), layer
     assert sorted(expected - names) == []
     assert "snapflow/py.typed" in names
+    assert "snapflow/coordinator/dashboard_static/index.html" in names
 
 
 def test_installed_wheel_runs_outside_the_repository(

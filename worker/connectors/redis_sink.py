@@ -29,8 +29,9 @@ RedisSink
     ``int``/``float`` as their decimal text (``str``), anything else (dates, lists, ...) as
     its ``str()``. The key is ``key_prefix`` + the key field's text; several key fields
     (``key_field=("key", "window_start")``) are joined with ``key_separator``. The connection
-    is made lazily in the task (``redis.Redis.from_url(url)``), so the operator pickles
-    without it.
+    is made lazily in the task (``snapflow.redis_client.sync_redis(url)``: ``redis://``,
+    ``rediss://``, ``unix://`` or ``redis+sentinel://host:port,host:port/service``), so the
+    operator pickles without it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from snapflow.errors import InvalidArgumentError, StateError
+from snapflow.redis_client import sync_redis
 from snapflow.worker.runtime.operator import Operator, OperatorContext
 
 
@@ -173,9 +175,7 @@ class RedisSink(Operator):
     def client(self) -> Any:
         """The task's ``redis.Redis`` client (connected on first use)."""
         if self._client is None:
-            import redis
-
-            self._client = redis.Redis.from_url(self.url)
+            self._client = sync_redis(self.url)
         return self._client
 
     def flush(self) -> None:

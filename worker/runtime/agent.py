@@ -40,8 +40,9 @@ from pyspark import cloudpickle
 
 from snapflow import wire
 from snapflow.checkpointing import CheckpointMode, DeclineReason
-from snapflow.errors import FailedPreconditionError, SnapflowError
+from snapflow.errors import FailedPreconditionError, InvalidArgumentError, SnapflowError
 from snapflow.jobgraph import PartitionerKind, TaskState
+from snapflow.leader_channel import aio_leader_channel
 from snapflow.request_parsing import add_servicer
 from snapflow.security import (
     PLAINTEXT,
@@ -57,6 +58,7 @@ from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.ack_batcher import AckBatcher
 from snapflow.worker.runtime.channels import InputChannel, InputGate, LocalChannel, OutputChannel
+from snapflow.worker.runtime.debloat import DEFAULT_TARGET_MS, DebloatSettings
 from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
     ChannelRegistry,
@@ -80,6 +82,7 @@ from snapflow.worker.runtime.task import (
     SnapshotReport,
     Subtask,
 )
+from snapflow.worker.state.factory import StateBackendConfig
 
 log = structlog.get_logger("snapflow.worker")
 
@@ -93,6 +96,39 @@ _CONTROL_SERVICE = wpb.DESCRIPTOR.services_by_name["WorkerControlService"]
 _EXCHANGE_SERVICE = wpb.DESCRIPTOR.services_by_name["DataExchangeService"]
 RPC_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DataplaneSettings:
+    """How an agent runs its subtasks' data plane (docs/worker.md, "Keeping checkpoints fast
+    under load"). ``snapflow worker --debloat-target-ms/--task-thread``; the Spark bridge's
+    run options of the same names."""
+
+    debloat_target_ms: int = DEFAULT_TARGET_MS
+    """Buffer debloating: the data every output channel holds (queued at the producer and
+    handed to the consumer) is bounded to what its consumer drains in this time, so a barrier
+    waits at most about this long behind data per channel. 0 turns it off (only the
+    count bounds, ``buffers_per_channel`` frames and the output queue, apply)."""
+    task_thread: bool = False
+    """Run each subtask's operators on a task thread of its own (``worker/runtime/mailbox.py``),
+    so triggers, barriers, credits and heartbeats never wait for user code. Off by default:
+    a CPU-bound Python function then contends with the agent's loop for the GIL (measured:
+    about half the record-function throughput); on for sinks or functions that block or
+    release the GIL (I/O, sleeps, Arrow kernels)."""
+
+    def __post_init__(self) -> None:
+        t = self.debloat_target_ms
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise InvalidArgumentError(
+                f"debloat_target_ms must be an integer >= 0 (0: off), got {t!r}"
+            )
+        if not isinstance(self.task_thread, bool):
+            raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
+
+    @property
+    def debloat(self) -> DebloatSettings:
+        """The per-channel debloat settings (other fields at their defaults)."""
+        return DebloatSettings(target_ms=self.debloat_target_ms)
 
 
 @dataclass
@@ -154,12 +190,14 @@ class Agent:
         source_batch_records: int = 65_536,
         final_checkpoint_without_interval: bool = False,
         security: SecuritySettings = PLAINTEXT,
+        dataplane: DataplaneSettings = DataplaneSettings(),
     ) -> None:
         """``final_checkpoint_without_interval``: in a job without periodic checkpoints, a
         source whose input ended asks the coordinator for a checkpoint (``TriggerCheckpoint``)
         and the job ends with a final checkpoint that commits its sinks (the Spark bridge sets
         it); off, such a job ends without one. ``security``: TLS, tokens and the access
-        check of the agent's servers and its calls (``snapflow.security``); default plaintext."""
+        check of the agent's servers and its calls (``snapflow.security``); default plaintext.
+        ``dataplane``: buffer debloating and the task thread (:class:`DataplaneSettings`)."""
         if not 0 <= slot < num_slots:
             raise ValueError(f"slot must be in 0..{num_slots - 1}, got {slot}")
         self.coordinator_address = coordinator_address
@@ -172,6 +210,7 @@ class Agent:
         self.source_batch_records = source_batch_records
         self.final_checkpoint_without_interval = final_checkpoint_without_interval
         self.security = security
+        self.dataplane = dataplane
         self.address = ""
         self.epoch = 0
         self.heartbeat_interval_s = HEARTBEAT_INTERVAL_S
@@ -204,7 +243,8 @@ class Agent:
         port = add_port(self._server, f"{self.host}:{self.port}", self.security)
         await self._server.start()
         self.address = f"{self.host}:{port}"
-        self._channel = aio_channel(self.coordinator_address, self.security, options)
+        # One address or several (highly available coordinators): calls find the leader.
+        self._channel = aio_leader_channel(self.coordinator_address, self.security, options)
         self._stub = cgrpc.CoordinatorServiceStub(self._channel)
         self._batcher = AckBatcher(self._stub)
 
@@ -314,7 +354,9 @@ class Agent:
                 for producer in _producers(edge, source, index):
                     name = f"{edge.source_vertex_id}[{producer}]->{vertex_id}[{index}]"
                     if (edge.source_vertex_id, producer) in self.hosted:
-                        pair = LocalChannel(self.buffers_per_channel, name=name)
+                        pair = LocalChannel(
+                            self.buffers_per_channel, name=name, debloat=self.dataplane.debloat
+                        )
                         local[(edge.source_vertex_id, producer, vertex_id, index)] = pair
                         hosted.inputs.append(pair.input)
                     else:
@@ -383,6 +425,8 @@ class Agent:
                 decline=self._decline_fn(hosted.attempt),
                 source_batch_records=self.source_batch_records,
                 periodic_checkpoints=info.checkpoint_config.interval_ms > 0,
+                state_backend=StateBackendConfig.from_pb(info.checkpoint_config),
+                task_thread=self.dataplane.task_thread,
                 request_final_checkpoint=(
                     self._request_checkpoint if self.final_checkpoint_without_interval else None
                 ),
@@ -550,7 +594,10 @@ class Agent:
         while True:
             try:
                 return await RemoteOutputChannel.connect(
-                    stub, cid, max_message_bytes=4 * 1024 * 1024
+                    stub,
+                    cid,
+                    max_message_bytes=4 * 1024 * 1024,
+                    debloat=self.dataplane.debloat,
                 )
             except ChannelRefusedError:
                 # The consumer's agent has not registered this channel yet.

@@ -52,10 +52,21 @@ What unaligned checkpoints may rely on
 - Aligned checkpoints with a timeout (docs/worker.md): ``OutputChannel.convert_to_unaligned(n)``
   turns the still-queued aligned barrier n into an unaligned one that overtakes the queue, and
   returns the data it overtook (the frames that were ahead of it); None when the barrier was
-  already handed over. On the input side the queued barrier stays in place and
-  ``persist_queued(i, until_checkpoint=n)`` yields the data ahead of it.
+  already handed over. The task calls it when the timeout passes for every output whose
+  ``barrier_sent(n)`` is not done yet. On the input side, once the barrier handler switched,
+  ``persist_queued(i, until_checkpoint=n)`` yields the data ahead of a barrier queued there;
+  and ``InputGate.convert_timed_out_barriers(now)`` turns an aligned barrier still queued
+  behind data when its timeout passed into that channel's priority frame (as if it had
+  arrived unaligned: the data ahead of it is what it overtook, frames behind it are held),
+  so it does not wait for the data ahead (Flink's announced barriers).
 - ``persist_queued`` never consumes and never grants credit: persisted frames are still
   delivered to the task afterwards.
+- Buffer debloating (``snapflow.worker.runtime.debloat``, per output channel): the producer
+  measures its consumer's throughput from the credits coming back and bounds the rows the
+  channel holds (queued here + handed over and not yet taken) by throughput x target: a data
+  frame is handed over only within that budget (one always goes when the channel holds
+  nothing), and ``send`` also waits while queued + outstanding rows exceed it. Optionally
+  (``split_frames``) batches are split to a quarter of the budget.
 - With at most ``output_queue`` (+1 per concurrently waiting sender) queued data frames and
   ``buffers_per_channel`` buffered ones, the in-flight data an unaligned checkpoint persists
   per channel is bounded by ``output_queue + buffers_per_channel`` batches (+ the split chunks
@@ -65,6 +76,7 @@ What unaligned checkpoints may rely on
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -75,11 +87,14 @@ import grpc
 
 from snapflow.checkpointing import CheckpointMode
 from snapflow.errors import SnapflowError
+from snapflow.worker.runtime.debloat import Budget, ChannelDebloater, DebloatSettings
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     DataFrame,
     EndOfPartitionFrame,
     Frame,
+    LatencyMarkerFrame,
+    WatermarkFrame,
     is_priority,
 )
 
@@ -147,13 +162,24 @@ class OutputChannel:
     ``(frame, payload)`` pairs; the payload is transport data (e.g. encoded bytes) or None.
     """
 
-    def __init__(self, *, output_queue: int = DEFAULT_OUTPUT_QUEUE, name: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        output_queue: int = DEFAULT_OUTPUT_QUEUE,
+        name: str = "",
+        debloat: DebloatSettings | None = None,
+    ) -> None:
         if output_queue < 0:
             raise ValueError(f"output_queue must be >= 0, got {output_queue}")
         self.name = name
         self.output_queue = output_queue
+        self.debloater = ChannelDebloater(debloat if debloat is not None else DebloatSettings())
+        """Buffer debloating (``snapflow.worker.runtime.debloat``): the rows this channel
+        holds are bounded by its consumer's throughput times the target."""
         self._queue: deque[tuple[Frame, Any]] = deque()
         self._queued_data = 0
+        self._queued_rows = 0
+        self._barrier_waiters: dict[int, asyncio.Future[None]] = {}
         self._credits = 0
         self._closing = False
         self._failure: ChannelError | None = None
@@ -173,6 +199,21 @@ class OutputChannel:
     def queued_data(self) -> int:
         """Data frames in the output queue (not yet handed to the consumer)."""
         return self._queued_data
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows of the data frames in the output queue."""
+        return self._queued_rows
+
+    @property
+    def budget(self) -> Budget:
+        """The debloater's current bound on what this channel holds."""
+        return self.debloater.budget()
+
+    @property
+    def max_frame_rows(self) -> int | None:
+        """The largest data frame this channel hands over now (None: no bound)."""
+        return self.debloater.budget().max_frame_rows
 
     @property
     def queued(self) -> list[Frame]:
@@ -196,13 +237,73 @@ class OutputChannel:
         if type(frame) is EndOfPartitionFrame:
             raise ValueError("end of partition is sent by close()")
         queue = self._queue
-        for entry in self._prepare(frame):
-            queue.append(entry)
-            if type(entry[0]) is DataFrame:
-                self._queued_data += 1
+        for part in self._split(frame):
+            for entry in self._prepare(part):
+                queue.append(entry)
+                f = entry[0]
+                if type(f) is DataFrame:
+                    self._queued_data += 1
+                    self._queued_rows += f.batch.num_rows
         self._kick()
+        if not self._may_send_more():
+            await self._wait_until(self._may_send_more)
+
+    def send_event(self, frame: Frame) -> None:
+        """Append an event (no data) to the stream without waiting: events need no credit,
+        so backpressure is the data's business (the next ``send`` of data waits)."""
+        self._check_usable()
+        if type(frame) is DataFrame or type(frame) is EndOfPartitionFrame:
+            raise ValueError(f"send_event takes events other than end of partition, not {frame!r}")
+        self._queue.extend(self._prepare(frame))
+        self._kick()
+
+    def _may_send_more(self) -> bool:
+        """``send`` returns once at most ``output_queue`` data frames are queued and, with
+        debloating, the rows queued and outstanding are within the budget (or nothing is
+        queued: one input's output may exceed it, see the task's overdraft)."""
         if self._queued_data > self.output_queue:
-            await self._wait_until(lambda: self._queued_data <= self.output_queue)
+            return False
+        limit = self.debloater.budget().max_rows
+        return (
+            limit is None
+            or not self._queued_data
+            or self._queued_rows + self.debloater.outstanding_rows <= limit
+        )
+
+    def _split(self, frame: Frame) -> list[Frame]:
+        """A data frame above the debloated frame size, as zero-copy slices (one credit each)."""
+        if type(frame) is not DataFrame:
+            return [frame]
+        cap = self.debloater.budget().max_frame_rows
+        batch = frame.batch
+        n = batch.num_rows
+        if cap is None or n <= cap:
+            return [frame]
+        parts = -(-n // cap)
+        size = -(-n // parts)  # equal parts, none tiny
+        return [DataFrame(batch.slice(i, size)) for i in range(0, n, size)]
+
+    def barrier_sent(self, checkpoint_id: int) -> asyncio.Future[None]:
+        """Done once no barrier of ``checkpoint_id`` is in the output queue (handed over,
+        converted to unaligned, or never queued), or the channel failed."""
+        loop = asyncio.get_running_loop()
+        fut = self._barrier_waiters.get(checkpoint_id)
+        if fut is not None:
+            return fut
+        fut = loop.create_future()
+        queued = any(
+            type(f) is BarrierFrame and f.checkpoint_id == checkpoint_id for f, _ in self._queue
+        )
+        if queued and self._failure is None:
+            self._barrier_waiters[checkpoint_id] = fut
+        else:
+            fut.set_result(None)
+        return fut
+
+    def _barrier_left(self, checkpoint_id: int) -> None:
+        fut = self._barrier_waiters.pop(checkpoint_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def send_priority(self, frame: Frame) -> list[DataFrame]:
         """Put a priority frame ahead of all queued frames (behind earlier priority frames).
@@ -250,6 +351,7 @@ class OutputChannel:
         barrier = queue[position][0]
         assert isinstance(barrier, BarrierFrame)
         del queue[position]
+        self._barrier_left(checkpoint_id)
         index = 0
         for f, _ in queue:
             if not is_priority(f):
@@ -289,6 +391,8 @@ class OutputChannel:
         if n < 0:
             raise ValueError(f"negative credit {n}")
         self._credits += n
+        if self.debloater.on_credit(n, time.monotonic_ns()) is not None and self._waiters:
+            _wake(self._waiters)  # a new budget: a waiting send may go on
         if self._queue:
             self._kick()
 
@@ -309,13 +413,19 @@ class OutputChannel:
             return None
         entry = queue[0]
         frame = entry[0]
-        if type(frame) is DataFrame:
-            if self._credits <= 0:
+        tp = type(frame)
+        if tp is DataFrame:
+            rows = frame.batch.num_rows  # type: ignore[union-attr]
+            if self._credits <= 0 or not self.debloater.may_hand_over(rows):
                 return None
             self._credits -= 1
             self._queued_data -= 1
+            self._queued_rows -= rows
             self.sent_batches += 1
-            self.sent_records += frame.batch.num_rows
+            self.sent_records += rows
+            self.debloater.on_handed_over(rows, time.monotonic_ns())
+        elif tp is BarrierFrame and self._barrier_waiters:
+            self._barrier_left(frame.checkpoint_id)  # type: ignore[union-attr]
         queue.popleft()
         if self._waiters:
             _wake(self._waiters)
@@ -325,6 +435,8 @@ class OutputChannel:
         if self._failure is None:
             self._failure = error
         _wake(self._waiters)
+        for checkpoint_id in list(self._barrier_waiters):
+            self._barrier_left(checkpoint_id)
 
     def _check_failed(self) -> None:
         if self._failure is not None:
@@ -355,9 +467,14 @@ class LocalOutputChannel(OutputChannel):
     """Producer side of an in-process channel: frames go straight into the InputChannel."""
 
     def __init__(
-        self, target: InputChannel, *, output_queue: int = DEFAULT_OUTPUT_QUEUE, name: str = ""
+        self,
+        target: InputChannel,
+        *,
+        output_queue: int = DEFAULT_OUTPUT_QUEUE,
+        name: str = "",
+        debloat: DebloatSettings | None = None,
     ) -> None:
-        super().__init__(output_queue=output_queue, name=name or target.name)
+        super().__init__(output_queue=output_queue, name=name or target.name, debloat=debloat)
         self.target = target
         target.on_release(self._on_consumer_released)
         self._credits = target.connect(self.add_credits)
@@ -413,6 +530,8 @@ class InputChannel:
         self._release_callbacks: list[Callable[[str], None]] = []
         self._gate: InputGate | None = None
         self._index = -1
+        self._timeoutable = 0
+        """Aligned barriers with a timeout received and not yet taken or converted."""
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -474,6 +593,8 @@ class InputChannel:
             self.received_records += frame.batch.num_rows
         elif type(frame) is EndOfPartitionFrame:
             self._eop_received = True
+        elif type(frame) is BarrierFrame and frame.options.is_timeoutable:
+            self._timeoutable += 1
         if self._fenced:
             self._held.append(frame)
         else:
@@ -540,6 +661,52 @@ class InputChannel:
             self._queue.append(frame)
             if gate is not None and len(self._queue) == 1:
                 gate._on_available(self._index)
+
+    def _barrier_deadline_ms(self) -> int | None:
+        """The earliest deadline of an aligned barrier with a timeout queued here."""
+        if not self._timeoutable:
+            return None
+        deadlines = [
+            f.timestamp_ms + f.options.aligned_checkpoint_timeout_ms
+            for f in self._queue
+            if type(f) is BarrierFrame and f.options.is_timeoutable
+        ]
+        return min(deadlines, default=None)
+
+    def _convert_timed_out_barrier(self, now_ms: int) -> bool:
+        """An aligned barrier with a timeout, queued behind data when its timeout passed,
+        becomes unaligned and the priority frame of this channel: it overtakes the frames
+        ahead of it (the gate's ``persist_queued`` returns them, the checkpoint's input channel
+        state), and the frames behind it are held back until the task took it, as for a
+        priority frame on arrival. Flink does the same with announced barriers
+        (``SingleCheckpointBarrierHandler.processBarrierAnnouncement`` ->
+        ``convertToPriorityEvent``). Only data, watermarks and latency markers are overtaken;
+        a barrier behind another control frame, or at the head of the queue (it is next
+        anyway), or while a priority frame is pending, stays where it is."""
+        if self._priority is not None or self._fenced:
+            return False
+        queue = self._queue
+        for position, frame in enumerate(queue):
+            tp = type(frame)
+            if isinstance(frame, BarrierFrame):
+                options = frame.options
+                deadline = frame.timestamp_ms + options.aligned_checkpoint_timeout_ms
+                if position == 0 or not options.is_timeoutable or now_ms < deadline:
+                    return False
+                ahead = list(islice(queue, 0, position))
+                behind = list(islice(queue, position + 1, None))
+                queue.clear()
+                queue.extend(ahead)
+                self._held.extendleft(reversed(behind))
+                self._timeoutable -= 1
+                self._priority = replace(
+                    frame, options=replace(options, mode=CheckpointMode.UNALIGNED)
+                )
+                self._fenced = True
+                return True
+            if tp is not DataFrame and tp is not WatermarkFrame and tp is not LatencyMarkerFrame:
+                return False
+        return False
 
     def _release_fence(self) -> None:
         """The priority frame was taken and the task moved on: let held frames in."""
@@ -642,11 +809,35 @@ class InputGate:
             if tp is DataFrame:
                 ch._buffered -= 1
                 ch.grant(1)
+            elif tp is BarrierFrame and frame.options.is_timeoutable:  # type: ignore[union-attr]
+                ch._timeoutable -= 1
             elif tp is EndOfPartitionFrame:
                 self._ended[i] = True
                 self._num_ended += 1
             return i, frame
         return None
+
+    def barrier_deadline_ms(self) -> int | None:
+        """The earliest timeout of an aligned barrier queued behind data on some channel."""
+        blocked = self._blocked
+        deadlines = [
+            d
+            for i, ch in enumerate(self.channels)
+            if i not in blocked and (d := ch._barrier_deadline_ms()) is not None
+        ]
+        return min(deadlines, default=None)
+
+    def convert_timed_out_barriers(self, now_ms: int) -> int:
+        """Turn every aligned barrier whose timeout passed while it was queued behind data into
+        an unaligned priority frame of its channel (``InputChannel._convert_timed_out_barrier``);
+        returns how many. ``poll`` returns them next, like unaligned barriers on arrival.
+        Not on a blocked channel: what it queues is behind the barrier it already delivered."""
+        converted = 0
+        for i, ch in enumerate(self.channels):
+            if ch._timeoutable and i not in self._blocked and ch._convert_timed_out_barrier(now_ms):
+                self._on_priority(i)
+                converted += 1
+        return converted
 
     # -- blocking (aligned checkpoints) ------------------------------------------------------------
 
@@ -762,6 +953,9 @@ class LocalChannel:
         *,
         output_queue: int = DEFAULT_OUTPUT_QUEUE,
         name: str = "local",
+        debloat: DebloatSettings | None = None,
     ) -> None:
         self.input = InputChannel(buffers_per_channel, name=name)
-        self.output = LocalOutputChannel(self.input, output_queue=output_queue, name=name)
+        self.output = LocalOutputChannel(
+            self.input, output_queue=output_queue, name=name, debloat=debloat
+        )

@@ -53,6 +53,7 @@ from snapflow.worker.runtime.channels import (
     InputChannel,
     OutputChannel,
 )
+from snapflow.worker.runtime.debloat import DebloatSettings
 from snapflow.worker.runtime.frames import (
     DataFrame,
     EndOfPartitionFrame,
@@ -386,10 +387,11 @@ class RemoteOutputChannel(OutputChannel):
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         output_queue: int = DEFAULT_OUTPUT_QUEUE,
+        debloat: DebloatSettings | None = None,
     ) -> None:
         if max_message_bytes <= 2 * ENVELOPE_BYTES:
             raise ValueError(f"max_message_bytes too small: {max_message_bytes}")
-        super().__init__(output_queue=output_queue, name=channel_label(channel_id))
+        super().__init__(output_queue=output_queue, name=channel_label(channel_id), debloat=debloat)
         self.stub = stub
         self.channel_id = channel_id
         self.max_payload_bytes = max_message_bytes - ENVELOPE_BYTES
@@ -409,12 +411,19 @@ class RemoteOutputChannel(OutputChannel):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         output_queue: int = DEFAULT_OUTPUT_QUEUE,
         timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
+        debloat: DebloatSettings | None = None,
     ) -> RemoteOutputChannel:
         """Open the stream and wait for the initial credit.
 
         Raises ChannelRefusedError (FAILED_PRECONDITION from the consumer) or
         ChannelFailedError (transport error, timeout)."""
-        self = cls(stub, channel_id, max_message_bytes=max_message_bytes, output_queue=output_queue)
+        self = cls(
+            stub,
+            channel_id,
+            max_message_bytes=max_message_bytes,
+            output_queue=output_queue,
+            debloat=debloat,
+        )
         await self._open(timeout_s)
         return self
 

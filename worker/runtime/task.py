@@ -7,10 +7,15 @@ channels, and takes snapshots.
 
 Snapshot (``TriggerSnapshot`` on an input, or a trigger from the coordinator at a source):
 
-1. synchronous part: every operator's ``snapshot_state``, then the backends' ``snapshot``
-   (copy-on-write views, cheap);
-2. the barrier goes downstream: behind the data for aligned checkpoints; ahead of the queued
-   output for unaligned ones, the overtaken output becoming *output channel state*;
+1. the barrier goes downstream first (Flink's order): behind the data for aligned checkpoints
+   (enqueued at once on every output, without waiting for credit); ahead of the queued output
+   for unaligned ones, the overtaken output becoming *output channel state*. Aligned with a
+   timeout: a barrier still queued in an output when the timeout passes is converted to
+   unaligned there (``OutputChannel.convert_to_unaligned``), its overtaken data becoming
+   output channel state too;
+2. synchronous part: every operator's ``snapshot_state``, then the backends' ``snapshot``
+   (copy-on-write views, cheap); nothing is processed between 1 and 2. If it fails, a cancel
+   marker chases the barrier and the task declines;
 3. asynchronous part, in a thread while processing continues: state files are written under
    ``<target_location>/<vertex>-<subtask>-<attempt>/``; for unaligned checkpoints the input
    channel state (data that arrived on a channel before its barrier) is written once every
@@ -45,7 +50,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Never, NoReturn
+from typing import Any, Never, NoReturn, TypeVar
 
 import pyarrow as pa
 import structlog
@@ -54,7 +59,7 @@ from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMod
 from snapflow.event_time import MAX_WATERMARK
 from snapflow.filestore import is_object_store_uri, store_for
 from snapflow.worker.runtime import barriers as b
-from snapflow.worker.runtime.channels import InputGate, OutputChannel
+from snapflow.worker.runtime.channels import ChannelError, InputGate, OutputChannel
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
@@ -65,19 +70,26 @@ from snapflow.worker.runtime.frames import (
     LatencyMarkerFrame,
     WatermarkFrame,
 )
+from snapflow.worker.runtime.mailbox import TaskThread
 from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext, SourceOperator
-from snapflow.worker.runtime.partitioners import Partitioner
+from snapflow.worker.runtime.partitioners import BroadcastPartitioner, Partitioner
 from snapflow.worker.state.backend import (
     KeyedStateBackend,
     MergedStateObject,
     OperatorStateBackend,
     SnapshotInProgress,
 )
+from snapflow.worker.state.factory import StateBackendConfig, create_keyed_backend
 
 log = structlog.get_logger("snapflow.worker")
 
+T = TypeVar("T")
+
 SOURCE_BATCH_RECORDS = 65_536
 BACKPRESSURE_POLL_S = 0.005  # how often a task blocked on output looks for priority events
+CLOSE_TIMEOUT_S = 10.0
+"""How long a finishing or cancelled task waits for its task thread to close the operators (a
+user function stuck forever must not keep the agent from going on)."""
 CHANNEL_INPUT = "channel_input"
 CHANNEL_OUTPUT = "channel_output"
 END_OF_DATA_STATE = "snapflow/end-of-data"
@@ -92,6 +104,12 @@ def barrier_from_frame(frame: BarrierFrame) -> b.Barrier:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
 
 
 @dataclass
@@ -147,6 +165,9 @@ class _PendingSnapshot:
     output_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
     input_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
     input_complete: asyncio.Event = field(default_factory=asyncio.Event)
+    output_complete: asyncio.Event = field(default_factory=_set_event)
+    """Cleared while an aligned barrier with a timeout may still be converted to unaligned in
+    an output queue (its overtaken data would be output channel state)."""
     sync_duration_ms: int = 0
     input_ended: bool = False
     records_in: int = 0
@@ -180,6 +201,8 @@ class Subtask:
         source_batch_records: int = SOURCE_BATCH_RECORDS,
         periodic_checkpoints: bool = True,
         request_final_checkpoint: Callable[[], Awaitable[None]] | None = None,
+        task_thread: bool = False,
+        state_backend: StateBackendConfig | str | None = None,
     ) -> None:
         self.job_id = job_id
         self.vertex_id = vertex_id
@@ -197,6 +220,8 @@ class Subtask:
         self.decline = decline
         self.source_batch_records = source_batch_records
         self.periodic_checkpoints = periodic_checkpoints
+        self.state_backend = StateBackendConfig.parse(state_backend)
+        """The keyed state backend (heap or rocksdb, ``snapflow.worker.state.factory``)."""
         """False: the job has no periodic checkpoints, so a source whose input ended does not
         wait for a final checkpoint (nothing would trigger it); its sinks commit nothing more,
         unless ``request_final_checkpoint`` is given."""
@@ -205,6 +230,11 @@ class Subtask:
         coordinator for a checkpoint) and then waits for the final checkpoint as with them."""
         self.name = f"{vertex_id}#{subtask_index}@{attempt}"
         self._log = log.bind(job_id=job_id, task=self.name)
+        self._thread: TaskThread | None = TaskThread(self.name) if task_thread else None
+        """Where operators run (``snapflow.worker.runtime.mailbox``); None: on the loop.
+        Off by default: with a CPU-bound Python function the thread and the loop contend for
+        the GIL, which cost the keyed-count benchmark about 45 % of its record-function
+        throughput (docs/worker.md, "The task thread"); it pays off for sinks that block."""
         self.source: SourceOperator | None = (
             self.operators[0]
             if self.operators and isinstance(self.operators[0], SourceOperator)
@@ -239,6 +269,11 @@ class Subtask:
         self.records_out = 0
         self._alignment_bytes: dict[int, int] = {}
 
+    @property
+    def task_thread(self) -> bool:
+        """Whether operators run on the subtask's task thread (else on the agent's loop)."""
+        return self._thread is not None
+
     # --- lifecycle -------------------------------------------------------------------------
 
     def open(self) -> None:
@@ -251,8 +286,12 @@ class Subtask:
         keyed = None
         if self.key_field is not None:
             keyed_id = f"{self.vertex_id}/keyed"
-            keyed = KeyedStateBackend.for_subtask(
-                self.max_parallelism, self.parallelism, self.subtask_index, name=keyed_id
+            keyed = create_keyed_backend(
+                self.state_backend,
+                self.max_parallelism,
+                self.parallelism,
+                self.subtask_index,
+                name=keyed_id,
             )
             handles = self.restore_data.handles.get(keyed_id, {})
             if handles:
@@ -313,16 +352,18 @@ class Subtask:
         self._triggers.put_nowait((checkpoint_id, timestamp_ms, options))
 
     def notify_complete(self, checkpoint_id: int, final: bool = False) -> None:
+        """The coordinator completed ``checkpoint_id``: the operators hear of it on the task
+        thread, between two calls (a mail, as in Flink); the task's own bookkeeping at once."""
         self._last_completed_id = max(self._last_completed_id, checkpoint_id)
         if final:
             self._final_completed = True
-        for op in self.operators:
-            op.notify_checkpoint_complete(checkpoint_id)
+        self._post(_notify_complete, self.operators, checkpoint_id)
+        for backend in self.keyed.values():  # incremental backends reuse its files from now on
+            self._post(backend.notify_checkpoint_complete, checkpoint_id)
         self._completed.set()
 
     def notify_aborted(self, checkpoint_id: int) -> None:
-        for op in self.operators:
-            op.notify_checkpoint_aborted(checkpoint_id)
+        self._post(_notify_aborted, self.operators, checkpoint_id)
         if self._stopping_at == checkpoint_id:
             self._stopping_at = 0  # a failed stop-with-savepoint: the job goes on (or fails
             self._completed.set()  # over after a drain, see _run_source)
@@ -338,9 +379,37 @@ class Subtask:
         finally:
             for task in list(self._async_parts):
                 task.cancel()
-            for op in self.operators:
-                with contextlib.suppress(Exception):
-                    op.close()
+            await self._close_operators()
+            for backend in self.keyed.values():
+                backend.dispose()  # the disk backend's local files
+
+    # --- the task thread -------------------------------------------------------------------
+
+    async def _user(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run operator code on the task thread (in order, after posted notices) and wait for
+        it; the agent's loop stays free meanwhile."""
+        if self._thread is None:
+            return fn(*args)
+        return await self._thread.call(fn, *args)
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._thread is None:
+            fn(*args)
+        else:
+            self._thread.post(fn, *args)
+
+    async def _close_operators(self) -> None:
+        thread = self._thread
+        if thread is None:
+            _close_all(self.operators)
+            return
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await thread.call(_close_all, self.operators)
+        except TimeoutError:
+            self._log.warning("task.close_timed_out", timeout_s=CLOSE_TIMEOUT_S)
+        finally:
+            thread.close()
 
     async def _finish(self) -> None:
         """Input ended: flush, wait until everything emitted is covered by a completed
@@ -382,20 +451,50 @@ class Subtask:
             return
         self._ending_data = True
         if not self._restored_ended:
-            await self._emit(self.chain.end_input())
+            await self._emit(await self._user(self.chain.end_input))
         if self.source is not None and self._watermark < MAX_WATERMARK:
             await self._advance_watermark(MAX_WATERMARK)
         self._ended_data = True
-        owner = self._channel_state_owner()
-        backend = self.operator_state.setdefault(owner, OperatorStateBackend(name=owner))
-        backend.get_union_list_state(END_OF_DATA_STATE).update([self.subtask_index])
+        await self._user(self._record_end_of_data)
         frame = EndOfDataFrame()
         for edge in self.outputs:
             for channel in edge.channels:
                 await channel.send(frame)
         self._ending_data = False
 
+    def _record_end_of_data(self) -> None:
+        owner = self._channel_state_owner()
+        backend = self.operator_state.setdefault(owner, OperatorStateBackend(name=owner))
+        backend.get_union_list_state(END_OF_DATA_STATE).update([self.subtask_index])
+
     # --- sources -----------------------------------------------------------------------------
+
+    def _poll_source(self, max_records: int) -> tuple[int, list[pa.RecordBatch], int | None] | None:
+        """On the task thread: one poll of the source and the chain's output for it, with the
+        source's watermark after it. None when the source is finished."""
+        assert self.source is not None
+        batch = self.source.poll_batch(max_records)
+        if batch is None:
+            return None
+        if batch.num_rows == 0:
+            return 0, [], None
+        out = self.chain.process_batch(batch)
+        watermark = getattr(self.source, "current_watermark", lambda: None)()
+        return batch.num_rows, out, watermark
+
+    def _source_poll_records(self) -> int:
+        """What one poll may take: at most the configured batch, and no more than one frame of
+        the debloated size per output channel (``snapflow.worker.runtime.debloat``), so that a
+        barrier injected after the poll waits behind one such frame per channel, not a whole
+        source batch."""
+        n = self.source_batch_records
+        for edge in self.outputs:
+            caps = [c.max_frame_rows for c in edge.channels]
+            if not caps or any(cap is None for cap in caps):
+                continue
+            fan_out = 1 if isinstance(edge.partitioner, BroadcastPartitioner) else len(caps)
+            n = min(n, min(cap for cap in caps if cap is not None) * fan_out)
+        return max(1, n)
 
     async def _run_source(self) -> None:
         assert self.source is not None
@@ -418,17 +517,17 @@ class Subtask:
                     return
                 await self._completed.wait()
                 continue
-            batch = self.source.poll_batch(self.source_batch_records)
-            if batch is None:
+            polled = await self._user(self._poll_source, self._source_poll_records())
+            if polled is None:
                 return
-            if batch.num_rows == 0:
+            rows, out, watermark = polled
+            if rows == 0:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.005):
                         await self._wait_trigger()
                 continue
-            self.records_in += batch.num_rows
-            await self._emit(self.chain.process_batch(batch))
-            watermark = getattr(self.source, "current_watermark", lambda: None)()
+            self.records_in += rows
+            await self._emit(out)
             if watermark is not None and watermark > self._watermark:
                 await self._advance_watermark(watermark)
             await asyncio.sleep(0)
@@ -477,15 +576,14 @@ class Subtask:
         await self._take_snapshot(
             checkpoint_id, timestamp_ms, options, unaligned, 0, max(0, now_ms() - timestamp_ms)
         )
-        pending = self._pending.get(checkpoint_id)
-        if pending is not None:
-            pending.input_complete.set()  # a source has no input channels
 
     # --- input-driven tasks ------------------------------------------------------------------
 
     async def _run_input(self) -> None:
         assert self.gate is not None and self.handler is not None
         gate, handler = self.gate, self.handler
+        # at least once never blocks a channel: no barrier has to overtake anything
+        exactly_once = isinstance(handler, b.SingleCheckpointBarrierHandler)
         while True:
             deadline = handler.next_deadline_ms()
             if deadline is not None and now_ms() >= deadline:
@@ -493,6 +591,15 @@ class Subtask:
                 # delay the switch to unaligned past the aligned-checkpoint timeout.
                 await self._execute(handler.on_timer(now_ms()))
                 continue
+            # An aligned barrier that timed out while queued behind data in an input channel
+            # overtakes it (Flink's announced barriers); the gate returns it next.
+            queued = gate.barrier_deadline_ms() if exactly_once else None
+            if queued is not None:
+                now = now_ms()
+                if now >= queued:
+                    gate.convert_timed_out_barriers(now)
+                elif deadline is None or queued < deadline:
+                    deadline = queued
             if deadline is None:
                 item = await gate.next()
             else:
@@ -502,8 +609,7 @@ class Subtask:
                         async with asyncio.timeout(max(0.0, (deadline - now_ms()) / 1000.0)):
                             item = await gate.next()
                     if item is None:
-                        await self._execute(handler.on_timer(now_ms()))
-                        continue
+                        continue  # the deadline passed: the top of the loop acts on it
             if item is None:
                 return
             channel, frame = item
@@ -518,7 +624,13 @@ class Subtask:
                             self._alignment_bytes.get(cid, 0) + batch.nbytes
                         )
                 self.records_in += batch.num_rows
-                await self._emit(self.chain.process_batch(batch))
+                await self._emit(await self._user(self.chain.process_batch, batch))
+                if self._thread is None:
+                    # Operators ran on the loop: give it a turn after every batch, as a source
+                    # does after every poll. The gate returns buffered frames without waiting,
+                    # so without this a backlogged task would process all of them in one turn
+                    # of the loop, and triggers, credits, acks and heartbeats would wait.
+                    await asyncio.sleep(0)
             elif isinstance(frame, BarrierFrame):
                 await self._execute(
                     handler.on_barrier(channel, barrier_from_frame(frame), now_ms())
@@ -562,7 +674,7 @@ class Subtask:
 
     async def _advance_watermark(self, watermark: int) -> None:
         self._watermark = watermark
-        await self._emit(self.chain.process_watermark(watermark))
+        await self._emit(await self._user(self.chain.process_watermark, watermark))
         frame = WatermarkFrame(watermark)
         for edge in self.outputs:
             for channel in edge.channels:
@@ -628,20 +740,6 @@ class Subtask:
         start_delay_ms: int,
     ) -> None:
         started = time.perf_counter()
-        try:
-            for op in self.operators:
-                op.snapshot_state(checkpoint_id)
-            snapshots: list[tuple[str, SnapshotInProgress]] = []
-            for op_id, backend in self.keyed.items():
-                snapshots.append((op_id, backend.snapshot(checkpoint_id)))
-            for op_id, op_backend in self.operator_state.items():
-                snapshots.append((op_id, op_backend.snapshot(checkpoint_id)))
-        except Exception as e:
-            self._log.warning(
-                "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
-            )
-            await self.decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
-            return
         pending = _PendingSnapshot(
             checkpoint_id,
             timestamp_ms,
@@ -650,24 +748,105 @@ class Subtask:
             alignment_duration_ms,
             start_delay_ms,
             started,
-            snapshots,
+            [],
         )
-        pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
         pending.input_ended = self.source is not None and self._end_of_input
         pending.records_in = self.records_in
+        if self.gate is None:
+            pending.input_complete.set()  # a source has no input channels
         self._pending[checkpoint_id] = pending
+        previous_snapshot_id = self._last_snapshot_id
         self._last_snapshot_id = max(self._last_snapshot_id, checkpoint_id)
+        # The barrier goes downstream first, then the state is taken (Flink's order: nothing
+        # is processed in between, and downstream can align meanwhile).
         barrier = BarrierFrame(checkpoint_id, timestamp_ms, options)
         # Output channels are numbered across all edges, in order (the replay uses the same).
-        for index, channel in enumerate(c for edge in self.outputs for c in edge.channels):
-            if unaligned:
+        channels = [c for edge in self.outputs for c in edge.channels]
+        if unaligned:
+            for index, channel in enumerate(channels):
                 for data in channel.send_priority(barrier):
                     pending.output_state.append((index, data.batch))
-            else:
-                await channel.send(barrier)
-        task = asyncio.create_task(self._complete_snapshot(pending))
+        else:
+            # Behind the data, on every channel at once, without waiting for credit: a barrier
+            # needs none, and the task's next output waits for it anyway.
+            for channel in channels:
+                channel.send_event(barrier)
+            if options.is_timeoutable and channels:
+                pending.output_complete.clear()
+                self._spawn(self._output_alignment_timeout(pending, channels))
+        try:
+            pending.snapshots = await self._user(self._sync_snapshot, checkpoint_id, options)
+        except Exception as e:
+            self._pending.pop(checkpoint_id, None)
+            self._last_snapshot_id = previous_snapshot_id
+            self._log.warning(
+                "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
+            )
+            # Downstream has the barrier already: tell it not to wait for this checkpoint.
+            marker = CancelMarkerFrame(checkpoint_id)
+            for channel in channels:
+                with contextlib.suppress(ChannelError):
+                    channel.send_priority(marker)
+            await self.decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
+        else:
+            pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
+            self._spawn(self._complete_snapshot(pending))
+
+    def _sync_snapshot(
+        self, checkpoint_id: int, options: BarrierOptions | None = None
+    ) -> list[tuple[str, SnapshotInProgress]]:
+        """On the task thread: the synchronous part of a snapshot."""
+        for op in self.operators:
+            op.snapshot_state(checkpoint_id)
+        snapshots: list[tuple[str, SnapshotInProgress]] = []
+        for op_id, backend in self.keyed.items():
+            snapshots.append((op_id, backend.snapshot(checkpoint_id, options)))
+        for op_id, op_backend in self.operator_state.items():
+            snapshots.append((op_id, op_backend.snapshot(checkpoint_id)))
+        return snapshots
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._async_parts.add(task)
         task.add_done_callback(self._async_parts.discard)
+
+    async def _output_alignment_timeout(
+        self, pending: _PendingSnapshot, channels: list[OutputChannel]
+    ) -> None:
+        """Aligned with a timeout, output side: a barrier still queued in an output channel
+        when the timeout passes (measured from the checkpoint's trigger, as on the input side)
+        becomes unaligned and overtakes the data queued ahead of it, which becomes output
+        channel state (Flink converts it in the output subpartition too)."""
+        checkpoint_id = pending.checkpoint_id
+        try:
+            waits = [channel.barrier_sent(checkpoint_id) for channel in channels]
+            deadline_ms = pending.timestamp_ms + pending.options.aligned_checkpoint_timeout_ms
+            remaining_s = (deadline_ms - now_ms()) / 1000.0
+            if remaining_s > 0:
+                await asyncio.wait(waits, timeout=remaining_s)
+            if checkpoint_id not in self._pending:
+                return  # aborted or already done
+            converted = 0
+            for index, (channel, sent) in enumerate(zip(channels, waits, strict=True)):
+                if sent.done():
+                    continue
+                try:
+                    overtaken = channel.convert_to_unaligned(checkpoint_id)
+                except ChannelError:
+                    continue  # the channel failed: so does the task, elsewhere
+                if overtaken is None:
+                    continue
+                converted += 1
+                pending.output_state.extend((index, data.batch) for data in overtaken)
+            if converted:
+                pending.unaligned = True
+                self._log.info(
+                    "checkpoint.output_switched_to_unaligned",
+                    checkpoint_id=checkpoint_id,
+                    channels=converted,
+                )
+        finally:
+            pending.output_complete.set()
 
     def _snapshot_dir(self, options: BarrierOptions) -> str:
         return _join(
@@ -678,6 +857,7 @@ class Subtask:
         checkpoint_id = pending.checkpoint_id
         try:
             await pending.input_complete.wait()
+            await pending.output_complete.wait()
             if checkpoint_id not in self._pending:
                 return  # aborted meanwhile
             directory = self._snapshot_dir(pending.options)
@@ -809,7 +989,7 @@ class Subtask:
                         await target.send(DataFrame(batch))
             else:
                 for batch in batches:
-                    await self._emit(self.chain.process_batch(batch))
+                    await self._emit(await self._user(self.chain.process_batch, batch))
 
     # --- output ------------------------------------------------------------------------------
 
@@ -834,39 +1014,54 @@ class Subtask:
         if len(sends) == 1 and not self._backpressured():
             await sends[0]
         else:
-            await self._send_all(sends)
+            await self._await_sends(await self._start_sends(sends))
 
     def _backpressured(self) -> bool:
         return any(c.queued_data > 0 for edge in self.outputs for c in edge.channels)
 
-    async def _send_all(self, sends: list[Any]) -> None:
-        """Await the sends of one batch's parts while still taking what must not wait behind
-        backpressure (Flink's mailbox): a checkpoint trigger at a source, an unaligned barrier
-        or a cancel marker at other tasks. Every part is enqueued first (``send`` enqueues
-        before it waits for credit), so a snapshot taken meanwhile has the whole batch before
-        its barrier: aligned barriers queue behind it, unaligned ones overtake it and it becomes
-        output channel state."""
-        tasks = [asyncio.ensure_future(send) for send in sends]
-        await asyncio.sleep(0)  # every send has enqueued its part
-        while True:
-            _, pending = await asyncio.wait(tasks, timeout=BACKPRESSURE_POLL_S)
-            if not pending:
+    async def _start_sends(
+        self, sends: list[Coroutine[Any, Any, None]]
+    ) -> list[asyncio.Future[None]]:
+        """Start the sends; once this returns every one has enqueued its frame (``send``
+        enqueues before it waits for credit)."""
+        tasks: list[asyncio.Future[None]] = [asyncio.ensure_future(send) for send in sends]
+        await asyncio.sleep(0)
+        return tasks
+
+    async def _await_sends(self, tasks: list[asyncio.Future[None]]) -> None:
+        """Await started sends while still taking what must not wait behind backpressure
+        (the mailbox): a checkpoint trigger at a source, an unaligned barrier or a cancel
+        marker at other tasks. Every part is enqueued already, so a snapshot taken meanwhile
+        has the whole batch before its barrier: aligned barriers queue behind it, unaligned
+        ones overtake it and it becomes output channel state."""
+        while not all(task.done() for task in tasks):
+            await self._serve_mailbox()
+            if all(task.done() for task in tasks):
                 break
-            if self.source is not None:
-                # Not while flushing at end of input: a barrier must not split end_input's
-                # output from its end of data.
-                while not self._ending_data and not self._triggers.empty():
-                    await self._snapshot_at_source(*self._triggers.get_nowait())
-            elif (
-                self.gate is not None
-                and self.handler is not None
-                and any(c.priority_pending for c in self.gate.channels)
-            ):
+            await asyncio.wait(tasks, timeout=BACKPRESSURE_POLL_S)
+        for task in tasks:
+            task.result()  # a failed channel fails the task
+
+    async def _serve_mailbox(self) -> None:
+        """What may not wait for the output: checkpoint triggers at a source, priority frames
+        (unaligned barriers, cancel markers) elsewhere."""
+        if self.source is not None:
+            # Not while flushing at end of input: a barrier must not split end_input's output
+            # from its end of data.
+            while not self._ending_data and not self._triggers.empty():
+                await self._snapshot_at_source(*self._triggers.get_nowait())
+        elif self.gate is not None and self.handler is not None:
+            queued = (
+                self.gate.barrier_deadline_ms()
+                if isinstance(self.handler, b.SingleCheckpointBarrierHandler)
+                else None
+            )
+            if queued is not None and now_ms() >= queued:
+                self.gate.convert_timed_out_barriers(now_ms())
+            if any(c.priority_pending for c in self.gate.channels):
                 item = self.gate.poll()
                 if item is not None:
                     await self._handle_priority(*item)
-        for task in tasks:
-            task.result()  # a failed channel fails the task
 
     async def _handle_priority(self, channel: int, frame: Frame) -> None:
         assert self.handler is not None
@@ -881,6 +1076,22 @@ class Subtask:
         else:
             # Only unaligned barriers and cancel markers overtake data (frames.is_priority).
             raise TypeError(f"{type(frame).__name__} is not a priority frame")
+
+
+def _notify_complete(operators: list[Operator], checkpoint_id: int) -> None:
+    for op in operators:
+        op.notify_checkpoint_complete(checkpoint_id)
+
+
+def _notify_aborted(operators: list[Operator], checkpoint_id: int) -> None:
+    for op in operators:
+        op.notify_checkpoint_aborted(checkpoint_id)
+
+
+def _close_all(operators: list[Operator]) -> None:
+    for op in operators:
+        with contextlib.suppress(Exception):
+            op.close()
 
 
 def _unknown(what: str, value: Never) -> NoReturn:

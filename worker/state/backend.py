@@ -103,15 +103,30 @@ import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from snapflow.checkpointing import BarrierOptions
 from snapflow.durable_files import fsync_dir
 from snapflow.errors import StateError, StorageError
 from snapflow.event_time import MIN_WATERMARK
 from snapflow.filestore import FileStore, is_object_store_uri, store_for
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keygroups import KEY_HASH_VERSION, KeyGroupRange
+from snapflow.worker.state.ttl import (
+    TTL_KINDS,
+    Clock,
+    StateTtlConfig,
+    TtlAggregatingState,
+    TtlListState,
+    TtlMapState,
+    TtlReducingState,
+    TtlValueState,
+    ttl_kind,
+)
 
 __all__ = [
     "FORMAT_VERSION",
+    "INCREMENTAL",
+    "SHARED",
+    "SHARED_NEW",
     "AggregatingState",
     "CorruptStateError",
     "IncompatibleStateError",
@@ -131,6 +146,7 @@ __all__ = [
     "TimerService",
     "ValueState",
     "aggregate_batch",
+    "wall_clock_ms",
 ]
 
 T = TypeVar("T")
@@ -178,7 +194,12 @@ def _no_current_key() -> StateError:
 # ---------------------------------------------------------------------------------------------
 
 KEYED, TIMERS, OPERATOR, UNION = "keyed", "timers", "operator", "union"
-_KIND_CODES = {KEYED: 1, TIMERS: 2, OPERATOR: 3, UNION: 4}
+INCREMENTAL = "incremental"
+"""The manifest of an incremental checkpoint of the disk backend (``rocksdb_backend``)."""
+SHARED, SHARED_NEW = "shared", "shared-new"
+"""Handles of files shared between checkpoints (the disk backend's SST files): ``shared-new``
+for a file this checkpoint uploaded, ``shared`` for one an earlier checkpoint uploaded."""
+_KIND_CODES = {KEYED: 1, TIMERS: 2, OPERATOR: 3, UNION: 4, INCREMENTAL: 5}
 
 
 class StateHandleDict(TypedDict):
@@ -1251,7 +1272,12 @@ class TimerService:
             self._add(idx, entry[0], entry[1], entry[2])
 
 
-_STATE_KINDS = {"value", "list", "map", "reducing", "aggregating"}
+_STATE_KINDS = {"value", "list", "map", "reducing", "aggregating", *TTL_KINDS}
+
+
+def wall_clock_ms() -> int:
+    """Processing time in milliseconds (the default clock of state TTL)."""
+    return time.time_ns() // 1_000_000
 
 
 class KeyedStateBackend:
@@ -1264,6 +1290,7 @@ class KeyedStateBackend:
         key_group_range: KeyGroupRange | tuple[int, int],
         *,
         name: str = "",
+        clock: Clock | None = None,
     ) -> None:
         kgs.check_max_parallelism(max_parallelism)
         kg_range = (
@@ -1285,6 +1312,8 @@ class KeyedStateBackend:
         self._current_idx = -1
         self.timer_service = TimerService(self)
         self._snapshots = _SnapshotTracker(self._thaw)
+        self.clock: Clock = clock or wall_clock_ms
+        """Processing time in ms for state TTL (injectable for tests)."""
 
     @classmethod
     def for_subtask(
@@ -1292,6 +1321,15 @@ class KeyedStateBackend:
     ) -> KeyedStateBackend:
         kg_range = kgs.key_group_range_for_subtask(max_parallelism, parallelism, index)
         return cls(max_parallelism, kg_range, name=name)
+
+    # --- lifecycle (the disk backend needs these; the heap has nothing to do) ----------------
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """A checkpoint this backend took part in completed (incremental backends reuse its
+        files from now on)."""
+
+    def dispose(self) -> None:
+        """The task ends: release local resources (files of the disk backend)."""
 
     # --- current key ------------------------------------------------------------------------
 
@@ -1395,21 +1433,75 @@ class KeyedStateBackend:
         return table
 
     # Without a default the value type cannot be inferred from the call: Any.
+    # The ``_new_*`` factories make the plain states; the disk backend overrides them, and the
+    # TTL wrappers (snapflow.worker.state.ttl) sit on top of either backend's plain states.
+
+    def _new_value(self, name: str, kind: str, default: Any) -> ValueState[Any]:
+        return ValueState(self, self._table(name, kind), default)
+
+    def _new_list(self, name: str, kind: str) -> ListState[Any]:
+        return ListState(self, self._table(name, kind))
+
+    def _new_map(self, name: str, kind: str) -> MapState:
+        return MapState(self, self._table(name, kind))
+
+    def _new_reducing(
+        self, name: str, kind: str, reduce_fn: Callable[[Any, Any], Any]
+    ) -> ReducingState[Any]:
+        return ReducingState(self, self._table(name, kind), reduce_fn)
+
+    def _new_aggregating(
+        self,
+        name: str,
+        kind: str,
+        add_fn: Callable[[Any, Any], Any],
+        get_result_fn: Callable[[Any], Any],
+        create_accumulator: Callable[[], Any],
+    ) -> AggregatingState[Any]:
+        return AggregatingState(
+            self, self._table(name, kind), add_fn, get_result_fn, create_accumulator
+        )
+
+    # Without a default the value type cannot be inferred from the call: Any.
     @overload
-    def get_value_state(self, name: str) -> ValueState[Any]: ...
+    def get_value_state(
+        self, name: str, *, ttl: StateTtlConfig | None = None
+    ) -> ValueState[Any]: ...
     @overload
-    def get_value_state(self, name: str, default: T) -> ValueState[T]: ...
-    def get_value_state(self, name: str, default: Any = None) -> ValueState[Any]:
-        return ValueState(self, self._table(name, "value"), default)
+    def get_value_state(
+        self, name: str, default: T, *, ttl: StateTtlConfig | None = None
+    ) -> ValueState[T]: ...
+    def get_value_state(
+        self, name: str, default: Any = None, *, ttl: StateTtlConfig | None = None
+    ) -> ValueState[Any]:
+        """A value per key; with ``ttl``, values expire (snapflow.worker.state.ttl)."""
+        if ttl is None:
+            return self._new_value(name, "value", default)
+        inner = self._new_value(name, ttl_kind("value"), None)
+        return TtlValueState(self, inner, ttl, self.clock, default)  # type: ignore[return-value]
 
-    def get_list_state(self, name: str) -> ListState[Any]:
-        return ListState(self, self._table(name, "list"))
+    def get_list_state(self, name: str, *, ttl: StateTtlConfig | None = None) -> ListState[Any]:
+        if ttl is None:
+            return self._new_list(name, "list")
+        inner = self._new_list(name, ttl_kind("list"))
+        return TtlListState(self, inner, ttl, self.clock)  # type: ignore[return-value]
 
-    def get_map_state(self, name: str) -> MapState:
-        return MapState(self, self._table(name, "map"))
+    def get_map_state(self, name: str, *, ttl: StateTtlConfig | None = None) -> MapState:
+        if ttl is None:
+            return self._new_map(name, "map")
+        inner = self._new_map(name, ttl_kind("map"))
+        return TtlMapState(self, inner, ttl, self.clock)  # type: ignore[return-value]
 
-    def get_reducing_state(self, name: str, reduce_fn: Callable[[T, T], T]) -> ReducingState[T]:
-        return ReducingState(self, self._table(name, "reducing"), reduce_fn)
+    def get_reducing_state(
+        self, name: str, reduce_fn: Callable[[T, T], T], *, ttl: StateTtlConfig | None = None
+    ) -> ReducingState[T]:
+        if ttl is None:
+            return self._new_reducing(name, "reducing", reduce_fn)
+        wrapped = TtlReducingState.wrap_reduce(reduce_fn, ttl, self.clock)
+        inner = self._new_reducing(name, ttl_kind("reducing"), wrapped)
+        return TtlReducingState(  # type: ignore[return-value]
+            self, inner, ttl, self.clock, aggregate_batch
+        )
 
     def get_aggregating_state(
         self,
@@ -1417,10 +1509,31 @@ class KeyedStateBackend:
         add_fn: Callable[[Any, Any], Any],
         get_result_fn: Callable[[Any], T],
         create_accumulator: Callable[[], Any],
+        *,
+        ttl: StateTtlConfig | None = None,
     ) -> AggregatingState[T]:
-        return AggregatingState(
-            self, self._table(name, "aggregating"), add_fn, get_result_fn, create_accumulator
+        if ttl is None:
+            return self._new_aggregating(
+                name, "aggregating", add_fn, get_result_fn, create_accumulator
+            )
+        add, identity, create = TtlAggregatingState.wrap_functions(
+            add_fn, create_accumulator, ttl, self.clock
         )
+        inner = self._new_aggregating(name, ttl_kind("aggregating"), add, identity, create)
+        return TtlAggregatingState(  # type: ignore[return-value]
+            self, inner, ttl, self.clock, get_result_fn
+        )
+
+    def _ttl_scan(self, name: str) -> Iterator[tuple[Any, int]]:
+        """Every ``(key, key group)`` of state ``name``, for the incremental TTL clean-up;
+        robust to changes while it is walked (each key group's keys are listed when reached)."""
+        table = self._tables.get(name)
+        if table is None:
+            return
+        for idx in range(self._n):
+            for key in list(table.maps[idx]):
+                if key in table.maps[idx]:
+                    yield key, self._start + idx
 
     def state_names(self) -> list[str]:
         return sorted(self._tables)
@@ -1445,9 +1558,13 @@ class KeyedStateBackend:
             table.thaw()
         self.timer_service._thaw()
 
-    def snapshot(self, checkpoint_id: int) -> SnapshotInProgress:
+    def snapshot(
+        self, checkpoint_id: int, options: BarrierOptions | None = None
+    ) -> SnapshotInProgress:
         """Synchronous part: freeze a copy-on-write view of every state and timer (no entry is
-        copied). Returns the snapshot; its :meth:`~SnapshotInProgress.write` is the async part."""
+        copied). Returns the snapshot; its :meth:`~SnapshotInProgress.write` is the async part.
+        The heap's snapshots are always in the canonical format, so ``options`` (the barrier's:
+        checkpoint or savepoint, target location) change nothing here."""
         start = time.perf_counter()
         self._snapshots.reap()
         views = {name: (t.kind, t.freeze()) for name, t in self._tables.items()}
@@ -1476,6 +1593,12 @@ class KeyedStateBackend:
         for raw in handles:
             handle = _handle_fields(raw, base_dir)
             kind = handle["kind"]
+            if kind == INCREMENTAL:
+                raise IncompatibleStateError(
+                    f"{handle['path']} is an incremental checkpoint of the rocksdb state "
+                    "backend; restore it with state_backend('rocksdb'), or take a savepoint "
+                    "(a canonical snapshot any backend restores)"
+                )
             if kind not in (KEYED, TIMERS):
                 continue
             file_range = KeyGroupRange(handle["key_group_start"], handle["key_group_end"])

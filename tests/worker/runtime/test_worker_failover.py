@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 from kit.coordinator import running_coordinator
 from kit.polling import wait_until_async
+from kit.shared_files import shared_files_state
 from kit.tls import Pki, make_pki
 from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
 
@@ -155,6 +156,12 @@ MODES = [
     # Mutual TLS on every hop (agent -> coordinator, coordinator -> agent, agent -> agent),
     # service tokens on top, access checks on: the same guarantee, and no secret in the logs.
     pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 0, "local-mtls", id="aligned-mtls"),
+    # The disk state backend (incremental checkpoints, shared files) in every mode, and on S3.
+    pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 0, "local-rocksdb", id="aligned-rocksdb"),
+    pytest.param(pb.CHECKPOINT_MODE_UNALIGNED, 0, "local-rocksdb", id="unaligned-rocksdb"),
+    pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 20, "local-rocksdb", id="aligned-timeout-rocksdb"),
+    pytest.param(pb.CHECKPOINT_MODE_AT_LEAST_ONCE, 0, "local-rocksdb", id="at-least-once-rocksdb"),
+    pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 0, "s3-rocksdb", id="aligned-s3-rocksdb"),
 ]
 
 
@@ -187,6 +194,8 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "out"
+    rocksdb = storage.endswith("-rocksdb")
+    storage = storage.removesuffix("-rocksdb")
     root = (
         f"s3://{request.getfixturevalue('s3_bucket')}/checkpoints"
         if storage == "s3"
@@ -207,6 +216,7 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
                 mode=mode,
                 aligned_checkpoint_timeout_ms=aligned_checkpoint_timeout_ms,
                 tolerable_failures=5,
+                state_backend="rocksdb" if rocksdb else "",
             )
             job_id = await submit_graph(c.stub, graph, config)
             async with _AgentProcesses(tmp_path, agent_env) as agents:
@@ -225,6 +235,9 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
                     cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
                 )
                 assert stats.counts.restored == 1 and stats.latest_restore.checkpoint_id >= 1
+                if rocksdb:  # the killed agent's unacknowledged uploads are swept too
+                    stored, referenced = await shared_files_state(c.coordinator, job_id)
+                    assert referenced and stored == referenced
 
     asyncio.run(main())
     if pki is not None:

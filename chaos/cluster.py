@@ -1,0 +1,221 @@
+"""The processes of one chaos run, each started on 127.0.0.1 and tracked by its PID.
+
+``Cluster`` starts a ``redis-server`` (AOF with ``appendfsync always``: a Redis SIGKILL must
+not lose an acknowledged checkpoint commit, or a restore would replay committed output), one
+or more ``snapflow coordinator`` processes and ``snapflow worker`` processes. Every process is
+killed by its own PID (SIGKILL) and reaped; nothing is ever killed by name. Ports are picked
+free on 127.0.0.1; nothing binds another interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from snapflow.redis_server import find_redis_server_binary
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPFLOW_")}
+    env["GRPC_VERBOSITY"] = "ERROR"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class Tracked:
+    """One child process, known by its PID."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL this PID (never a name) and reap it."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+
+class Cluster:
+    """Redis, coordinators and workers of one run, in ``work_dir`` (logs, storage, AOF)."""
+
+    def __init__(self, work_dir: Path, namespace: str = "chaos") -> None:
+        self.work_dir = work_dir
+        self.namespace = namespace
+        self.storage = work_dir / "checkpoints"
+        self.redis_port = free_port()
+        self.redis: Tracked | None = None
+        self.coordinators: dict[int, Tracked] = {}
+        """Port -> coordinator process (the ports stay fixed across restarts)."""
+        self.ha = False
+        self.coordinator_settings: dict[str, str] = {}
+        self.processes: list[Tracked] = []
+        self._sequence = 0
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{HOST}:{self.redis_port}/0"
+
+    @property
+    def addresses(self) -> str:
+        """What clients and workers are given: every coordinator, comma-separated."""
+        return ",".join(f"{HOST}:{p}" for p in sorted(self.coordinators))
+
+    def _log(self, name: str) -> Path:
+        self._sequence += 1
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        return logs / f"{self._sequence:05d}-{name}.log"
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Tracked:
+        with open(self._log(name), "wb") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        tracked = Tracked(name, proc)
+        self.processes.append(tracked)
+        return tracked
+
+    # --- Redis -----------------------------------------------------------------------------
+
+    def start_redis(self, timeout_s: float = 10.0) -> Tracked:
+        data = self.work_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        argv = [
+            find_redis_server_binary(),
+            "--port", str(self.redis_port),
+            "--bind", HOST,
+            "--save", "",
+            "--appendonly", "yes",
+            "--appendfsync", "always",
+            "--dir", str(data),
+            "--daemonize", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        self.redis = self._spawn("redis", argv, _env())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.redis.alive():
+                raise RuntimeError(f"redis-server exited with {self.redis.proc.returncode}")
+            if _ping(self.redis_port):
+                return self.redis
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.redis_port}: no PONG in {timeout_s} s")
+
+    # --- coordinators ----------------------------------------------------------------------
+
+    def configure_coordinators(self, count: int, ha: bool, **settings: str) -> None:
+        self.ha = ha
+        self.coordinator_settings = settings
+        for _ in range(count):
+            self.coordinators[free_port()] = None  # type: ignore[assignment]
+
+    def start_coordinator(self, port: int) -> Tracked:
+        extra = {f"SNAPFLOW_{k.upper()}": v for k, v in self.coordinator_settings.items()}
+        if self.ha:
+            extra["SNAPFLOW_HIGH_AVAILABILITY"] = "redis"
+            extra["SNAPFLOW_ADVERTISED_ADDRESS"] = f"{HOST}:{port}"
+        argv = [
+            sys.executable, "-m", "snapflow.cli", "coordinator",
+            "--host", HOST,
+            "--port", str(port),
+            "--redis-url", self.redis_url,
+            "--redis-namespace", self.namespace,
+            "--metrics-port", "-1",
+            "--storage-root", str(self.storage),
+            "--log-format", "json",
+        ]  # fmt: skip
+        tracked = self._spawn(f"coordinator-{port}", argv, _env(**extra))
+        self.coordinators[port] = tracked
+        return tracked
+
+    def start_coordinators(self) -> None:
+        for port in sorted(self.coordinators):
+            self.start_coordinator(port)
+
+    def serving(self, port: int) -> bool:
+        """The coordinator on ``port`` answers health SERVING (the leader, or the only one)."""
+        with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+            try:
+                response = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1
+                )
+            except grpc.RpcError:
+                return False
+        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def leader(self, timeout_s: float = 30.0) -> int:
+        """The port of the serving coordinator (waits for one)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for port in sorted(self.coordinators):
+                if self.serving(port):
+                    return port
+            time.sleep(0.05)
+        raise TimeoutError(f"no coordinator serving within {timeout_s} s")
+
+    # --- workers ---------------------------------------------------------------------------
+
+    def start_worker(self, job_id: str, slot: int, slots: int) -> Tracked:
+        argv = [
+            sys.executable, "-m", "snapflow.cli", "worker",
+            "--coordinator", self.addresses,
+            "--job", job_id,
+            "--slot", str(slot),
+            "--slots", str(slots),
+            "--log-level", "warning",
+        ]  # fmt: skip
+        return self._spawn(f"worker-{job_id[:8]}-{slot}", argv, _env())
+
+    # --- end -------------------------------------------------------------------------------
+
+    def kill_all(self) -> None:
+        """SIGKILL every process this run started that still runs, by PID, and reap it."""
+        for tracked in self.processes:
+            tracked.kill()
+
+    def alive_count(self) -> int:
+        return sum(1 for t in self.processes if t.alive())

@@ -1,0 +1,143 @@
+"""The data-plane settings (buffer-debloat target, task thread) reach every subtask and output
+channel an agent deploys, from the Agent, from ``snapflow worker`` flags and from the Spark
+bridge's run options; bad values are refused with a message saying what to fix."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from kit.coordinator import running_coordinator
+from kit.polling import wait_until_async
+from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
+
+from snapflow.cli.main import build_parser
+from snapflow.errors import InvalidArgumentError
+from snapflow.spark_bridge.driver import RunOptions
+from snapflow.spark_bridge.executor import SlotConfig, _agent
+from snapflow.v1 import common_pb2 as pb
+from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
+from snapflow.worker.connectors.split_sources import GeneratorSource
+from snapflow.worker.runtime.agent import Agent, DataplaneSettings
+from snapflow.worker.runtime.debloat import DEFAULT_TARGET_MS, DebloatSettings
+from snapflow.worker.runtime.exchange import RemoteOutputChannel
+
+RECORDS = 100_000
+
+
+def _source() -> GeneratorSource:
+    return GeneratorSource(
+        total_records=RECORDS, rate_per_s=200_000, num_keys=200, batch_size=2048, seed=5
+    )
+
+
+@pytest.mark.parametrize(
+    "settings", [DataplaneSettings(debloat_target_ms=40, task_thread=True), DataplaneSettings()]
+)
+def test_settings_reach_every_subtask_and_output_channel(
+    redis_url: str, tmp_path: Path, settings: DataplaneSettings
+) -> None:
+    """Two agents (one local and one gRPC channel per source subtask): every subtask runs its
+    operators where the settings say, every output channel debloats with their target, and the
+    job is exactly once."""
+    out = tmp_path / "out"
+    seen: dict[str, tuple[bool, list[tuple[str, int]]]] = {}
+
+    async def main() -> None:
+        async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
+            graph = count_graph(_source(), KeyedCount("key"), TransactionalFileSink(str(out)))
+            job_id = await submit_graph(c.stub, graph, pb.CheckpointConfig(interval_ms=100))
+            agents = [
+                Agent(c.address, job_id, slot=s, num_slots=2, dataplane=settings) for s in range(2)
+            ]
+            for a in agents:
+                await a.start()
+            try:
+                runs = [asyncio.create_task(a.run()) for a in agents]
+                await wait_until_async(
+                    lambda: all(
+                        len(a.hosted) == 2 and all(h.task for h in a.hosted.values())
+                        for a in agents
+                    ),
+                    "every subtask deployed",
+                    timeout_s=30,
+                )
+                for a in agents:
+                    for hosted in a.hosted.values():
+                        task = hosted.task
+                        assert task is not None
+                        seen[task.name] = (
+                            task.task_thread,
+                            [
+                                (type(ch).__name__, ch.debloater.settings.target_ms)
+                                for edge in task.outputs
+                                for ch in edge.channels
+                            ],
+                        )
+                async with asyncio.timeout(60):
+                    await asyncio.gather(*runs)
+            finally:
+                for a in agents:
+                    await a.stop()
+            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+            assert info.state == pb.JOB_STATE_FINISHED
+
+    asyncio.run(main())
+    assert len(seen) == 4
+    assert {thread for thread, _ in seen.values()} == {settings.task_thread}
+    outputs = [ch for name, (_, chs) in seen.items() if name.startswith("source") for ch in chs]
+    # each source subtask feeds the count subtask in its own agent and the one in the other
+    assert sorted(kind for kind, _ in outputs) == sorted(
+        ["LocalOutputChannel", RemoteOutputChannel.__name__] * 2
+    )
+    assert {target for _, target in outputs} == {settings.debloat_target_ms}
+    check_exactly_once(read_committed(out), expected_counts(_source(), 2))
+
+
+def test_defaults_and_bad_values() -> None:
+    assert DataplaneSettings().debloat == DebloatSettings()
+    assert DataplaneSettings().debloat_target_ms == DEFAULT_TARGET_MS
+    assert not DataplaneSettings().task_thread
+    assert DataplaneSettings(debloat_target_ms=0).debloat.enabled is False
+    for bad in (-1, 1.5, True, "100"):
+        with pytest.raises(InvalidArgumentError, match="debloat_target_ms must be an integer"):
+            DataplaneSettings(debloat_target_ms=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="task_thread must be a bool"):
+        DataplaneSettings(task_thread=1)  # type: ignore[arg-type]
+
+
+def test_worker_flags() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["worker", "--job", "j"])
+    assert args.debloat_target_ms is None and args.task_thread is False
+    args = parser.parse_args(["worker", "--job", "j", "--debloat-target-ms", "0", "--task-thread"])
+    assert args.debloat_target_ms == 0 and args.task_thread is True
+    with pytest.raises(SystemExit):
+        parser.parse_args(["worker", "--job", "j", "--debloat-target-ms", "-5"])
+
+
+def test_spark_run_options_reach_the_slot_agents() -> None:
+    """RunOptions -> SlotConfig (what the driver pickles for the executors) -> Agent."""
+    config = SlotConfig(
+        coordinator_address="127.0.0.1:1",
+        job_id="0" * 32,
+        num_slots=2,
+        agent_host=None,
+        source_batch_records=1024,
+        log_level="warning",
+        startup_barrier=False,
+        debloat_target_ms=25,
+        task_thread=True,
+    )
+    agent = _agent(config, 1, "127.0.0.1")
+    assert agent.dataplane == DataplaneSettings(debloat_target_ms=25, task_thread=True)
+    default = _agent(SlotConfig("127.0.0.1:1", "0" * 32, 2, None, 1024, "warning", False), 0, "h")
+    assert default.dataplane == DataplaneSettings()
+    assert RunOptions().debloat_target_ms is None and RunOptions().task_thread is False
+    with pytest.raises(InvalidArgumentError, match="debloat_target_ms"):
+        RunOptions(debloat_target_ms=-1)
+    with pytest.raises(InvalidArgumentError, match="task_thread"):
+        RunOptions(task_thread="yes")  # type: ignore[arg-type]

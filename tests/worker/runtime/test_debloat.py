@@ -1,0 +1,188 @@
+"""Buffer debloating (``snapflow.worker.runtime.debloat``): the pure core as exact event
+sequences with injected time, invariants after every step; then the channel that applies it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from kit.channels import run
+
+from snapflow.worker.runtime.channels import InputGate, LocalChannel
+from snapflow.worker.runtime.debloat import (
+    UNBOUNDED,
+    Budget,
+    ChannelDebloater,
+    DebloatSettings,
+)
+from snapflow.worker.runtime.frames import DataFrame
+
+MS = 1_000_000  # ns
+
+
+def _debloater(**kw: Any) -> ChannelDebloater:
+    settings: dict[str, Any] = {
+        "target_ms": 100,
+        "period_ms": 50,
+        "samples": 1,
+        "min_frame_rows": 10,
+        "split_frames": True,
+        **kw,
+    }
+    return ChannelDebloater(DebloatSettings(**settings))
+
+
+def _step(d: ChannelDebloater, result: object = None) -> object:
+    d.check_invariants()
+    return result
+
+
+def test_unbounded_until_the_first_sample_then_throughput_times_target() -> None:
+    d = _debloater()
+    assert d.budget() == UNBOUNDED and d.may_hand_over(10**9)
+    for _ in range(4):
+        d.on_handed_over(1000, 0)
+        _step(d)
+    assert d.outstanding_rows == 4000
+    assert _step(d, d.on_credit(2, 20 * MS)) is None  # within the first period: no sample
+    assert d.outstanding_rows == 2000
+    # 2000 rows taken in 50 ms: 40,000 rows/s; 100 ms of it is 4000 rows, frames of 1000
+    assert _step(d, d.on_credit(0, 50 * MS)) == Budget(4000, 1000)
+    assert d.rate == pytest.approx(40_000)
+    assert d.budget() == Budget(4000, 1000)
+
+
+def test_the_initial_credit_is_not_consumption() -> None:
+    d = _debloater()
+    d.on_credit(4, 0)  # credits for buffers that never held a frame
+    _step(d)
+    d.on_handed_over(500, 1 * MS)
+    d.on_credit(1, 60 * MS)
+    _step(d)
+    assert d.rate == pytest.approx(500 / 0.060)
+
+
+def test_a_frame_goes_when_the_channel_is_empty_or_fits_the_budget() -> None:
+    d = _debloater()
+    d.on_handed_over(2000, 0)
+    d.on_credit(1, 50 * MS)  # 40,000 rows/s -> budget 4000
+    assert d.budget().max_rows == 4000
+    assert d.may_hand_over(10_000)  # nothing outstanding: one frame always goes
+    d.on_handed_over(3000, 51 * MS)
+    assert d.may_hand_over(1000) and not d.may_hand_over(1001)
+    _step(d)
+
+
+def test_periods_without_consumption_keep_the_budget() -> None:
+    """Idle, blocked for alignment or stuck in user code: no information, no change."""
+    d = _debloater()
+    d.on_handed_over(2000, 0)
+    d.on_credit(1, 50 * MS)
+    before = d.budget()
+    d.on_handed_over(1000, 60 * MS)
+    for t in (120, 200, 900, 5000):  # long stall, the frame still outstanding
+        assert _step(d, d.on_tick(t * MS)) is None
+    assert d.budget() == before
+    assert d.rate == pytest.approx(40_000)
+
+
+def test_the_rate_is_a_moving_average_and_the_budget_follows_it() -> None:
+    d = _debloater(samples=3)  # alpha 0.5
+    d.on_handed_over(5000, 0)
+    d.on_credit(1, 50 * MS)  # sample 100,000 rows/s
+    assert d.budget() == Budget(10_000, 2500)
+    d.on_handed_over(1000, 50 * MS)
+    assert _step(d, d.on_credit(1, 100 * MS)) == Budget(6000, 1500)  # (100k + 20k) / 2
+    assert d.rate == pytest.approx(60_000)
+
+
+def test_a_slow_consumer_is_bounded_below_by_two_minimum_frames() -> None:
+    d = _debloater(min_frame_rows=256)
+    d.on_handed_over(10, 0)
+    d.on_credit(1, 1000 * MS)  # 10 rows/s
+    assert _step(d, d.budget()) == Budget(512, 256)
+
+
+def test_off_measures_but_never_bounds() -> None:
+    d = ChannelDebloater(DebloatSettings(target_ms=0, period_ms=50, min_frame_rows=10))
+    d.on_handed_over(2000, 0)
+    assert d.on_credit(1, 50 * MS) is None
+    assert d.rate == pytest.approx(40_000)
+    assert _step(d, d.budget()) == UNBOUNDED
+
+
+def test_without_splitting_only_the_rows_in_flight_are_bounded() -> None:
+    d = _debloater(split_frames=False)
+    d.on_handed_over(2000, 0)
+    assert _step(d, d.on_credit(1, 50 * MS)) == Budget(4000, None)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"target_ms": -1}, {"period_ms": 0}, {"samples": 0}, {"min_frame_rows": 0}],
+)
+def test_bad_settings_are_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        DebloatSettings(**bad)
+
+
+def test_negative_events_are_refused() -> None:
+    d = _debloater()
+    with pytest.raises(ValueError):
+        d.on_handed_over(-1, 0)
+    with pytest.raises(ValueError):
+        d.on_credit(-1, 0)
+
+
+# --- the channel applying it ---------------------------------------------------------------
+
+
+def _rows(start: int, n: int) -> DataFrame:
+    return DataFrame(pa.record_batch({"key": pa.array(range(start, start + n), pa.int64())}))
+
+
+def test_a_debloated_channel_splits_batches_and_bounds_what_it_holds() -> None:
+    """A consumer that costs per row: the producer's batches are split to the debloated frame
+    size, the rows the channel holds (queued + outstanding) stay within the budget plus the
+    one batch the producer enqueued last, and every row arrives once, in order."""
+    settings = DebloatSettings(
+        target_ms=20, period_ms=5, samples=1, min_frame_rows=16, split_frames=True
+    )
+
+    async def main() -> None:
+        ch = LocalChannel(4, output_queue=2, name="c", debloat=settings)
+        gate = InputGate([ch.input])
+        got: list[int] = []
+        frames: list[int] = []
+
+        async def consume() -> None:
+            while (item := await gate.next()) is not None:
+                _, frame = item
+                if isinstance(frame, DataFrame):
+                    frames.append(frame.batch.num_rows)
+                    got.extend(frame.batch.column(0).to_pylist())
+                    await asyncio.sleep(frame.batch.num_rows / 50_000)  # 50,000 rows/s
+
+        consumer = asyncio.create_task(consume())
+        out = ch.output
+        sent = 0
+        for i in range(30):
+            rows = 512
+            await out.send(_rows(sent, rows))
+            sent += rows
+            budget = out.budget
+            if budget.max_rows is not None:
+                held = out.queued_rows + out.debloater.outstanding_rows
+                assert held <= budget.max_rows + rows, (i, held, budget)
+            out.debloater.check_invariants()
+        await out.close()
+        await consumer
+        assert got == list(range(sent))
+        assert out.budget.max_frame_rows is not None, "the throughput was never sampled"
+        assert min(frames) < 512, "no batch was split"
+        # per-row cost: the frames settle near a quarter of 20 ms worth, they do not collapse
+        assert min(frames[-10:]) >= 64, frames
+
+    run(main())
