@@ -62,6 +62,8 @@ class JobExecution:
         self.restarts = restarts
         self.failure = failure
         self.tasks: dict[TaskKey, TaskRecord] = {}
+        # The driver's launch (stage submission) of the current deployment; 0: none seen.
+        self.launch = 0
         # The next registration starts a new deployment: at first, and after a task failed.
         self._next_registration_redeploys = True
         self._all_keys = frozenset(graph.task_keys())
@@ -105,6 +107,7 @@ class JobExecution:
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (used by tests after each step)."""
         assert self.deployment >= 0
+        assert self.launch >= 0
         assert 0 <= self.restarts <= max(0, self.deployment - 1), "more restarts than redeploys"
         assert set(self.tasks) <= self._all_keys, "task outside the graph"
         for key, task in self.tasks.items():
@@ -144,7 +147,13 @@ class JobExecution:
 
     # -- events -----------------------------------------------------------------------------
 
-    def register(self, key: TaskKey, address: str) -> Registration:
+    def register(self, key: TaskKey, address: str, launch: int = 0) -> Registration:
+        """A task of ``key`` registers from ``address``. ``launch`` is the Spark driver's stage
+        submission it runs in (0: not launched by a driver): a newer launch starts a new
+        deployment, an older one is refused (a straggler of a failed stage must not end the
+        deployment that replaced it)."""
+        if launch < 0:
+            raise InvalidArgumentError(f"launch must be >= 0, got {launch}")
         if self.state.is_terminal:
             raise FailedPreconditionError(
                 f"job is {self.state.value}; tasks cannot register any more"
@@ -159,7 +168,16 @@ class JobExecution:
             )
         if not address:
             raise InvalidArgumentError("address is required (host:port of the worker agent)")
-        new_deployment = self._next_registration_redeploys or key in self.tasks
+        if launch and launch < self.launch:
+            raise FailedPreconditionError(
+                f"task {key} is from launch {launch} of the job's tasks, superseded by launch "
+                f"{self.launch}: this task belongs to a stage that failed and must stop"
+            )
+        new_deployment = (
+            self._next_registration_redeploys or key in self.tasks or launch > self.launch
+        )
+        if launch > self.launch:
+            self.launch = launch
         if new_deployment:
             self._next_registration_redeploys = False
             if self.deployment > 0:

@@ -266,11 +266,11 @@ class JobRunner:
     # --- task lifecycle ----------------------------------------------------------------------
 
     async def register_task(
-        self, key: TaskKey, address: str
+        self, key: TaskKey, address: str, launch: int = 0
     ) -> tuple[ExecutionAttempt, RestorePoint | None]:
         async with self._register_lock:
             self.manager.check_not_fenced()
-            registration = self.execution.register(key, address)
+            registration = self.execution.register(key, address, launch)
             if registration.new_deployment:
                 self._heartbeats.clear()  # only the agents of this deployment are watched
                 now = self.manager.clock()

@@ -119,8 +119,10 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
             raise InvalidArgumentError("vertex_id is required")
         limits.check_length(request.vertex_id, limits.MAX_ID_CHARS, "vertex_id")
         _address(request.address, "address")
+        if request.launch < 0:
+            raise InvalidArgumentError(f"launch must be >= 0, got {request.launch}")
         attempt, restore = await runner.register_task(
-            TaskKey(request.vertex_id, request.subtask_index), request.address
+            TaskKey(request.vertex_id, request.subtask_index), request.address, request.launch
         )
         return cpb.RegisterTaskResponse(
             attempt=convert.attempt_to_pb(attempt),

@@ -582,6 +582,7 @@ class JobHandle:
             security=agent_security(self._client.security),
             debloat_target_ms=o.debloat_target_ms,
             task_thread=o.task_thread,
+            launch=self._stage_attempts,
         )
         rdd = (
             sc.parallelize(range(self.slots), self.slots)

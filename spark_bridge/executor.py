@@ -39,6 +39,9 @@ class SlotConfig:
     """The agents' buffer-debloat target (``DataplaneSettings``); None: the agent's default."""
     task_thread: bool = False
     """Operators on a task thread of their own (``DataplaneSettings.task_thread``)."""
+    launch: int = 0
+    """The driver's stage submission number (1, 2, ...): the coordinator refuses the agents of
+    a submission older than the deployment's (``Agent(launch=...)``)."""
 
 
 def _host_of(address: str) -> str:
@@ -65,6 +68,7 @@ def _agent(config: SlotConfig, slot: int, host: str) -> Agent:
         final_checkpoint_without_interval=True,
         security=config.security,
         dataplane=dataplane,
+        launch=config.launch,
     )
 
 

@@ -167,16 +167,18 @@ class TaskFailed(_message.Message):
     def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RegisterTaskRequest(_message.Message):
-    __slots__ = ("job_id", "vertex_id", "subtask_index", "address")
+    __slots__ = ("job_id", "vertex_id", "subtask_index", "address", "launch")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
     SUBTASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     vertex_id: str
     subtask_index: int
     address: str
-    def __init__(self, job_id: _Optional[str] = ..., vertex_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+    launch: int
+    def __init__(self, job_id: _Optional[str] = ..., vertex_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., address: _Optional[str] = ..., launch: _Optional[int] = ...) -> None: ...
 
 class TaskRestore(_message.Message):
     __slots__ = ("checkpoint_id", "checkpoint_path", "vertex_state", "previous_parallelism")

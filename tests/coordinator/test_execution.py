@@ -35,8 +35,8 @@ class Harness:
         self.ex = JobExecution(GRAPH, **kwargs)  # type: ignore[arg-type]
         self.ex.check_invariants()
 
-    def register(self, key: TaskKey, address: str = "agent:1") -> Registration:
-        registration = self.ex.register(key, address)
+    def register(self, key: TaskKey, address: str = "agent:1", launch: int = 0) -> Registration:
+        registration = self.ex.register(key, address, launch)
         self.ex.check_invariants()
         return registration
 
@@ -112,6 +112,26 @@ def test_registering_again_within_a_deployment_starts_a_new_one() -> None:
     h.register(SRC0)
     assert h.register(SRC0) == Registration(attempt(SRC0, 2), new_deployment=True)
     assert (h.ex.state, h.ex.restarts) == (JobState.RESTARTING, 1)
+
+
+def test_a_newer_launch_redeploys_and_an_older_one_is_refused() -> None:
+    """The driver's stage submissions: launch 2 replaces launch 1's deployment even when its
+    first task is one launch 1 never registered; a straggler of launch 1 is refused and
+    changes nothing."""
+    h = Harness()
+    h.register(SRC0, launch=1)
+    assert h.register(SRC1, launch=1) == Registration(attempt(SRC1, 1), new_deployment=False)
+    assert h.register(SINK0, launch=2) == Registration(attempt(SINK0, 2), new_deployment=True)
+    assert (h.ex.deployment, h.ex.launch, h.ex.restarts) == (2, 2, 1)
+    with pytest.raises(FailedPreconditionError, match="from launch 1 .* superseded by launch 2"):
+        h.ex.register(SRC0, "agent:9", 1)
+    h.ex.check_invariants()
+    assert (h.ex.deployment, set(h.ex.tasks)) == (2, {SINK0})
+    # Same launch: joins; launch 0 (a `snapflow worker`) never counts as older.
+    assert h.register(SRC0, launch=2) == Registration(attempt(SRC0, 2), new_deployment=False)
+    assert h.register(SRC1) == Registration(attempt(SRC1, 2), new_deployment=False)
+    with pytest.raises(InvalidArgumentError, match="launch must be >= 0"):
+        h.ex.register(SRC0, "agent:1", -1)
 
 
 def test_finishing_tasks_finish_the_job() -> None:

@@ -191,16 +191,21 @@ class Agent:
         final_checkpoint_without_interval: bool = False,
         security: SecuritySettings = PLAINTEXT,
         dataplane: DataplaneSettings = DataplaneSettings(),
+        launch: int = 0,
     ) -> None:
         """``final_checkpoint_without_interval``: in a job without periodic checkpoints, a
         source whose input ended asks the coordinator for a checkpoint (``TriggerCheckpoint``)
         and the job ends with a final checkpoint that commits its sinks (the Spark bridge sets
         it); off, such a job ends without one. ``security``: TLS, tokens and the access
         check of the agent's servers and its calls (``snapflow.security``); default plaintext.
-        ``dataplane``: buffer debloating and the task thread (:class:`DataplaneSettings`)."""
+        ``dataplane``: buffer debloating and the task thread (:class:`DataplaneSettings`).
+        ``launch``: the Spark driver's stage submission this agent runs in (0: not launched by
+        a driver); sent with every registration, so the coordinator refuses the agents of a
+        stage it has replaced."""
         if not 0 <= slot < num_slots:
             raise ValueError(f"slot must be in 0..{num_slots - 1}, got {slot}")
         self.coordinator_address = coordinator_address
+        self.launch = launch
         self.job_id = job_id
         self.slot = slot
         self.num_slots = num_slots
@@ -335,6 +340,7 @@ class Agent:
                         vertex_id=v.vertex_id,
                         subtask_index=i,
                         address=self.address,
+                        launch=self.launch,
                     ),
                     timeout=RPC_TIMEOUT_S,
                 )
