@@ -14,8 +14,10 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pyspark import cloudpickle
 
 from snapflow.security import PLAINTEXT, SecuritySettings, sync_channel
+from snapflow.v1 import common_pb2 as pb
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -40,6 +42,16 @@ def write_results(name: str, metrics: dict[str, float], **extra: Any) -> Path:
     }
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def op_spec(operator_id: str, operator: Any) -> pb.OperatorSpec:
+    """One operator of a job graph built by hand (named after its id, pickled as Spark would)."""
+    return pb.OperatorSpec(
+        operator_id=operator_id,
+        name=operator_id,
+        kind=type(operator).__name__,
+        payload=cloudpickle.dumps(operator),
+    )
 
 
 def free_port() -> int:

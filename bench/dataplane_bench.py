@@ -69,11 +69,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from pyspark import cloudpickle
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import free_port, start_coordinator, stop_process, write_results
+from bench.common import free_port, op_spec, start_coordinator, stop_process, write_results
 from bench.dataplane_ops import DiscardingSink, MarkedGeneratorSource, ThrottledSink
 from snapflow import wire
 from snapflow.checkpointing import CheckpointMode
@@ -242,15 +241,6 @@ class RunResult:
 # --- job graph -------------------------------------------------------------------------------
 
 
-def _op_spec(operator_id: str, operator: Any) -> pb.OperatorSpec:
-    return pb.OperatorSpec(
-        operator_id=operator_id,
-        name=operator_id,
-        kind=type(operator).__name__,
-        payload=cloudpickle.dumps(operator),
-    )
-
-
 def _graph(spec: RunSpec, marker_dir: str, stats_dir: str) -> pb.JobGraph:
     source = MarkedGeneratorSource(
         total_records=spec.total_records,
@@ -261,9 +251,9 @@ def _graph(spec: RunSpec, marker_dir: str, stats_dir: str) -> pb.JobGraph:
         marker_dir=marker_dir,
         min_batch_ms=spec.min_batch_ms,
     )
-    source_chain = [_op_spec("source", source)]
+    source_chain = [op_spec("source", source)]
     if spec.record_api:
-        source_chain.append(_op_spec("identity", Map(lambda r: r)))
+        source_chain.append(op_spec("identity", Map(lambda r: r)))
     sink: DiscardingSink = (
         ThrottledSink(stats_dir, spec.sink_sleep_s, spec.sleeping_subtasks)
         if spec.sink_sleep_s
@@ -285,7 +275,7 @@ def _graph(spec: RunSpec, marker_dir: str, stats_dir: str) -> pb.JobGraph:
                 name="count",
                 parallelism=PARALLELISM,
                 max_parallelism=MAX_PARALLELISM,
-                operators=[_op_spec("count", KeyedCount("key")), _op_spec("sink", sink)],
+                operators=[op_spec("count", KeyedCount("key")), op_spec("sink", sink)],
             ),
         ],
         edges=[

@@ -32,9 +32,8 @@ from typing import Any
 import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from pyspark import cloudpickle
 
-from bench.common import free_port, write_results
+from bench.common import free_port, op_spec, write_results
 from snapflow.leader_channel import sync_leader_channel
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
@@ -56,15 +55,6 @@ PROFILES: dict[str, dict[str, str]] = {
 }
 
 
-def _op(operator_id: str, operator: Any) -> pb.OperatorSpec:
-    return pb.OperatorSpec(
-        operator_id=operator_id,
-        name=operator_id,
-        kind=type(operator).__name__,
-        payload=cloudpickle.dumps(operator),
-    )
-
-
 def _graph(out: Path) -> pb.JobGraph:
     source = GeneratorSource(
         total_records=3_000_000, rate_per_s=50_000, num_keys=300, batch_size=2048, seed=1
@@ -78,7 +68,7 @@ def _graph(out: Path) -> pb.JobGraph:
                 parallelism=2,
                 max_parallelism=128,
                 is_source=True,
-                operators=[_op("source", source)],
+                operators=[op_spec("source", source)],
             ),
             pb.JobVertex(
                 vertex_id="count",
@@ -86,8 +76,8 @@ def _graph(out: Path) -> pb.JobGraph:
                 parallelism=2,
                 max_parallelism=128,
                 operators=[
-                    _op("count", KeyedCount("key")),
-                    _op("sink", TransactionalFileSink(str(out))),
+                    op_spec("count", KeyedCount("key")),
+                    op_spec("sink", TransactionalFileSink(str(out))),
                 ],
             ),
         ],

@@ -4,7 +4,7 @@ The job: ``GeneratorSource`` (bounded, unthrottled) -> ``key_by("key")`` -> ``co
 ``TransactionalFileSink`` (exactly-once Arrow files in a temporary directory), parallelism 2
 (two Spark task slots of one barrier stage), aligned checkpoints every 1000 ms into a temporary
 directory, on ``local[4]`` (UI off, ``PYSPARK_PYTHON`` = this interpreter,
-``spark.stage.maxConsecutiveAttempts=1`` as in the tests: the driver loop owns the restarts).
+``spark.stage.maxConsecutiveAttempts=1`` as in the tests; the driver loop owns the restarts).
 The coordinator is embedded (:class:`snapflow.coordinator.embedded.EmbeddedCoordinator`: a redis-server
 child and the coordinator on a thread of this process); this benchmark starts one per run and
 passes its address to the job, so that the checkpoint statistics can still be read after the

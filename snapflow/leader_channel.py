@@ -61,7 +61,10 @@ def parse_addresses(text: str) -> tuple[str, ...]:
         if not item:
             continue
         host, colon, port = item.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        # isascii: str.isdigit accepts digits int() refuses (superscripts); <= 5: int() of a
+        # huge digit string raises ValueError, not this error.
+        valid_port = port.isascii() and port.isdigit() and len(port) <= 5
+        if not colon or not host or not valid_port or not 0 < int(port) <= 65535:
             raise ConfigError(
                 f"coordinator address {item!r:.100} is not host:port (several: host:port,host:port)"
             )
@@ -79,7 +82,7 @@ def leader_hint(error: grpc.RpcError) -> str:
     trailing: Any = None
     try:
         trailing = error.trailing_metadata()
-    except Exception:  # a call object without metadata (e.g. a channel-level error)
+    except AttributeError:  # an RpcError that is no call (no metadata), e.g. a channel-level one
         return ""
     for key, value in trailing or ():
         if key == LEADER_METADATA_KEY:

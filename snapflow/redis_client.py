@@ -75,7 +75,10 @@ def parse_redis_url(url: str) -> SentinelUrl | None:
     for item in hosts.split(","):
         host, colon, port = item.strip().rpartition(":")
         host = host.strip("[]")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        # isascii: str.isdigit accepts digits int() refuses (superscripts); <= 5: int() of a
+        # huge digit string raises ValueError, not ConfigError.
+        valid_port = port.isascii() and port.isdigit() and len(port) <= 5
+        if not colon or not host or not valid_port or not 0 < int(port) <= 65535:
             raise ConfigError(
                 f"{item.strip()!r:.100} is not a sentinel host:port; expected {usage}"
             )
@@ -87,7 +90,11 @@ def parse_redis_url(url: str) -> SentinelUrl | None:
         raise ConfigError(f"the Sentinel URL needs a service name; expected {usage}")
     db = 0
     if len(parts) == 2:
-        if not parts[1].isdigit() or int(parts[1]) > 1_000_000:
+        db_text = parts[1]
+        if (
+            not (db_text.isascii() and db_text.isdigit() and len(db_text) <= 7)
+            or int(db_text) > 1_000_000
+        ):
             raise ConfigError(f"{parts[1]!r:.50} is not a database number; expected {usage}")
         db = int(parts[1])
     return SentinelUrl(tuple(sentinels), parts[0], db, username, password)

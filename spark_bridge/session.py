@@ -9,7 +9,8 @@ starts a local session with it. What they set, and why:
 * no Spark UI and no console progress bars (a port and terminal noise nobody reads here);
 * on a local master the driver binds 127.0.0.1 (``SPARK_LOCAL_IP`` too), so nothing listens on
   other interfaces;
-* ``spark.stage.maxConsecutiveAttempts=1`` on purpose: see the comment at the setting.
+* ``spark.stage.maxConsecutiveAttempts=1``: no Spark-side stage re-attempts (see the comment at
+  the setting; Spark never re-attempts a failed barrier ResultStage anyway).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def session_builder(
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        # A failed barrier stage must come back to the Snapflow driver loop, which restores the
-        # job from its latest checkpoint under the pipeline's restart strategy. A Spark-side
-        # stage retry would re-run the tasks without a restore and bypass that strategy.
+        # A deployment is a barrier ResultStage, which Spark's DAGScheduler never re-attempts
+        # whatever this setting (tests/spark_bridge/test_spark_stage_retries.py): its failure
+        # always comes back to the driver loop, which restores under the restart strategy. At 1
+        # Spark re-attempts no other stage either (a barrier ShuffleMapStage, a stage after a
+        # fetch failure), so every failure goes through that loop.
         .config("spark.stage.maxConsecutiveAttempts", "1")
     )
     if local:

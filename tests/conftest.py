@@ -60,8 +60,8 @@ def spark(s3: S3Server) -> Iterator[Any]:
 
     Built by :func:`snapflow.spark_bridge.session.local_session`: Python workers run this
     interpreter (``PYSPARK_PYTHON``); the driver binds 127.0.0.1 (no UI,
-    no console progress bars); a failed barrier stage is not retried by Spark
-    (``spark.stage.maxConsecutiveAttempts=1``), so the Spark bridge's driver loop owns retries.
+    no console progress bars); ``spark.stage.maxConsecutiveAttempts=1`` (Spark never retries a
+    failed barrier ResultStage whatever it is), so the Spark bridge's driver loop owns retries.
     Tests using it are marked ``@pytest.mark.spark``. No warning filter is needed: with pyspark
     4.3.0 nothing warns at start, during the tests or at stop (checked with ``filterwarnings =
     error`` and under ``python -X dev``); add targeted ones here if a Spark upgrade starts to.

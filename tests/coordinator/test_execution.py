@@ -123,7 +123,7 @@ def test_a_newer_launch_redeploys_and_an_older_one_is_refused() -> None:
     assert h.register(SRC1, launch=1) == Registration(attempt(SRC1, 1), new_deployment=False)
     assert h.register(SINK0, launch=2) == Registration(attempt(SINK0, 2), new_deployment=True)
     assert (h.ex.deployment, h.ex.launch, h.ex.restarts) == (2, 2, 1)
-    with pytest.raises(FailedPreconditionError, match="from launch 1 .* superseded by launch 2"):
+    with pytest.raises(FailedPreconditionError, match=r"from launch 1 .* superseded by launch 2"):
         h.ex.register(SRC0, "agent:9", 1)
     h.ex.check_invariants()
     assert (h.ex.deployment, set(h.ex.tasks)) == (2, {SINK0})

@@ -16,12 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
+from kit.coordinator import running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import ack_request, fresh_namespace, write_file
 
 from snapflow import wire
 from snapflow.coordinator.checkpoint_io import SweepOrphans
-from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.model import (
     CheckpointConfig,
     CheckpointKind,
@@ -44,12 +43,6 @@ pytestmark = pytest.mark.timeout(60)
 
 T = 10.0
 TASKS = [("src", 0), ("map", 0)]
-
-
-def _manager(running: Running) -> JobManager:
-    manager = running.coordinator.manager
-    assert manager is not None, "the coordinator leads (no high availability here)"
-    return manager
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -87,7 +80,7 @@ def test_a_stale_coordinator_deletes_no_file_of_the_current_epoch(
             latest = await b.stub.TriggerCheckpoint(
                 cpb.TriggerCheckpointRequest(job_id=job_id), timeout=T
             )
-            await _manager(b).jobs[job_id].io.join()
+            await b.manager.jobs[job_id].io.join()
             b_dir = Path(latest.external_path)
             b_files = sorted(str(p) for p in b_dir.iterdir() if p.name != "_metadata")
             assert len(b_files) == 2 and latest.checkpoint_id > 1
@@ -96,8 +89,8 @@ def test_a_stale_coordinator_deletes_no_file_of_the_current_epoch(
             before = _files(job_dir)
 
             # A has not noticed: every ack below is handled as by a live coordinator.
-            runner_a = _manager(a).jobs[job_id]
-            assert not _manager(a).fenced
+            runner_a = a.manager.jobs[job_id]
+            assert not a.manager.fenced
             task = old.attempts[("src", 0)]
             results = []
             a_files = [str(p) for p in (job_dir / "chk-1").iterdir()]
@@ -113,7 +106,7 @@ def test_a_stale_coordinator_deletes_no_file_of_the_current_epoch(
             ]
             await runner_a.io.join()
             # Refused by the id rule alone: A never even needed Redis to say no.
-            assert not _manager(a).fenced
+            assert not a.manager.fenced
             # A file no checkpoint directory holds passes A's own checks: the fenced claim
             # in Redis refuses it, and A learns it was superseded.
             response = await a.stub.AcknowledgeCheckpoint(
@@ -121,7 +114,7 @@ def test_a_stale_coordinator_deletes_no_file_of_the_current_epoch(
             )
             assert response.result == cpb.ACK_RESULT_UNKNOWN
             await runner_a.io.join()
-            assert _manager(a).fenced
+            assert a.manager.fenced
             # A fenced coordinator's sweep and clean-ups do nothing either.
             runner_a.io.submit(SweepOrphans(100))
             await runner_a.io.join()
@@ -207,7 +200,7 @@ def test_a_lost_commit_reply_never_deletes_the_committed_checkpoint(
                 done = await a.stub.TriggerCheckpoint(
                     cpb.TriggerCheckpointRequest(job_id=job_id), timeout=T
                 )
-            manager = _manager(a)
+            manager = a.manager
             runner = manager.jobs[job_id]
             # Commit a checkpoint 2's twin as "3" behind the coordinator's back, as if the
             # reply to its commit had been lost, under the same epoch.

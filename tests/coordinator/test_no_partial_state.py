@@ -18,14 +18,12 @@ from typing import Any
 
 import grpc
 import pytest
-from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
+from kit.coordinator import pending_ids, running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import fresh_namespace, write_file
 from kit.polling import wait_until_async
 from kit.processes import free_port
 
-from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.model import CheckpointKind
-from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.errors import CheckpointRefusedError
 from snapflow.jobgraph import TaskState
 from snapflow.redis_server import RedisServer
@@ -37,17 +35,6 @@ pytestmark = pytest.mark.timeout(90)
 
 T = 10.0
 TASKS = [("src", 0), ("map", 0)]
-
-
-def _manager(running: Running) -> JobManager:
-    manager = running.coordinator.manager
-    assert manager is not None, "the coordinator leads (no high availability here)"
-    return manager
-
-
-async def _pending_ids(url: str, namespace: str, job_id: str) -> list[int]:
-    async with CheckpointStore.from_url(url, namespace) as store:
-        return [p.checkpoint_id for p in await store.list_pending(job_id)]
 
 
 def test_a_failed_finalisation_leaves_nothing_once_redis_is_back(tmp_path: Path) -> None:
@@ -94,11 +81,11 @@ def test_a_failed_finalisation_leaves_nothing_once_redis_is_back(tmp_path: Path)
             assert (chk2 / "_metadata").is_file()  # written before the commit failed
 
             servers.append(await asyncio.to_thread(RedisServer(data_dir=data, port=port).start))
-            assert await _pending_ids(url, namespace, job_id) == [2]  # the partial state
+            assert await pending_ids(url, namespace, job_id) == [2]  # the partial state
             await wait_until_async(
                 lambda: not chk2.exists(), "chk-2 swept once Redis is back", timeout_s=30
             )
-            assert await _pending_ids(url, namespace, job_id) == []
+            assert await pending_ids(url, namespace, job_id) == []
             assert sorted(p.name for p in (root / job_id).iterdir()) == ["chk-1"]
             # The job is fine: the next checkpoint completes.
             third = await c.stub.TriggerCheckpoint(
@@ -126,7 +113,7 @@ def test_a_trigger_refused_after_its_id_was_allocated_leaves_no_directory(
             await agent.start()
             try:
                 await agent.register_all()
-                runner = _manager(c).jobs[job_id]
+                runner = c.manager.jobs[job_id]
                 trigger = asyncio.create_task(runner.trigger(CheckpointKind.CHECKPOINT, "", T))
                 await asyncio.sleep(0)  # the id is being allocated (a Redis round trip)
                 assert runner.core.triggering is not None
@@ -233,7 +220,7 @@ def test_the_orphan_sweep_is_bounded_and_never_touches_newer_ids(
                     done = await c.stub.TriggerCheckpoint(
                         cpb.TriggerCheckpointRequest(job_id=job_id), timeout=T
                     )
-                runner = _manager(c).jobs[job_id]
+                runner = c.manager.jobs[job_id]
                 await runner.io.join()
                 job_dir = root / job_id
                 orphans = [write_file(job_dir / f"chk-{i}" / "x") for i in (1, 2)]

@@ -22,12 +22,11 @@ from typing import Any
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from kit.coordinator import running_coordinator, submit, two_vertex_graph
+from kit.coordinator import pending_ids, running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import fresh_namespace
 from kit.polling import wait_until_async
 from kit.processes import free_port
 
-from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.jobgraph import TaskState
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
@@ -46,11 +45,6 @@ async def _acl(url: str, rule: str) -> None:
         await client.execute_command("ACL", "SETUSER", "default", rule)
     finally:
         await client.aclose()
-
-
-async def _pending_ids(url: str, namespace: str, job_id: str) -> list[int]:
-    async with CheckpointStore.from_url(url, namespace) as store:
-        return [p.checkpoint_id for p in await store.list_pending(job_id)]
 
 
 def test_a_pending_record_that_cannot_be_written_stops_the_trigger(
@@ -75,8 +69,7 @@ def test_a_pending_record_that_cannot_be_written_stops_the_trigger(
             await agent.start()
             stack.push_async_callback(agent.stop)
             await agent.register_all()
-            manager = c.coordinator.manager
-            assert manager is not None
+            manager = c.manager
             failures = manager.jobs[job_id].core.failure_manager
 
             async def trigger_refused() -> str:
@@ -104,7 +97,7 @@ def test_a_pending_record_that_cannot_be_written_stops_the_trigger(
             assert manager.jobs[job_id].core.pending_count() == 0
             chk2 = root / job_id / "chk-2"
             await wait_until_async(lambda: not chk2.exists(), "the burnt id's directory goes")
-            assert await _pending_ids(url, namespace, job_id) == []
+            assert await pending_ids(url, namespace, job_id) == []
 
             # 2. Redis down for the whole preparation: refused the same way, nothing sent.
             servers[-1].stop()
@@ -124,8 +117,10 @@ def test_a_pending_record_that_cannot_be_written_stops_the_trigger(
             assert all(
                 t.state == TaskState.RUNNING for t in manager.jobs[job_id].execution.tasks.values()
             )
-            assert await _pending_ids(url, namespace, job_id) == []
-            # Retention 1: chk-3 replaced chk-1; nothing of the two refused ids is left.
+            assert await pending_ids(url, namespace, job_id) == []
+            # Retention 1: chk-3 replaced chk-1; nothing of the two refused ids is left. The
+            # retention deletion is queued after the commit the trigger's reply waited for.
+            await manager.jobs[job_id].io.join()
             assert sorted(p.name for p in (root / job_id).iterdir()) == ["chk-3"]
 
     try:

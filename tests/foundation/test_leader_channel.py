@@ -30,6 +30,8 @@ def test_addresses_are_parsed_in_order_without_duplicates() -> None:
         ("a:1,b:x", "not host:port"),
         (":5", "not host:port"),
         ("a:70000", "not host:port"),
+        ("a:\u00b2", "not host:port"),  # a digit to str.isdigit, not to int()
+        ("a:" + "9" * 5000, "not host:port"),  # beyond int()'s digit limit
         (",".join(f"h:{p}" for p in range(1, 18)), "at most 16"),
     ]:
         with pytest.raises(ConfigError, match=message):

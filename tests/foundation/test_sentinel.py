@@ -34,6 +34,9 @@ def test_sentinel_urls_are_parsed_and_checked() -> None:
         ("redis+sentinel://a:1/svc/x", "not a database number"),
         ("redis+sentinel://a/svc", "not a sentinel host:port"),
         ("redis+sentinel://a:99999/svc", "not a sentinel host:port"),
+        ("redis+sentinel://a:\u00b2/svc", "not a sentinel host:port"),
+        ("redis+sentinel://a:1/svc/\u00b2", "not a database number"),
+        ("redis+sentinel://a:1/svc/" + "9" * 5000, "not a database number"),
         ("redis+sentinel://a:1/svc?ssl=true", "no query"),
         ("redis+sentinel://u:secret@a:1/", "service name"),
     ]:

@@ -11,6 +11,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from snapflow.coordinator.embedded import local_settings
+from snapflow.coordinator.job_manager import JobManager
+from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.server import Coordinator
 from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel, sync_channel
 from snapflow.v1 import common_pb2 as pb
@@ -24,6 +26,13 @@ class Running:
     stub: cgrpc.CoordinatorServiceAsyncStub
     channel: grpc.aio.Channel
     address: str
+
+    @property
+    def manager(self) -> JobManager:
+        """The job manager of this coordinator, which must lead (no high availability here)."""
+        manager = self.coordinator.manager
+        assert manager is not None, "the coordinator leads (no high availability here)"
+        return manager
 
 
 @contextlib.asynccontextmanager
@@ -93,3 +102,9 @@ def is_serving(address: str, security: SecuritySettings | None = None) -> bool:
         except grpc.RpcError:
             return False
     return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+async def pending_ids(redis_url: str, namespace: str, job_id: str) -> list[int]:
+    """The ids of ``job_id``'s pending checkpoint records in Redis under ``namespace``."""
+    async with CheckpointStore.from_url(redis_url, namespace) as store:
+        return [p.checkpoint_id for p in await store.list_pending(job_id)]
