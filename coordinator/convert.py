@@ -373,7 +373,12 @@ def state_backend_options_from_pb(msg: pb.StateBackendOptions) -> StateBackendOp
                 f"{limits.echo(msg.compaction_style)} is not one of "
                 f"{', '.join(ROCKSDB_COMPACTION_STYLES)}"
             )
-    return StateBackendOptions(compaction_style=style, **values)  # type: ignore[arg-type]
+    local_recovery = msg.local_recovery if msg.HasField("local_recovery") else None
+    return StateBackendOptions(
+        compaction_style=style,
+        local_recovery=local_recovery,
+        **values,  # type: ignore[arg-type]
+    )
 
 
 def state_backend_options_to_pb(o: StateBackendOptions) -> pb.StateBackendOptions:
@@ -384,6 +389,7 @@ def state_backend_options_to_pb(o: StateBackendOptions) -> pb.StateBackendOption
         compaction_trigger=o.compaction_trigger,
         max_size_amplification_percent=o.max_size_amplification_percent,
         upload_threads=o.upload_threads,
+        local_recovery=o.local_recovery,
     )
 
 

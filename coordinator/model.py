@@ -177,6 +177,7 @@ class StateBackendOptions:
     compaction_trigger: int | None = None
     max_size_amplification_percent: int | None = None
     upload_threads: int | None = None
+    local_recovery: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -623,8 +623,9 @@ class Pipeline:
         than memory, incremental checkpoints; docs/storage.md). A savepoint of either restores
         into the other. ``tuning``: rocksdb sizing fields of :class:`StateBackendConfig`
         (``memory_budget_bytes``, ``cache_entries``, ``compaction_style``,
-        ``compaction_trigger``, ``max_size_amplification_percent``, ``upload_threads``); they
-        travel in the job's config to every task. Returns the pipeline."""
+        ``compaction_trigger``, ``max_size_amplification_percent``, ``upload_threads``,
+        ``local_recovery``); they travel in the job's config to every task. Returns the
+        pipeline."""
         config = StateBackendConfig.parse(kind)
         unknown = sorted(set(tuning) - set(StateBackendConfig.OPTION_FIELDS))
         if unknown:

@@ -166,20 +166,22 @@ class CheckpointConfig(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., min_pause_ms: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., mode: _Optional[_Union[CheckpointMode, str]] = ..., aligned_checkpoint_timeout_ms: _Optional[int] = ..., tolerable_failures: _Optional[int] = ..., retained: _Optional[int] = ..., storage_uri: _Optional[str] = ..., tolerable_failures_unlimited: _Optional[bool] = ..., state_backend: _Optional[str] = ..., state_backend_options: _Optional[_Union[StateBackendOptions, _Mapping]] = ...) -> None: ...
 
 class StateBackendOptions(_message.Message):
-    __slots__ = ("memory_budget_bytes", "cache_entries", "compaction_style", "compaction_trigger", "max_size_amplification_percent", "upload_threads")
+    __slots__ = ("memory_budget_bytes", "cache_entries", "compaction_style", "compaction_trigger", "max_size_amplification_percent", "upload_threads", "local_recovery")
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     COMPACTION_STYLE_FIELD_NUMBER: _ClassVar[int]
     COMPACTION_TRIGGER_FIELD_NUMBER: _ClassVar[int]
     MAX_SIZE_AMPLIFICATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_THREADS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RECOVERY_FIELD_NUMBER: _ClassVar[int]
     memory_budget_bytes: int
     cache_entries: int
     compaction_style: str
     compaction_trigger: int
     max_size_amplification_percent: int
     upload_threads: int
-    def __init__(self, memory_budget_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., compaction_style: _Optional[str] = ..., compaction_trigger: _Optional[int] = ..., max_size_amplification_percent: _Optional[int] = ..., upload_threads: _Optional[int] = ...) -> None: ...
+    local_recovery: bool
+    def __init__(self, memory_budget_bytes: _Optional[int] = ..., cache_entries: _Optional[int] = ..., compaction_style: _Optional[str] = ..., compaction_trigger: _Optional[int] = ..., max_size_amplification_percent: _Optional[int] = ..., upload_threads: _Optional[int] = ..., local_recovery: _Optional[bool] = ...) -> None: ...
 
 class TaskAttempt(_message.Message):
     __slots__ = ("vertex_id", "subtask_index", "attempt")

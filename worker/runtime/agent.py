@@ -95,6 +95,7 @@ HEARTBEAT_TIMEOUT_S = 10.0
 _CONTROL_SERVICE = wpb.DESCRIPTOR.services_by_name["WorkerControlService"]
 _EXCHANGE_SERVICE = wpb.DESCRIPTOR.services_by_name["DataExchangeService"]
 RPC_TIMEOUT_S = 10.0
+_JOB_ENDED = (pb.JOB_STATE_FINISHED, pb.JOB_STATE_CANCELED, pb.JOB_STATE_FAILED)
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
@@ -234,6 +235,7 @@ class Agent:
         self._batcher: AckBatcher | None = None
         self._peer_channels: dict[str, grpc.aio.Channel] = {}
         self._log = log.bind(job_id=job_id, slot=slot)
+        self._state_backend: StateBackendConfig | None = None  # the deployed job's
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -279,6 +281,7 @@ class Agent:
         cancelled and registered again: the job restarts from its latest completed checkpoint.
         """
         heartbeats = asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeats")
+        finished = False
         try:
             while True:
                 self._redeploy.clear()
@@ -297,6 +300,7 @@ class Agent:
                 if work.done():
                     error = work.exception()  # raises CancelledError if the tasks were canceled
                     if error is None:
+                        finished = True
                         return
                     if not await self._coordinator_changed():
                         raise error
@@ -307,6 +311,24 @@ class Agent:
         finally:
             heartbeats.cancel()
             await asyncio.gather(heartbeats, return_exceptions=True)
+            await self._discard_local_state(finished)
+
+    async def _discard_local_state(self, finished: bool) -> None:
+        """Delete the job's local state copies (local recovery) once its hosted tasks all
+        finished or the coordinator reports the job FINISHED, CANCELED or FAILED; a failover
+        (RESTARTING) keeps them for the next deployment."""
+        config = self._state_backend
+        if config is None or not config.local_recovery:
+            return
+        if not finished:
+            try:
+                info = await self.stub.GetJob(cpb.GetJobRequest(job_id=self.job_id), timeout=5)
+            except Exception:  # unknown: keep them (the restore checks a copy before use)
+                return
+            if info.state not in _JOB_ENDED:
+                return
+        await asyncio.to_thread(config.discard_local_copies, self.job_id)
+        self._log.info("agent.local_state_discarded", finished=finished)
 
     async def _deploy_and_run(self, reconnect: bool) -> None:
         self.deployments += 1
@@ -329,6 +351,7 @@ class Agent:
         graph = info.graph
         # As before the shared vocabulary: a mode this worker does not know runs aligned.
         mode = wire.CHECKPOINT_MODE.from_pb_or(info.checkpoint_config.mode, CheckpointMode.ALIGNED)
+        self._state_backend = StateBackendConfig.from_pb(info.checkpoint_config)
         vertices = {v.vertex_id: v for v in graph.vertices}
         for v in graph.vertices:
             for i in range(v.parallelism):
@@ -431,7 +454,7 @@ class Agent:
                 decline=self._decline_fn(hosted.attempt),
                 source_batch_records=self.source_batch_records,
                 periodic_checkpoints=info.checkpoint_config.interval_ms > 0,
-                state_backend=StateBackendConfig.from_pb(info.checkpoint_config),
+                state_backend=self._state_backend,
                 task_thread=self.dataplane.task_thread,
                 request_final_checkpoint=(
                     self._request_checkpoint if self.final_checkpoint_without_interval else None

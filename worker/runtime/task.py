@@ -292,6 +292,7 @@ class Subtask:
                 self.parallelism,
                 self.subtask_index,
                 name=keyed_id,
+                job_id=self.job_id,
             )
             handles = self.restore_data.handles.get(keyed_id, {})
             if handles:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from dataclasses import dataclass
 
 from snapflow.errors import InvalidArgumentError, StateError
@@ -15,10 +16,10 @@ from snapflow.worker.state.backend import KeyedStateBackend
 from snapflow.worker.state.rocksdb_backend import (
     COMPACTION_STYLES,
     DEFAULT_CACHE_ENTRIES,
-    DEFAULT_MEMORY_BUDGET_BYTES,
-    UNIVERSAL,
     RocksDBKeyedStateBackend,
     RocksDBTuning,
+    discard_local_copies,
+    local_copy_dir,
 )
 from snapflow.worker.state.ttl import Clock
 
@@ -29,6 +30,8 @@ ROCKSDB = "rocksdb"
 BACKENDS = (HEAP, ROCKSDB)
 
 LOCAL_DIR_ENV = "SNAPFLOW_STATE_DIR"
+
+_TUNING = RocksDBTuning()  # the instance defaults, stated once (in rocksdb_backend.py)
 
 
 @dataclass(frozen=True)
@@ -42,27 +45,35 @@ class StateBackendConfig:
     temporary directory."""
     cache_entries: int = DEFAULT_CACHE_ENTRIES
     """rocksdb: decoded values kept in the write-back cache (0 = none)."""
-    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
+    memory_budget_bytes: int = _TUNING.memory_budget_bytes
     """rocksdb: memtables (a quarter) and block cache (a half) of one instance."""
-    compaction_style: str = UNIVERSAL
+    compaction_style: str = _TUNING.compaction_style
     """rocksdb: ``universal`` (tiered: sorted runs merged when enough of similar size
     accumulate; low write amplification, so an incremental checkpoint uploads a few times the
     bytes it changed; up to ``max_size_amplification_percent`` more space) or ``level``
     (RocksDB's default: least space, but compactions rewrite about ten times the changed
     bytes, all of which the next checkpoint uploads). Why universal: docs/storage.md."""
-    compaction_trigger: int = 8
+    compaction_trigger: int = _TUNING.compaction_trigger
     """rocksdb: sorted runs (each checkpoint's memtable flush adds one) that accumulate before
     a compaction merges them; more runs, fewer rewrites, slower reads of absent keys."""
-    max_size_amplification_percent: int = 200
+    max_size_amplification_percent: int = _TUNING.max_size_amplification_percent
     """rocksdb, universal: a full compaction runs when the runs above the oldest hold this
     percentage of its size (bounds the space; that checkpoint uploads the whole state)."""
-    upload_threads: int = 4
+    upload_threads: int = _TUNING.upload_threads
     """rocksdb: new SST files uploaded at once by a checkpoint's asynchronous part."""
+    local_recovery: bool = False
+    """rocksdb: keep the last completed checkpoint's files on the local disk and restore from
+    them, not from checkpoint storage, when the subtask restarts on the same machine (Flink's
+    ``state.backend.local-recovery``, off by default there too). Costs the disk space of
+    one extra checkpoint per subtask; docs/storage.md, "Local recovery"."""
+    local_recovery_dir: str = ""
+    """rocksdb, local recovery: the root of the local copies (``<root>/<job>/<vertex>/
+    <subtask>``); empty = ``snapflow-local-recovery`` in the system temporary directory."""
 
     def __post_init__(self) -> None:
         if self.kind not in BACKENDS:
             raise InvalidArgumentError(
-                f"unknown state backend {self.kind!r}: choose one of {', '.join(BACKENDS)}"
+                f"unknown state backend {self.kind!r:.100}: choose one of {', '.join(BACKENDS)}"
             )
         if self.cache_entries < 0:
             raise InvalidArgumentError("state backend: cache_entries must be >= 0")
@@ -101,6 +112,7 @@ class StateBackendConfig:
         "compaction_trigger",
         "max_size_amplification_percent",
         "upload_threads",
+        "local_recovery",
     )
 
     @classmethod
@@ -112,6 +124,18 @@ class StateBackendConfig:
             name: getattr(options, name) for name in cls.OPTION_FIELDS if options.HasField(name)
         }
         return dataclasses.replace(cls.parse(config.state_backend), local_dir=local_dir, **chosen)
+
+    def local_recovery_root(self) -> str:
+        """The root directory of the local copies."""
+        return self.local_recovery_dir or os.path.join(
+            tempfile.gettempdir(), "snapflow-local-recovery"
+        )
+
+    def discard_local_copies(self, job_id: str) -> None:
+        """Delete job ``job_id``'s local copies (it ended); nothing when local recovery is
+        off."""
+        if self.kind == ROCKSDB and self.local_recovery:
+            discard_local_copies(self.local_recovery_root(), job_id)
 
     def options_pb(self) -> pb.StateBackendOptions:
         """The sizing fields that differ from the defaults, for a job's config."""
@@ -133,8 +157,10 @@ def create_keyed_backend(
     *,
     name: str = "",
     clock: Clock | None = None,
+    job_id: str = "",
 ) -> KeyedStateBackend:
-    """The keyed backend of subtask ``index`` of ``parallelism``."""
+    """The keyed backend of subtask ``index`` of ``parallelism``; with local recovery on, its
+    local copy is kept per ``job_id``, ``name`` and ``index`` (none without a job id)."""
     config = StateBackendConfig.parse(config)
     kg_range = kgs.key_group_range_for_subtask(max_parallelism, parallelism, index)
     if config.kind == ROCKSDB:
@@ -146,5 +172,10 @@ def create_keyed_backend(
             cache_entries=config.cache_entries,
             tuning=config.tuning(),
             clock=clock,
+            local_recovery_dir=(
+                local_copy_dir(config.local_recovery_root(), job_id, name, index)
+                if config.local_recovery and job_id
+                else None
+            ),
         )
     return KeyedStateBackend(max_parallelism, kg_range, name=name, clock=clock)

@@ -59,6 +59,20 @@ Restore
     naming the file. As with Flink's default restore mode (``NO_CLAIM``) the first checkpoint
     after a restore uploads all its files; later ones are incremental again.
 
+Local recovery (off by default, as Flink's ``state.backend.local-recovery``)
+    With ``local_recovery_dir`` set (one directory per job, vertex and subtask, outside the
+    instance's directory so that it outlives the task), a checkpoint's RocksDB checkpoint
+    directory (hard links) is kept after its upload instead of deleted; when the checkpoint
+    completes it becomes the subtask's local copy (moved to ``chk-<id>`` there, with a small
+    ``local-copy.json`` naming the checkpoint and key groups), and the copy of any older
+    checkpoint is deleted: at most one per subtask. A restore of exactly this backend's key
+    groups from one manifest uses the copy when it is of the manifest's checkpoint and every
+    SST the manifest names is there with the manifest's size and CRC-32: the SSTs are
+    hard-linked from it instead of downloaded (the manifest and the timers are still read
+    from storage). Otherwise the restore downloads, logging ``state.local_recovery_miss``
+    with the reason. :func:`discard_local_copies` deletes a job's copies (the agent calls it
+    when it sees the job end).
+
 Threading: as for the heap backend, the backend belongs to its task thread; only a snapshot's
 ``write`` runs on another thread (it reads the RocksDB checkpoint or snapshot, never the live
 database's cache).
@@ -67,6 +81,7 @@ database's cache).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import pickle
 import shutil
@@ -83,6 +98,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import pyarrow as pa
 import rocksdict
+import structlog
 
 from snapflow.checkpointing import BarrierOptions
 from snapflow.errors import StateError, StorageError
@@ -130,12 +146,18 @@ __all__ = [
     "RocksDBKeyedStateBackend",
     "RocksDBTuning",
     "SharedFile",
+    "discard_local_copies",
+    "local_copy_dir",
     "shared_dir_for",
 ]
 
 DEFAULT_CACHE_ENTRIES = 100_000
 DEFAULT_MEMORY_BUDGET_BYTES = 64 * 1024 * 1024
 SHARED_DIR = "shared"
+LOCAL_COPY_META = "local-copy.json"
+"""In a local copy's directory: which checkpoint and key groups the copy is of."""
+
+log = structlog.get_logger("snapflow.worker")
 
 _KG = struct.Struct(">H")
 _LEN32 = struct.Struct(">I")
@@ -629,7 +651,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
         tuning: RocksDBTuning | None = None,
         clock: Clock | None = None,
+        local_recovery_dir: str | None = None,
     ) -> None:
+        """``local_recovery_dir``: where this subtask keeps its local copy (see "Local
+        recovery" in the module docstring); ``None``: no local recovery."""
         super().__init__(max_parallelism, key_group_range, name=name, clock=clock)
         if cache_entries < 0:
             raise StateError(f"cache_entries must be >= 0, got {cache_entries}")
@@ -650,6 +675,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # the files of the newest completed one are reused by the next snapshots.
         self._uploaded: dict[int, dict[str, SharedFile]] = {}
         self._confirmed: dict[str, SharedFile] = {}
+        self._recovery_dir = local_recovery_dir
+        # checkpoint id -> its RocksDB checkpoint directory, uploaded and kept for local
+        # recovery until the checkpoint completes (promoted) or a newer one does (deleted).
+        self._kept: dict[int, str] = {}
+        self.local_recovery_hits = 0
+        """Restores that used the local copy instead of downloading (tests and stats)."""
         self._disposed = False
         self._keys_memo: tuple[Any, Any, _RocksTable, list[bytes]] | None = None
 
@@ -930,6 +961,43 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             del self._uploaded[older]
         if files is not None:
             self._confirmed = files
+        kept = self._kept.pop(checkpoint_id, None)
+        for older in [c for c in self._kept if c < checkpoint_id]:
+            shutil.rmtree(self._kept.pop(older), ignore_errors=True)
+        if kept is not None and self._recovery_dir is not None:
+            try:
+                self._promote_local_copy(checkpoint_id, kept)
+            except OSError as e:  # local recovery is an optimisation: the task goes on
+                shutil.rmtree(kept, ignore_errors=True)
+                log.warning(
+                    "state.local_copy_failed",
+                    backend=self.name,
+                    checkpoint_id=checkpoint_id,
+                    error=str(e),
+                )
+
+    def _promote_local_copy(self, checkpoint_id: int, kept: str) -> None:
+        """Make ``kept`` (checkpoint ``checkpoint_id``'s RocksDB checkpoint) the subtask's
+        local copy and delete the older ones. The metadata file goes in last: a copy without
+        it (a crash in between) is never used."""
+        root = cast(str, self._recovery_dir)
+        os.makedirs(root, exist_ok=True)
+        target = os.path.join(root, f"chk-{checkpoint_id}")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(kept, target)  # a rename on one file system; a copy across two
+        meta = {
+            "checkpoint_id": checkpoint_id,
+            "max_parallelism": self.max_parallelism,
+            "key_group_start": self.key_group_range.start,
+            "key_group_end": self.key_group_range.end,
+        }
+        tmp = os.path.join(target, f".{LOCAL_COPY_META}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(meta, f)
+        os.replace(tmp, os.path.join(target, LOCAL_COPY_META))
+        for name in os.listdir(root):
+            if name != f"chk-{checkpoint_id}":
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
     # --- snapshots --------------------------------------------------------------------------
 
@@ -1046,14 +1114,21 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         with _StateFileReader(handle) as reader:
             self._check_meta(reader, file_range)
             manifest = _read_manifest(reader)
+            checkpoint_id = reader.meta.get("checkpoint_id")
         path = handle["path"]
         self._merge_kinds(manifest["states"], path)
         if whole:
             self._db.close()
             shutil.rmtree(self._db_path, ignore_errors=True)
-            _materialise(manifest, self._db_path, path)
+            if self._from_local_copy(manifest, checkpoint_id, path):
+                self.local_recovery_hits += 1
+            else:
+                shutil.rmtree(self._db_path, ignore_errors=True)
+                _materialise(manifest, self._db_path, path)
             self._db = self._open(self._db_path)
             return len(self.key_group_range)
+        if self._recovery_dir is not None:
+            self._local_miss(checkpoint_id, "the restore changes the key groups (rescaling)")
         scratch = os.path.join(self._dir, f"restore-{uuid.uuid4().hex[:8]}")
         try:
             _materialise(manifest, scratch, path)
@@ -1070,6 +1145,37 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return len(file_range.intersection(self.key_group_range))
+
+    def _local_miss(self, checkpoint_id: Any, reason: str) -> None:
+        log.info(
+            "state.local_recovery_miss",
+            backend=self.name,
+            checkpoint_id=checkpoint_id,
+            reason=reason,
+        )
+
+    def _from_local_copy(self, manifest: dict[str, Any], checkpoint_id: Any, path: str) -> bool:
+        """Build the database directory from the local copy when it is of ``checkpoint_id``
+        and holds every SST of ``manifest`` with its size and CRC-32 (each checked after
+        it is hard-linked: the check and the file opened are the same inode). The small files
+        come from the manifest. False (the reason logged, the directory possibly partly
+        built) when the copy cannot be used."""
+        if self._recovery_dir is None:
+            return False
+        copy = os.path.join(self._recovery_dir, f"chk-{checkpoint_id}")
+        reason = _local_copy_mismatch(
+            copy, checkpoint_id, self.max_parallelism, self.key_group_range
+        )
+        if reason is None:
+            reason = _link_local_copy(manifest, copy, self._db_path, path)
+        if reason is not None:
+            if os.path.isdir(self._recovery_dir) and not os.path.isdir(copy):
+                others = sorted(os.listdir(self._recovery_dir))
+                reason += f" (the local recovery directory holds {others[:3]})" if others else ""
+            self._local_miss(checkpoint_id, reason)
+            return False
+        log.info("state.local_recovery_hit", backend=self.name, checkpoint_id=checkpoint_id)
+        return True
 
     def _restore_canonical(
         self,
@@ -1127,18 +1233,95 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return restored
 
 
-def _materialise(manifest: dict[str, Any], directory: str, manifest_path: str) -> None:
-    """A RocksDB directory from a manifest: its small files, and its SSTs downloaded."""
+def _write_small_files(manifest: dict[str, Any], directory: str, manifest_path: str) -> None:
+    """The files that describe the database (``CURRENT``, ``MANIFEST-*``, ``OPTIONS-*``), as
+    the manifest holds them."""
     os.makedirs(directory, exist_ok=True)
     for name, data in manifest["files"].items():
         if os.path.basename(name) != name or not isinstance(data, bytes):
             raise CorruptStateError(f"manifest {manifest_path}: malformed file entry {name!r}")
         with open(os.path.join(directory, name), "wb") as f:
             f.write(data)
+
+
+def _materialise(manifest: dict[str, Any], directory: str, manifest_path: str) -> None:
+    """A RocksDB directory from a manifest: its small files, and its SSTs downloaded."""
+    _write_small_files(manifest, directory, manifest_path)
     for shared in manifest["ssts"]:
         if os.path.basename(shared.name) != shared.name:
             raise CorruptStateError(f"manifest {manifest_path}: malformed SST name")
         _download(shared, os.path.join(directory, shared.name), manifest_path)
+
+
+def _local_copy_mismatch(
+    copy: str, checkpoint_id: Any, max_parallelism: int, key_groups: KeyGroupRange
+) -> str | None:
+    """Why the local copy at ``copy`` is not one of ``checkpoint_id`` for these key groups
+    (``None``: it is)."""
+    try:
+        with open(os.path.join(copy, LOCAL_COPY_META)) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return f"no local copy of checkpoint {checkpoint_id}"
+    except (OSError, ValueError) as e:
+        return f"unreadable local copy metadata: {e}"
+    expected = {
+        "checkpoint_id": checkpoint_id,
+        "max_parallelism": max_parallelism,
+        "key_group_start": key_groups.start,
+        "key_group_end": key_groups.end,
+    }
+    if not isinstance(meta, dict):
+        return "malformed local copy metadata"
+    for name, value in expected.items():
+        if meta.get(name) != value:
+            return f"the local copy has {name} {meta.get(name)!r:.40}, the restore {value!r}"
+    return None
+
+
+def _link_local_copy(
+    manifest: dict[str, Any], copy: str, directory: str, manifest_path: str
+) -> str | None:
+    """The database directory of ``manifest`` with its SSTs hard-linked (copied where links
+    fail) from ``copy``, each checked against the manifest's size and CRC-32. Returns why it
+    could not be built (``None``: built)."""
+    _write_small_files(manifest, directory, manifest_path)
+    for shared in manifest["ssts"]:
+        if os.path.basename(shared.name) != shared.name:
+            raise CorruptStateError(f"manifest {manifest_path}: malformed SST name")
+        source, target = os.path.join(copy, shared.name), os.path.join(directory, shared.name)
+        try:
+            try:
+                os.link(source, target)
+            except FileNotFoundError:
+                return f"the local copy lacks {shared.name}"
+            except OSError:  # another file system, or no hard links: copy
+                shutil.copyfile(source, target)
+            size, crc = file_crc32(target)
+        except OSError as e:
+            return f"cannot read {shared.name} of the local copy: {e}"
+        if size != shared.size or crc != shared.crc:
+            return (
+                f"{shared.name} of the local copy has {size} bytes with CRC-32 {crc:08x}, the "
+                f"manifest says {shared.size} bytes with CRC-32 {shared.crc:08x}"
+            )
+    return None
+
+
+def discard_local_copies(root: str, job_id: str) -> None:
+    """Delete every local copy of job ``job_id`` under the local recovery root ``root``
+    (the job ended: no restore will need them)."""
+    shutil.rmtree(os.path.join(root, _safe_name(job_id)), ignore_errors=True)
+
+
+def local_copy_dir(root: str, job_id: str, backend_name: str, subtask_index: int) -> str:
+    """Where one keyed subtask keeps its local copy: ``<root>/<job>/<backend>/<subtask>``."""
+    return os.path.join(root, _safe_name(job_id), _safe_name(backend_name), str(subtask_index))
+
+
+def _safe_name(name: str) -> str:
+    """``name`` as one path component."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
 
 
 def _export(
@@ -1329,6 +1512,7 @@ class _IncrementalWriter:
         b = self.backend
         kg = b.key_group_range
         handles: list[StateHandleDict] = []
+        keep = False
         try:
             files: dict[str, bytes] = {}
             plan: list[tuple[str, SharedFile | None]] = []  # (name, reused file or None)
@@ -1356,11 +1540,15 @@ class _IncrementalWriter:
                 )
             )
             handles.extend(self.timers(directory, into))
+            keep = b._recovery_dir is not None
         except BaseException:
             # No orphans from a failed write: new uploads and whole files written so far.
             _discard_files([h for h in handles if h["kind"] != SHARED])
             raise
         finally:
-            shutil.rmtree(self.local, ignore_errors=True)
+            if not keep:
+                shutil.rmtree(self.local, ignore_errors=True)
         b._uploaded[self.checkpoint_id] = {s.name: s for s in ssts}
+        if keep:  # the local copy candidate, until the checkpoint completes
+            b._kept[self.checkpoint_id] = self.local
         return handles

@@ -162,6 +162,8 @@ MODES = [
     pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 20, "local-rocksdb", id="aligned-timeout-rocksdb"),
     pytest.param(pb.CHECKPOINT_MODE_AT_LEAST_ONCE, 0, "local-rocksdb", id="at-least-once-rocksdb"),
     pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 0, "s3-rocksdb", id="aligned-s3-rocksdb"),
+    # Local recovery: the second run restores from the copies the first one kept on disk.
+    pytest.param(pb.CHECKPOINT_MODE_ALIGNED, 0, "s3-rocksdb-lr", id="aligned-s3-rocksdb-local"),
 ]
 
 
@@ -194,6 +196,8 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "out"
+    local_recovery = storage.endswith("-lr")
+    storage = storage.removesuffix("-lr")
     rocksdb = storage.endswith("-rocksdb")
     storage = storage.removesuffix("-rocksdb")
     root = (
@@ -207,6 +211,10 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
     pki = None
     if storage == "local-mtls":
         overrides, agent_env, client, pki = _mtls(tmp_path)
+    copies = tmp_path / "tmp" / "snapflow-local-recovery"  # the default root, in $TMPDIR
+    if local_recovery:
+        copies.parent.mkdir()
+        agent_env["TMPDIR"] = str(copies.parent)
 
     async def main() -> None:
         async with running_coordinator(redis_url, root, client, **overrides) as c:
@@ -217,6 +225,9 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
                 aligned_checkpoint_timeout_ms=aligned_checkpoint_timeout_ms,
                 tolerable_failures=5,
                 state_backend="rocksdb" if rocksdb else "",
+                state_backend_options=pb.StateBackendOptions(local_recovery=True)
+                if local_recovery
+                else None,
             )
             job_id = await submit_graph(c.stub, graph, config)
             async with _AgentProcesses(tmp_path, agent_env) as agents:
@@ -226,6 +237,8 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
                 await _wait_state(c.stub, job_id, {pb.JOB_STATE_RESTARTING})
                 codes = await _reap(first)
                 assert codes[1] == -signal.SIGKILL
+                if local_recovery:  # kept on disk, past the kill
+                    assert list(copies.glob(f"{job_id}/*/*/chk-*/local-copy.json"))
                 second = await agents.start(c.address, job_id, 2, "second")
                 await _wait_state(c.stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=90)
                 assert await _reap(second) == [0, 0]
@@ -238,6 +251,8 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
                 if rocksdb:  # the killed agent's unacknowledged uploads are swept too
                     stored, referenced = await shared_files_state(c.coordinator, job_id)
                     assert referenced and stored == referenced
+                if local_recovery:  # the job finished: its agents deleted its local copies
+                    assert not (copies / job_id).exists()
 
     asyncio.run(main())
     if pki is not None:
