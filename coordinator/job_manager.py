@@ -40,6 +40,7 @@ from snapflow.errors import (
     ResourceExhaustedError,
     SnapflowError,
     StaleEpochError,
+    UnavailableError,
 )
 from snapflow.filestore import is_object_store_uri
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -119,6 +120,11 @@ class JobManager:
         for record in await self.store.list_jobs():
             try:
                 await self._recover(record)
+            except (UnavailableError, StaleEpochError):
+                # Redis unreachable or the epoch lost: not the record's fault. Skipping the job
+                # would leave it unrun until the next start; fail the start (a leader then
+                # gives up its lease and tries again).
+                raise
             except SnapflowError as e:
                 # One bad record must not keep the control plane down; the job stays in Redis.
                 log.error("job.recovery_failed", job_id=record.job_id, error=str(e))
