@@ -2,7 +2,7 @@
 
 ``snapflow coordinator`` runs the coordinator service. The client commands (``jobs``, ``job``,
 ``checkpoints list|show``, ``trigger``, ``savepoint``, ``stop``, ``cancel``,
-``dispose-savepoint``) call its gRPC API with a deadline (``--timeout``) and print tables, or
+``dispose-savepoint``, and ``savepoint-status`` for a ``savepoint``/``stop --detach``) call its gRPC API with a deadline (``--timeout``) and print tables, or
 the raw response with ``--json`` (int64 fields as JSON numbers, not the strings of the proto3
 JSON mapping); ``info`` shows a job's graph. Tables fit the terminal (80 columns and up): ids,
 states and numbers are never cut or wrapped, paths, names and failures wrap, and the least
@@ -770,7 +770,57 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_savepoint(args: argparse.Namespace, stop: bool, drain: bool) -> int:
+    """``--detach``: start the savepoint, print its request id and return (Flink REST's
+    trigger id); ``snapflow savepoint-status JOB ID`` polls it."""
+    with _client(args) as c:
+        op = c.stub.StartSavepoint(
+            cpb.StartSavepointRequest(
+                job_id=args.job_id, target_directory=_target(args.target), stop=stop, drain=drain
+            ),
+            timeout=c.timeout,
+        )
+    if args.json:
+        _print_json(op)
+    else:
+        _console().print(
+            f"savepoint request {op.request_id} started for job {op.job_id}; poll it with: "
+            f"snapflow savepoint-status {op.job_id} {op.request_id}",
+            soft_wrap=True,
+        )
+    return 0
+
+
+DETACH_HELP = "start it, print its request id and return (poll with savepoint-status)"
+
+
+SAVEPOINT_STATUS_EXIT = {
+    cpb.SAVEPOINT_OPERATION_STATUS_IN_PROGRESS: 0,
+    cpb.SAVEPOINT_OPERATION_STATUS_COMPLETED: 0,
+    cpb.SAVEPOINT_OPERATION_STATUS_FAILED: 1,
+}
+
+
+def cmd_savepoint_status(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        op = c.stub.GetSavepointOperation(
+            cpb.GetSavepointOperationRequest(job_id=args.job_id, request_id=args.request_id),
+            timeout=c.timeout,
+        )
+    if args.json:
+        _print_json(op)
+    elif op.status == cpb.SAVEPOINT_OPERATION_STATUS_COMPLETED:
+        _print_completed("Savepoint", op.savepoint)
+    elif op.status == cpb.SAVEPOINT_OPERATION_STATUS_FAILED:
+        _console().print(f"savepoint request {op.request_id} FAILED: {op.failure}", soft_wrap=True)
+    else:
+        _console().print(f"savepoint request {op.request_id} IN_PROGRESS")
+    return SAVEPOINT_STATUS_EXIT.get(op.status, 1)
+
+
 def cmd_savepoint(args: argparse.Namespace) -> int:
+    if args.detach:
+        return _start_savepoint(args, stop=False, drain=False)
     with _client(args) as c:
         summary = c.stub.TriggerSavepoint(
             cpb.TriggerSavepointRequest(job_id=args.job_id, target_directory=_target(args.target)),
@@ -784,6 +834,8 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    if args.detach:
+        return _start_savepoint(args, stop=True, drain=args.drain)
     with _client(args) as c:
         summary = c.stub.StopWithSavepoint(
             cpb.StopWithSavepointRequest(
@@ -1683,7 +1735,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("savepoint", parents=client, help="take a savepoint and wait for it")
     p.add_argument("job_id", metavar="JOB")
     p.add_argument("--target", metavar="DIR", help="savepoint directory (default: job storage)")
+    p.add_argument("--detach", action="store_true", help=DETACH_HELP)
     p.set_defaults(handler=cmd_savepoint)
+
+    p = sub.add_parser(
+        "savepoint-status",
+        parents=client,
+        help="where a savepoint started with --detach stands (exit 1 if it failed)",
+    )
+    p.add_argument("job_id", metavar="JOB")
+    p.add_argument("request_id", metavar="REQUEST_ID")
+    p.set_defaults(handler=cmd_savepoint_status)
 
     p = sub.add_parser("stop", parents=client, help="take a savepoint, then stop the job")
     p.add_argument("job_id", metavar="JOB")
@@ -1691,6 +1753,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--drain", action="store_true", help="sources emit MAX_WATERMARK before the savepoint"
     )
+    p.add_argument("--detach", action="store_true", help=DETACH_HELP)
     p.set_defaults(handler=cmd_stop)
 
     p = sub.add_parser("cancel", parents=client, help="cancel a job without a savepoint")

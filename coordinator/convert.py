@@ -35,6 +35,7 @@ from snapflow.coordinator.model import (
     StateHandle,
     SubtaskMetrics,
 )
+from snapflow.coordinator.savepoint_operations import SavepointOperation
 from snapflow.errors import ConfigError, InvalidArgumentError
 from snapflow.filestore import is_object_store_uri
 from snapflow.jobgraph import PartitionerKind
@@ -524,3 +525,18 @@ def task_restore_to_pb(cp: CompletedCheckpoint | None, vertex_id: str) -> cpb.Ta
 def decline_reason_from_pb(value: int) -> DeclineReason:
     """Unknown values (a newer task) are ``UNSPECIFIED``: the decline still aborts and counts."""
     return wire.DECLINE_REASON.from_pb_or(value, DeclineReason.UNSPECIFIED)
+
+
+def savepoint_operation_to_pb(
+    job_id: str, operation: SavepointOperation, savepoint: cpb.CheckpointSummary | None
+) -> cpb.SavepointOperation:
+    """An asynchronous savepoint request; ``savepoint``: its summary once COMPLETED."""
+    out = cpb.SavepointOperation(
+        job_id=job_id,
+        request_id=operation.request_id,
+        status=wire.SAVEPOINT_OPERATION_STATUS.to_pb(operation.status),
+        failure=operation.failure,
+    )
+    if savepoint is not None:
+        out.savepoint.CopyFrom(savepoint)
+    return out

@@ -16,6 +16,7 @@ import contextlib
 import os
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar, assert_never
@@ -80,6 +81,7 @@ from snapflow.coordinator.restore_point import (
     RestorePlan,
     RestorePoint,
 )
+from snapflow.coordinator.savepoint_operations import SavepointOperation, SavepointOperations
 from snapflow.coordinator.stats import CheckpointStatsTracker
 from snapflow.coordinator.watch import JobWatch
 from snapflow.errors import (
@@ -188,6 +190,7 @@ class JobRunner:
             self.job_id, host.store, self.storage, self, host, self._log, clock=host.clock
         )
         self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
+        self.savepoint_operations = SavepointOperations()
         self._allocation_errors: dict[int, str] = {}
         self._finalize_timings: dict[int, CommitTimings] = {}
         self._retiring: dict[int, CompletedCheckpoint] = {}
@@ -503,6 +506,63 @@ class JobRunner:
     async def trigger(
         self, kind: CheckpointKind, target_directory: str, timeout_s: float
     ) -> CompletedCheckpoint:
+        request, future = self._submit(kind, target_directory)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"{kind.value} did not complete within {timeout_s:.1f} s; it may still complete "
+                f"(see GetCheckpointStats)"
+            ) from None
+        finally:
+            self._waiters.pop(request.request_id, None)
+
+    def start_savepoint(self, kind: CheckpointKind, target_directory: str) -> SavepointOperation:
+        """Queue a savepoint and return its operation at once (IN_PROGRESS, or already ended
+        if the request was refused on the spot); ``savepoint_operation`` reports it later."""
+        operation = self.savepoint_operations.start(uuid.uuid4().hex, kind)
+        request, future = self._submit(kind, target_directory)
+
+        def ended(f: asyncio.Future[CompletedCheckpoint]) -> None:
+            self._waiters.pop(request.request_id, None)
+            if f.cancelled():
+                self.savepoint_operations.failed(operation.request_id, "the job was closed")
+            elif (error := f.exception()) is not None:
+                if isinstance(error, CheckpointRefusedError):
+                    error = self.naming_the_job_state(error)
+                self.savepoint_operations.failed(operation.request_id, str(error)[:1000])
+            else:
+                self.savepoint_operations.completed(operation.request_id, f.result())
+
+        future.add_done_callback(ended)
+        return self.savepoint_operations.get(operation.request_id)
+
+    def savepoint_operation(self, request_id: str) -> SavepointOperation:
+        return self.savepoint_operations.get(request_id)
+
+    def naming_the_job_state(self, refused: CheckpointRefusedError) -> CheckpointRefusedError:
+        """A refusal because the job's checkpoint coordinator is shut down says why: the job
+        has ended (or is ending after a stop-with-savepoint), in the words of its state."""
+        if refused.reason != "CHECKPOINT_COORDINATOR_SHUTDOWN":
+            return refused
+        state = self.execution.state
+        if state.is_terminal:
+            why = (
+                f"job {self.job_id} is {state.name}: an ended job takes no checkpoints or "
+                f"savepoints (resubmit it with restore to run it again)"
+            )
+        else:
+            why = (
+                f"job {self.job_id} is {state.name} but stopping after a stop-with-savepoint: "
+                f"it takes no more checkpoints"
+            )
+        return CheckpointRefusedError(refused.reason, why)
+
+    def _submit(
+        self, kind: CheckpointKind, target_directory: str
+    ) -> tuple[TriggerRequest, asyncio.Future[CompletedCheckpoint]]:
+        """Hand a user's checkpoint or savepoint request to the core; the future ends with the
+        completed checkpoint or its failure."""
         self.manager.check_not_fenced()
         if kind.is_savepoint and is_object_store_uri(target_directory):
             s3_location(target_directory, what="target_directory")  # refused before queueing
@@ -521,15 +581,7 @@ class JobRunner:
         future: asyncio.Future[CompletedCheckpoint] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = future
         self._process(self.core.request(request, self.manager.clock()))
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"{kind.value} did not complete within {timeout_s:.1f} s; it may still complete "
-                f"(see GetCheckpointStats)"
-            ) from None
-        finally:
-            self._waiters.pop(request.request_id, None)
+        return request, future
 
     # --- outcomes of the I/O executor (IoResults): events of the core -------------------------
 

@@ -18,6 +18,7 @@ from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, st
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.job_runner import JobRunner
 from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey
+from snapflow.coordinator.savepoint_operations import SavepointOperation
 from snapflow.errors import CheckpointRefusedError, InvalidArgumentError, SnapflowError
 from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
@@ -237,7 +238,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         try:
             cp: CompletedCheckpoint = await runner.trigger(kind, target, self._deadline(context))
         except CheckpointRefusedError as refused:
-            raise _naming_the_job_state(refused, runner) from None
+            raise runner.naming_the_job_state(refused) from None
         return runner.summary_of_completed(cp)
 
     @grpc_errors
@@ -264,6 +265,37 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
             else CheckpointKind.SAVEPOINT_SUSPEND
         )
         return await self._trigger(request.job_id, kind, request.target_directory, context)
+
+    @grpc_errors
+    async def StartSavepoint(
+        self, request: cpb.StartSavepointRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.SavepointOperation:
+        runner = self._runner(request.job_id)
+        if request.drain and not request.stop:
+            raise InvalidArgumentError("drain applies only with stop (stop-with-savepoint)")
+        _location(request.target_directory, "target_directory")
+        check_confined(
+            request.target_directory, self.manager.settings.allowed_roots(), "target_directory"
+        )
+        if not request.stop:
+            kind = CheckpointKind.SAVEPOINT
+        elif request.drain:
+            kind = CheckpointKind.SAVEPOINT_TERMINATE
+        else:
+            kind = CheckpointKind.SAVEPOINT_SUSPEND
+        operation = runner.start_savepoint(kind, request.target_directory)
+        return _operation_pb(runner, operation)
+
+    @grpc_errors
+    async def GetSavepointOperation(
+        self, request: cpb.GetSavepointOperationRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.SavepointOperation:
+        runner = self._runner(request.job_id)
+        if not request.request_id:
+            raise InvalidArgumentError("request_id is required (StartSavepoint returns it)")
+        limits.check_length(request.request_id, limits.MAX_ID_CHARS, "request_id")
+        operation = runner.savepoint_operation(request.request_id)
+        return _operation_pb(runner, operation)
 
     @grpc_errors
     async def DisposeSavepoint(
@@ -296,25 +328,11 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         return runner.details_pb(convert.checkpoint_id_from_pb(request.checkpoint_id))
 
 
-def _naming_the_job_state(
-    refused: CheckpointRefusedError, runner: JobRunner
-) -> CheckpointRefusedError:
-    """A refusal because the job's checkpoint coordinator is shut down says why: the job has
-    ended (or is ending after a stop-with-savepoint), in the words of its state."""
-    if refused.reason != "CHECKPOINT_COORDINATOR_SHUTDOWN":
-        return refused
-    state = runner.execution.state
-    if state.is_terminal:
-        why = (
-            f"job {runner.job_id} is {state.name}: an ended job takes no checkpoints or "
-            f"savepoints (resubmit it with restore to run it again)"
-        )
-    else:
-        why = (
-            f"job {runner.job_id} is {state.name} but stopping after a stop-with-savepoint: it "
-            f"takes no more checkpoints"
-        )
-    return CheckpointRefusedError(refused.reason, why)
+def _operation_pb(runner: JobRunner, operation: SavepointOperation) -> cpb.SavepointOperation:
+    summary = None
+    if operation.savepoint is not None:
+        summary = runner.summary_of_completed(operation.savepoint)
+    return convert.savepoint_operation_to_pb(runner.job_id, operation, summary)
 
 
 __all__ = ["CoordinatorServicer", "pb"]

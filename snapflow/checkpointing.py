@@ -17,7 +17,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["BarrierOptions", "CheckpointKind", "CheckpointMode", "DeclineReason"]
+__all__ = [
+    "BarrierOptions",
+    "CheckpointKind",
+    "CheckpointMode",
+    "DeclineReason",
+    "SavepointOperationStatus",
+]
 
 
 class CheckpointKind(enum.Enum):
@@ -39,6 +45,15 @@ class CheckpointKind(enum.Enum):
     def is_synchronous(self) -> bool:
         """Stop-with-savepoint: the job ends once this savepoint completes."""
         return self in (CheckpointKind.SAVEPOINT_SUSPEND, CheckpointKind.SAVEPOINT_TERMINATE)
+
+
+class SavepointOperationStatus(enum.Enum):
+    """Where an asynchronous savepoint request stands (proto ``SavepointOperationStatus``;
+    Flink's REST API reports ``IN_PROGRESS`` and ``COMPLETED``, with a failure cause)."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
 
 
 class CheckpointMode(enum.Enum):

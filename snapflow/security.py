@@ -81,6 +81,8 @@ RPC_ROLES: Mapping[str, frozenset[Role]] = {
     "/snapflow.v1.CoordinatorService/TriggerSavepoint": frozenset({_O}),
     "/snapflow.v1.CoordinatorService/StopWithSavepoint": frozenset({_O}),
     "/snapflow.v1.CoordinatorService/DisposeSavepoint": frozenset({_O}),
+    "/snapflow.v1.CoordinatorService/StartSavepoint": frozenset({_O}),
+    "/snapflow.v1.CoordinatorService/GetSavepointOperation": frozenset({_R, _O}),
     "/snapflow.v1.CoordinatorService/GetCheckpointStats": frozenset({_R, _O}),
     "/snapflow.v1.CoordinatorService/GetCheckpointDetails": frozenset({_R, _O}),
     # --- WorkerControlService (called by the coordinator) ---

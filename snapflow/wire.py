@@ -24,7 +24,13 @@ from typing import Any, Generic, TypeVar
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
-from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
+from snapflow.checkpointing import (
+    BarrierOptions,
+    CheckpointKind,
+    CheckpointMode,
+    DeclineReason,
+    SavepointOperationStatus,
+)
 from snapflow.errors import InvalidArgumentError
 from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.v1 import common_pb2 as pb
@@ -35,6 +41,7 @@ __all__ = [
     "CHECKPOINT_MODE",
     "DECLINE_REASON",
     "MAPPINGS",
+    "SAVEPOINT_OPERATION_STATUS",
     "EnumMapping",
     "UnknownEnumValueError",
     "barrier_options_from_pb",
@@ -153,11 +160,23 @@ TASK_STATE: EnumMapping[TaskState, pb.TaskState] = EnumMapping(
         TaskState.CANCELED: pb.TASK_STATE_CANCELED,
     },
 )
+SAVEPOINT_OPERATION_STATUS: EnumMapping[SavepointOperationStatus, cpb.SavepointOperationStatus] = (
+    EnumMapping(
+        SavepointOperationStatus,
+        cpb.SavepointOperationStatus,
+        {
+            SavepointOperationStatus.IN_PROGRESS: cpb.SAVEPOINT_OPERATION_STATUS_IN_PROGRESS,
+            SavepointOperationStatus.COMPLETED: cpb.SAVEPOINT_OPERATION_STATUS_COMPLETED,
+            SavepointOperationStatus.FAILED: cpb.SAVEPOINT_OPERATION_STATUS_FAILED,
+        },
+    )
+)
 MAPPINGS: tuple[EnumMapping[Any, Any], ...] = (
     CHECKPOINT_KIND,
     CHECKPOINT_MODE,
     DECLINE_REASON,
     PARTITIONER_KIND,
+    SAVEPOINT_OPERATION_STATUS,
     TASK_STATE,
 )
 """Every mapping of this module."""

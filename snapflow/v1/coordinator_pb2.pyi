@@ -24,6 +24,13 @@ class DeclineReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECLINE_REASON_SUBSUMED: _ClassVar[DeclineReason]
     DECLINE_REASON_ALIGNMENT_CANCELED: _ClassVar[DeclineReason]
     DECLINE_REASON_IO_ERROR: _ClassVar[DeclineReason]
+
+class SavepointOperationStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SAVEPOINT_OPERATION_STATUS_UNSPECIFIED: _ClassVar[SavepointOperationStatus]
+    SAVEPOINT_OPERATION_STATUS_IN_PROGRESS: _ClassVar[SavepointOperationStatus]
+    SAVEPOINT_OPERATION_STATUS_COMPLETED: _ClassVar[SavepointOperationStatus]
+    SAVEPOINT_OPERATION_STATUS_FAILED: _ClassVar[SavepointOperationStatus]
 ACK_RESULT_UNSPECIFIED: AckResult
 ACK_RESULT_SUCCESS: AckResult
 ACK_RESULT_DUPLICATE: AckResult
@@ -35,6 +42,10 @@ DECLINE_REASON_TASK_NOT_READY: DeclineReason
 DECLINE_REASON_SUBSUMED: DeclineReason
 DECLINE_REASON_ALIGNMENT_CANCELED: DeclineReason
 DECLINE_REASON_IO_ERROR: DeclineReason
+SAVEPOINT_OPERATION_STATUS_UNSPECIFIED: SavepointOperationStatus
+SAVEPOINT_OPERATION_STATUS_IN_PROGRESS: SavepointOperationStatus
+SAVEPOINT_OPERATION_STATUS_COMPLETED: SavepointOperationStatus
+SAVEPOINT_OPERATION_STATUS_FAILED: SavepointOperationStatus
 
 class RestoreSettings(_message.Message):
     __slots__ = ("latest", "checkpoint_id", "savepoint_path", "allow_non_restored_state")
@@ -363,6 +374,40 @@ class DisposeSavepointRequest(_message.Message):
 class DisposeSavepointResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class StartSavepointRequest(_message.Message):
+    __slots__ = ("job_id", "target_directory", "stop", "drain")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    target_directory: str
+    stop: bool
+    drain: bool
+    def __init__(self, job_id: _Optional[str] = ..., target_directory: _Optional[str] = ..., stop: _Optional[bool] = ..., drain: _Optional[bool] = ...) -> None: ...
+
+class GetSavepointOperationRequest(_message.Message):
+    __slots__ = ("job_id", "request_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SavepointOperation(_message.Message):
+    __slots__ = ("job_id", "request_id", "status", "savepoint", "failure")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    request_id: str
+    status: SavepointOperationStatus
+    savepoint: CheckpointSummary
+    failure: str
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., status: _Optional[_Union[SavepointOperationStatus, str]] = ..., savepoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class GetCheckpointStatsRequest(_message.Message):
     __slots__ = ("job_id", "history_size")

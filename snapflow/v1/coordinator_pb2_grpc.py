@@ -114,6 +114,16 @@ class CoordinatorServiceStub:
                 request_serializer=snapflow_dot_v1_dot_coordinator__pb2.DisposeSavepointRequest.SerializeToString,
                 response_deserializer=snapflow_dot_v1_dot_coordinator__pb2.DisposeSavepointResponse.FromString,
                 _registered_method=True)
+        self.StartSavepoint = channel.unary_unary(
+                '/snapflow.v1.CoordinatorService/StartSavepoint',
+                request_serializer=snapflow_dot_v1_dot_coordinator__pb2.StartSavepointRequest.SerializeToString,
+                response_deserializer=snapflow_dot_v1_dot_coordinator__pb2.SavepointOperation.FromString,
+                _registered_method=True)
+        self.GetSavepointOperation = channel.unary_unary(
+                '/snapflow.v1.CoordinatorService/GetSavepointOperation',
+                request_serializer=snapflow_dot_v1_dot_coordinator__pb2.GetSavepointOperationRequest.SerializeToString,
+                response_deserializer=snapflow_dot_v1_dot_coordinator__pb2.SavepointOperation.FromString,
+                _registered_method=True)
         self.GetCheckpointStats = channel.unary_unary(
                 '/snapflow.v1.CoordinatorService/GetCheckpointStats',
                 request_serializer=snapflow_dot_v1_dot_coordinator__pb2.GetCheckpointStatsRequest.SerializeToString,
@@ -235,6 +245,21 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartSavepoint(self, request, context):
+        """Asynchronous savepoints, as Flink's REST API has them: start one and get a request id at
+        once, then poll the operation by that id. Operations are kept in the coordinator's memory
+        (the last 64 per job), so a restart forgets them; the savepoint itself stays in the stats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSavepointOperation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetCheckpointStats(self, request, context):
         """Stats (Flink's Checkpoints tab in data form).
         """
@@ -330,6 +355,16 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.DisposeSavepoint,
                     request_deserializer=snapflow_dot_v1_dot_coordinator__pb2.DisposeSavepointRequest.FromString,
                     response_serializer=snapflow_dot_v1_dot_coordinator__pb2.DisposeSavepointResponse.SerializeToString,
+            ),
+            'StartSavepoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartSavepoint,
+                    request_deserializer=snapflow_dot_v1_dot_coordinator__pb2.StartSavepointRequest.FromString,
+                    response_serializer=snapflow_dot_v1_dot_coordinator__pb2.SavepointOperation.SerializeToString,
+            ),
+            'GetSavepointOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSavepointOperation,
+                    request_deserializer=snapflow_dot_v1_dot_coordinator__pb2.GetSavepointOperationRequest.FromString,
+                    response_serializer=snapflow_dot_v1_dot_coordinator__pb2.SavepointOperation.SerializeToString,
             ),
             'GetCheckpointStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCheckpointStats,
@@ -774,6 +809,60 @@ class CoordinatorService:
             '/snapflow.v1.CoordinatorService/DisposeSavepoint',
             snapflow_dot_v1_dot_coordinator__pb2.DisposeSavepointRequest.SerializeToString,
             snapflow_dot_v1_dot_coordinator__pb2.DisposeSavepointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartSavepoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapflow.v1.CoordinatorService/StartSavepoint',
+            snapflow_dot_v1_dot_coordinator__pb2.StartSavepointRequest.SerializeToString,
+            snapflow_dot_v1_dot_coordinator__pb2.SavepointOperation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSavepointOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapflow.v1.CoordinatorService/GetSavepointOperation',
+            snapflow_dot_v1_dot_coordinator__pb2.GetSavepointOperationRequest.SerializeToString,
+            snapflow_dot_v1_dot_coordinator__pb2.SavepointOperation.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,12 @@ class CoordinatorServiceStub:
     TriggerSavepoint: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.TriggerSavepointRequest, _coordinator_pb2.CheckpointSummary]
     StopWithSavepoint: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.StopWithSavepointRequest, _coordinator_pb2.CheckpointSummary]
     DisposeSavepoint: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DisposeSavepointRequest, _coordinator_pb2.DisposeSavepointResponse]
+    StartSavepoint: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.StartSavepointRequest, _coordinator_pb2.SavepointOperation]
+    """Asynchronous savepoints, as Flink's REST API has them: start one and get a request id at
+    once, then poll the operation by that id. Operations are kept in the coordinator's memory
+    (the last 64 per job), so a restart forgets them; the savepoint itself stays in the stats.
+    """
+    GetSavepointOperation: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GetSavepointOperationRequest, _coordinator_pb2.SavepointOperation]
     GetCheckpointStats: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GetCheckpointStatsRequest, _coordinator_pb2.CheckpointStats]
     """Stats (Flink's Checkpoints tab in data form)."""
     GetCheckpointDetails: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GetCheckpointDetailsRequest, _coordinator_pb2.CheckpointDetails]
@@ -94,6 +100,12 @@ class CoordinatorServiceAsyncStub(CoordinatorServiceStub):
     TriggerSavepoint: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.TriggerSavepointRequest, _coordinator_pb2.CheckpointSummary]  # type: ignore[assignment]
     StopWithSavepoint: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.StopWithSavepointRequest, _coordinator_pb2.CheckpointSummary]  # type: ignore[assignment]
     DisposeSavepoint: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DisposeSavepointRequest, _coordinator_pb2.DisposeSavepointResponse]  # type: ignore[assignment]
+    StartSavepoint: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.StartSavepointRequest, _coordinator_pb2.SavepointOperation]  # type: ignore[assignment]
+    """Asynchronous savepoints, as Flink's REST API has them: start one and get a request id at
+    once, then poll the operation by that id. Operations are kept in the coordinator's memory
+    (the last 64 per job), so a restart forgets them; the savepoint itself stays in the stats.
+    """
+    GetSavepointOperation: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GetSavepointOperationRequest, _coordinator_pb2.SavepointOperation]  # type: ignore[assignment]
     GetCheckpointStats: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GetCheckpointStatsRequest, _coordinator_pb2.CheckpointStats]  # type: ignore[assignment]
     """Stats (Flink's Checkpoints tab in data form)."""
     GetCheckpointDetails: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GetCheckpointDetailsRequest, _coordinator_pb2.CheckpointDetails]  # type: ignore[assignment]
@@ -222,6 +234,24 @@ class CoordinatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.DisposeSavepointRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.DisposeSavepointResponse, _abc.Awaitable[_coordinator_pb2.DisposeSavepointResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StartSavepoint(
+        self,
+        request: _coordinator_pb2.StartSavepointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.SavepointOperation, _abc.Awaitable[_coordinator_pb2.SavepointOperation]]:
+        """Asynchronous savepoints, as Flink's REST API has them: start one and get a request id at
+        once, then poll the operation by that id. Operations are kept in the coordinator's memory
+        (the last 64 per job), so a restart forgets them; the savepoint itself stays in the stats.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSavepointOperation(
+        self,
+        request: _coordinator_pb2.GetSavepointOperationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.SavepointOperation, _abc.Awaitable[_coordinator_pb2.SavepointOperation]]: ...
 
     @_abc_1.abstractmethod
     def GetCheckpointStats(

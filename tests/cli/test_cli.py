@@ -253,6 +253,40 @@ def test_savepoint_to_a_relative_target_then_dispose(
     assert not os.path.exists(path)
 
 
+def test_detached_savepoint_prints_a_request_id_to_poll(
+    env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    target = str(tmp_path / "detached")
+    code, out, err = cli(
+        capsys, *client(env, "savepoint", env.job_id, "--target", target, "--detach", "--json")
+    )
+    assert (code, err) == (0, "")
+    started = json.loads(out)
+    assert started["status"] in (
+        "SAVEPOINT_OPERATION_STATUS_IN_PROGRESS",
+        "SAVEPOINT_OPERATION_STATUS_COMPLETED",
+    )
+    request_id = started["request_id"]
+
+    def status() -> str:
+        code, out, _ = cli(
+            capsys, *client(env, "savepoint-status", env.job_id, request_id, "--json")
+        )
+        assert code == 0, out
+        return str(json.loads(out)["status"])
+
+    wait_until(lambda: status() == "SAVEPOINT_OPERATION_STATUS_COMPLETED", "savepoint done")
+    code, out, err = cli(capsys, *client(env, "savepoint-status", env.job_id, request_id))
+    assert (code, err) == (0, "")
+    assert "Savepoint" in out and target in out.replace("\n", "")
+    # The text form of --detach names the command to poll with.
+    code, out, err = cli(capsys, *client(env, "savepoint", env.job_id, "--detach"))
+    assert (code, err) == (0, "")
+    assert f"snapflow savepoint-status {env.job_id} " in " ".join(out.split())
+    code, out, err = cli(capsys, *client(env, "savepoint-status", env.job_id, "f" * 32))
+    assert code == 1 and err.startswith("error: NOT_FOUND: ")
+
+
 def test_cancel_then_cancel_again_is_a_failed_precondition(
     env: Env, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from snapflow import wire
-from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
+from snapflow.checkpointing import (
+    BarrierOptions,
+    CheckpointKind,
+    CheckpointMode,
+    DeclineReason,
+    SavepointOperationStatus,
+)
 from snapflow.errors import InvalidArgumentError
 from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.v1 import common_pb2 as pb
@@ -42,6 +48,7 @@ def test_mappings_lists_every_mapping() -> None:
         CheckpointMode,
         DeclineReason,
         PartitionerKind,
+        SavepointOperationStatus,
         TaskState,
     }
 
@@ -56,6 +63,11 @@ def test_the_proto_names_match_the_member_names() -> None:
     assert [cpb.DeclineReason.Name(wire.DECLINE_REASON.to_pb(r)) for r in DeclineReason] == [
         f"DECLINE_REASON_{r.name}" for r in DeclineReason
     ]
+    statuses = SavepointOperationStatus
+    assert [
+        cpb.SavepointOperationStatus.Name(wire.SAVEPOINT_OPERATION_STATUS.to_pb(s))
+        for s in statuses
+    ] == [f"SAVEPOINT_OPERATION_STATUS_{s.name}" for s in statuses]
 
 
 def test_an_unspecified_mode_is_aligned_as_the_proto_says() -> None:
