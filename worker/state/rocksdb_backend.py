@@ -681,6 +681,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._kept: dict[int, str] = {}
         self.local_recovery_hits = 0
         """Restores that used the local copy instead of downloading (tests and stats)."""
+        self.local_recovery_misses: list[str] = []
+        """Why restores did not use the local copy, oldest first (tests and stats; also
+        logged as ``state.local_recovery_miss``)."""
         self._disposed = False
         self._keys_memo: tuple[Any, Any, _RocksTable, list[bytes]] | None = None
 
@@ -1147,6 +1150,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return len(file_range.intersection(self.key_group_range))
 
     def _local_miss(self, checkpoint_id: Any, reason: str) -> None:
+        self.local_recovery_misses.append(reason)
         log.info(
             "state.local_recovery_miss",
             backend=self.name,

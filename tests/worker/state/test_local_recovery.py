@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from snapflow.checkpointing import BarrierOptions
 from snapflow.filestore import store_for
@@ -84,10 +83,8 @@ def _restore(
 ) -> tuple[RocksDBKeyedStateBackend, list[str]]:
     """A restored backend and the reasons of its local recovery misses."""
     target = _backend(tmp_path, copies)
-    with structlog.testing.capture_logs() as logs:
-        target.restore(handles)
-    misses = [e["reason"] for e in logs if e["event"] == "state.local_recovery_miss"]
-    return target, misses
+    target.restore(handles)
+    return target, list(target.local_recovery_misses)
 
 
 def test_restore_from_the_local_copy_downloads_no_shared_file(
@@ -168,9 +165,8 @@ def test_a_copy_of_other_key_groups_is_not_used(run: _Run, tmp_path: Path) -> No
         local_recovery_dir=run.copies,
     )
     try:
-        with structlog.testing.capture_logs() as logs:
-            target.restore(run.handles)
-        misses = [e["reason"] for e in logs if e["event"] == "state.local_recovery_miss"]
+        target.restore(run.handles)
+        misses = target.local_recovery_misses
         assert misses == ["the restore changes the key groups (rescaling)"]
         assert target.local_recovery_hits == 0
         mine = {k: v for k, v in run.expected.items() if key_group_for_key(k, MAXP) < MAXP // 2}
