@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos run (seed {args.seed}): interrupted; work dir {work}", file=sys.stderr)
         return 130
     finally:
-        run.cluster.kill_all()
+        run.kill_all()
     ok = Run.ok(result)
     out = args.out or (None if args.quick else DEFAULT_OUT)
     if out is not None:

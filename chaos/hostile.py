@@ -1,4 +1,5 @@
-"""Hostile and garbage messages to every unary RPC of the coordinators and the agents.
+"""Hostile and garbage messages to every RPC of the coordinators and the agents: every unary
+RPC, and the agents' data stream (``DataExchangeService.Exchange``, bidirectional).
 
 Two kinds, chosen by the run's seeded generator:
 
@@ -9,12 +10,22 @@ Two kinds, chosen by the run's seeded generator:
   honest operator could send (cancel, stop-with-savepoint), and agents only get them for jobs
   they do not host: "a hostile epoch in a message for an unknown job changes nothing".
 
+Exchange streams (``hostile_exchange_stream``): undecodable bytes, a frame before ``open``, an
+empty stream, ``open`` for an unknown job or an unknown channel of a live job followed by
+frames (a barrier of id 2**62, garbage Arrow bytes, end of partition), ``open`` for a live
+channel with an attempt no deployment has (-1, 2**31-1: a real attempt would take over a
+live channel, which an honest producer of that attempt may do) and a message above the agent's
+16 MiB receive limit. Each must be refused at once (INVALID_ARGUMENT, FAILED_PRECONDITION or
+RESOURCE_EXHAUSTED) without touching the live channels.
+
 Every answer must be a deliberate status: anything but ``UNKNOWN``/``INTERNAL`` (and a server
 that stays up). The live jobs' exact output at the end of the run proves they changed nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +38,19 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import worker_pb2 as wpb
 
 BAD_STATUSES = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+ENDED_DURING_WRITE = "ENDED_DURING_WRITE"
+"""A hostile Exchange stream the agent ended while this client was writing to it."""
+STREAM_VERDICT_S = 2.0
+"""How long a hostile stream waits for the agent's verdict before its next message."""
+ACCEPTED = "ACCEPTED"
+"""A hostile Exchange stream that got credit or ended OK: the agent took it for a channel."""
 HUGE_EPOCH = 2**62
+EXCHANGE_KINDS = (
+    "garbage", "frame-first", "empty", "unknown-job", "unknown-channel", "wrong-attempt",
+    "oversized",
+)  # fmt: skip
+OVERSIZED_BYTES = 17 * 1024 * 1024
+"""Above the agents' receive limit (worker/runtime/agent.py ``MAX_MESSAGE_BYTES``, 16 MiB)."""
 
 COORDINATOR_METHODS: dict[str, type[Message]] = {
     "SubmitJob": cpb.SubmitJobRequest,
@@ -145,24 +168,98 @@ def hostile_worker_request(method: str, rng: random.Random) -> Message:
     )
 
 
+def _hostile_frames(rng: random.Random) -> list[bytes]:
+    frames = [
+        wpb.Frame(barrier=wpb.CheckpointBarrier(checkpoint_id=HUGE_EPOCH)),
+        wpb.Frame(batch=wpb.DataBatch(arrow_ipc=rng.randbytes(64), num_records=-1)),
+        wpb.Frame(cancel_marker=wpb.CancelCheckpointMarker(checkpoint_id=-1)),
+        wpb.Frame(end_of_partition=wpb.EndOfPartition()),
+    ]
+    return [wpb.ExchangeMessage(frame=f).SerializeToString() for f in frames]
+
+
+def hostile_exchange_stream(kind: str, rng: random.Random, live_jobs: list[str]) -> list[bytes]:
+    """The request messages of one hostile ``Exchange`` stream of ``kind`` (EXCHANGE_KINDS).
+    ``live_jobs``: jobs the agent hosts (their channels are named only with attempts that no
+    deployment has, so the agent refuses them)."""
+    live = rng.choice(live_jobs) if live_jobs else f"{rng.getrandbits(128):032x}"
+    if kind == "garbage":
+        return [rng.randbytes(rng.randrange(1, 200)) for _ in range(rng.randrange(1, 4))]
+    if kind == "frame-first":
+        return _hostile_frames(rng)
+    if kind == "empty":
+        return []
+    if kind == "oversized":
+        cid = wpb.ChannelId(job_id="x" * OVERSIZED_BYTES)
+        return [wpb.ExchangeMessage(open=cid).SerializeToString()]
+    if kind == "unknown-job":
+        cid = wpb.ChannelId(
+            job_id=_job_id(rng), producer_vertex_id="source", consumer_vertex_id="count"
+        )
+    elif kind == "unknown-channel":
+        cid = wpb.ChannelId(
+            job_id=live,
+            producer_vertex_id=rng.choice(["nope", "", "v" * 500]),
+            producer_subtask=rng.choice([0, -1, 2**31 - 1]),
+            consumer_vertex_id="count",
+        )
+    elif kind == "wrong-attempt":
+        cid = wpb.ChannelId(
+            job_id=live,
+            producer_vertex_id="source",
+            producer_subtask=0,
+            consumer_vertex_id="count",
+            consumer_subtask=0,
+            attempt=rng.choice([-1, 2**31 - 1]),
+        )
+    else:
+        raise ValueError(f"unknown hostile Exchange kind {kind!r}")
+    return [wpb.ExchangeMessage(open=cid).SerializeToString(), *_hostile_frames(rng)]
+
+
 class HostileStats:
     """Counts of what the hostile messages got back."""
 
     def __init__(self) -> None:
         self.sent = 0
         self.statuses: Counter[str] = Counter()
+        self.exchange_streams = 0
+        """Of ``sent``: hostile Exchange streams."""
+        self.streams: Counter[str] = Counter()
+        """Hostile Exchange streams by ``<kind> <status>``."""
+        self.stream_details: dict[str, str] = {}
+        """The first status detail of every ``<kind> <status>``."""
         self.bad: list[str] = []
 
     def record(self, target: str, method: str, code: grpc.StatusCode | None, detail: str) -> None:
-        self.sent += 1
         name = code.name if code is not None else "OK"
+        self._count(method, name, detail)
         self.statuses[name] += 1
         if code in BAD_STATUSES and len(self.bad) < 20:
             self.bad.append(f"{target} {method}: {name} {detail[:200]}")
 
+    def _count(self, method: str, name: str, detail: str = "") -> None:
+        self.sent += 1
+        if method.startswith("Exchange:"):
+            self.exchange_streams += 1
+            outcome = f"{method.removeprefix('Exchange:')} {name}"
+            self.streams[outcome] += 1
+            self.stream_details.setdefault(outcome, detail[:200])
+
+    def record_raw(self, target: str, method: str, name: str) -> None:
+        self._count(method, name)
+        self.statuses[name] += 1
+
+    def accepted(self, target: str, method: str, detail: str) -> None:
+        """A hostile stream the agent accepted (an unexpected outcome, like UNKNOWN)."""
+        self._count(method, ACCEPTED, detail)
+        self.statuses[ACCEPTED] += 1
+        if len(self.bad) < 20:
+            self.bad.append(f"{target} {method}: {ACCEPTED} {detail[:200]}")
+
     @property
     def unexpected(self) -> int:
-        return sum(self.statuses[c.name] for c in BAD_STATUSES)
+        return sum(self.statuses[c.name] for c in BAD_STATUSES) + self.statuses[ACCEPTED]
 
 
 async def send(
@@ -185,3 +282,60 @@ async def send(
         stats.record(target, method, e.code(), e.details() or "")
         return
     stats.record(target, method, None, "")
+
+
+async def send_stream(
+    channel: grpc.aio.Channel, kind: str, payloads: list[bytes], stats: HostileStats
+) -> None:
+    """One hostile ``Exchange`` stream; its final status is recorded as ``Exchange:<kind>``.
+
+    Messages are written one at a time, each after the agent had ``STREAM_VERDICT_S`` to end
+    the call: a write that races the agent's status ends the call on the client with
+    ``INTERNAL`` ("Internal error from Core", grpc.aio's failed SendMessage), which would hide
+    the agent's own answer. Should a write still lose that race (a very slow agent), the
+    outcome is recorded as ``ENDED_DURING_WRITE``: the agent ended the call, with a status
+    this client cannot see. An agent answers a refused stream at once and never grants it
+    credit.
+    """
+    call = channel.stream_stream(
+        "/snapflow.v1.DataExchangeService/Exchange",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    method = f"Exchange:{kind}"
+    stream = call(timeout=5)
+    status = asyncio.ensure_future(stream.code())
+    try:
+        for payload in payloads:
+            if status.done():
+                break
+            try:
+                await stream.write(payload)
+            except asyncio.InvalidStateError:
+                break
+            except grpc.aio.AioRpcError as e:
+                if "execute_batch" in (e.debug_error_string() or ""):
+                    stats.record_raw("agent", method, ENDED_DURING_WRITE)
+                    return
+                break
+            await asyncio.wait({status}, timeout=STREAM_VERDICT_S)
+        if not status.done():
+            # Half-closing can race the agent's status too; that status is read below.
+            with contextlib.suppress(Exception):
+                await stream.done_writing()
+            try:
+                response = await stream.read()
+            except grpc.aio.AioRpcError:
+                response = grpc.aio.EOF
+            if response is not grpc.aio.EOF:
+                # Credit goes only to an accepted stream: a hostile one must never get it.
+                stats.accepted("agent", method, "a hostile stream got credit")
+                stream.cancel()
+                return
+        code = await status
+    finally:
+        status.cancel()
+    if code is grpc.StatusCode.OK:
+        stats.accepted("agent", method, "a hostile stream ended OK")
+        return
+    stats.record("agent", method, code, await stream.details() or "")

@@ -16,7 +16,11 @@ coordinators in ``high_availability = "redis"`` when this build has leader elect
 * **split brain**: the leader is frozen (SIGSTOP) until a standby took over and a checkpoint
   completed, then thawed and sent acknowledgements naming the live files of the new leader's
   latest checkpoint; the agents get its stale commands (epoch 1). Files it deleted are counted;
-* **hostile messages** to every unary RPC of the coordinators and agents (``chaos.hostile``).
+* **hostile messages** to every unary RPC of the coordinators and agents, and hostile
+  ``Exchange`` data streams to the agents (``chaos.hostile``);
+* **Sentinel failover**: jobs on a second setup (master, replica, three sentinels and a
+  coordinator with a ``redis+sentinel://`` URL), one at a time; each has its master SIGKILLed
+  at a seeded point after its first checkpoint and finishes on the promoted replica.
 
 Verified exactly at the end: every job FINISHED and its committed output exact (``lost`` and
 ``duplicated`` records, ``chaos.workload.verify``). Recovery is the time from a worker kill to
@@ -43,11 +47,14 @@ import grpc
 from chaos.cluster import HOST, Cluster, Tracked
 from chaos.hostile import (
     COORDINATOR_METHODS,
+    EXCHANGE_KINDS,
     WORKER_METHODS,
     HostileStats,
     hostile_coordinator_request,
+    hostile_exchange_stream,
     hostile_worker_request,
     send,
+    send_stream,
 )
 from chaos.workload import MODES, JobSpec, verify
 from snapflow.v1 import common_pb2 as pb
@@ -69,6 +76,8 @@ class Plan:
     redis_kills: int
     split_brains: int
     hostile_messages: int
+    sentinel_jobs: int
+    """Jobs on the Sentinel cluster, one at a time; each sees one master failover."""
     interval_ms: int = 200
     heartbeat_timeout_s: float = 2.0
     lease_ttl_s: float = 1.5
@@ -87,6 +96,7 @@ class Plan:
             redis_kills=6,
             split_brains=4,
             hostile_messages=2_400,
+            sentinel_jobs=3,
         )
 
     @classmethod
@@ -101,6 +111,7 @@ class Plan:
             redis_kills=1,
             split_brains=1,
             hostile_messages=200,
+            sentinel_jobs=1,
             deadline_s=100.0,
         )
 
@@ -111,6 +122,7 @@ class Figures:
     leader_kills: int = 0
     redis_kills: int = 0
     split_brains: int = 0
+    sentinel_failovers: int = 0
     stale_acks: int = 0
     stale_deleted_files: int = 0
     stale_agent_commands: int = 0
@@ -121,6 +133,7 @@ class Figures:
     duplicated: int = 0
     recoveries_s: list[float] = field(default_factory=list)
     takeovers_s: list[float] = field(default_factory=list)
+    promotions_s: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
 
@@ -205,6 +218,11 @@ class Run:
         self.work_dir = work_dir
         self.cluster = Cluster(work_dir, namespace=f"chaos-{seed}")
         self.client = Client(self.cluster)
+        # The Sentinel scenario's own Redis (master, replica, sentinels) and coordinator.
+        self.sentinel_cluster = Cluster(
+            work_dir / "sentinel", namespace=f"chaos-sentinel-{seed}", sentinel=True
+        )
+        self.sentinel_client = Client(self.sentinel_cluster)
         self.figures = Figures()
         self.log = log
         self.ha = ha_available()
@@ -212,6 +230,8 @@ class Run:
         self.workers: dict[str, dict[int, Tracked]] = {}
         self.hostile = HostileStats()
         self.finished: set[str] = set()
+        self._sentinel_done: list[JobSpec] = []
+        """Sentinel jobs that were started (verified at the end)."""
         self._jobs_done = asyncio.Event()
         self._started = time.monotonic()
 
@@ -232,12 +252,23 @@ class Run:
         await asyncio.to_thread(self.cluster.start_redis)
         self.cluster.configure_coordinators(2 if self.ha else 1, self.ha, **settings)
         self.cluster.start_coordinators()
+        specs: list[JobSpec] = []
         try:
             await asyncio.to_thread(self.cluster.leader, 60.0)
             specs = self._job_specs()
-            self.figures.jobs_total = len(specs)
+            sentinel_specs = self._sentinel_specs() if plan.sentinel_jobs else []
+            if sentinel_specs:
+                await asyncio.to_thread(self.sentinel_cluster.start_redis)
+                sentinel_settings = {
+                    k: v for k, v in settings.items() if not k.startswith("lease_")
+                }
+                self.sentinel_cluster.configure_coordinators(1, False, **sentinel_settings)
+                self.sentinel_cluster.start_coordinators()
+            self.figures.jobs_total = len(specs) + len(sentinel_specs)
             async with asyncio.timeout(plan.deadline_s):
                 chaos = [asyncio.create_task(self._redis_kills())]
+                if sentinel_specs:
+                    chaos.append(asyncio.create_task(self._sentinel_jobs(sentinel_specs)))
                 if self.ha:
                     chaos.append(asyncio.create_task(self._leader_kills()))
                     chaos.append(asyncio.create_task(self._split_brains()))
@@ -251,8 +282,9 @@ class Run:
         finally:
             self._jobs_done.set()
             await self.client.close()
-            await asyncio.to_thread(self.cluster.kill_all)
-        for spec in specs:
+            await self.sentinel_client.close()
+            await asyncio.to_thread(self.kill_all)
+        for spec in [*specs, *self._sentinel_done]:
             verdict = verify(self.work_dir / "out" / spec.name, spec.expected())
             finished = spec.name in self.finished
             self.figures.records += verdict.records
@@ -276,11 +308,14 @@ class Run:
             "leader_kills": f.leader_kills,
             "redis_kills": f.redis_kills,
             "split_brains": f.split_brains,
+            "sentinel_failovers": f.sentinel_failovers,
+            "sentinel_promotion_max_s": round(max(f.promotions_s, default=0.0), 3),
             "stale_acks": f.stale_acks,
             "stale_agent_commands": f.stale_agent_commands,
             "stale_deleted_files": f.stale_deleted_files,
             "hostile_messages": self.hostile.sent,
             "hostile_unexpected_status": self.hostile.unexpected,
+            "hostile_exchange_streams": self.hostile.exchange_streams,
             "jobs_total": f.jobs_total,
             "jobs_finished": f.jobs_finished,
             "records": f.records,
@@ -298,8 +333,15 @@ class Run:
         return {
             "metrics": metrics,
             "hostile_statuses": dict(self.hostile.statuses),
+            "hostile_streams": dict(self.hostile.streams),
+            "hostile_stream_details": self.hostile.stream_details,
             "failures": f.failures + self.hostile.bad,
         }
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the run (both clusters) by PID and reap it."""
+        self.cluster.kill_all()
+        self.sentinel_cluster.kill_all()
 
     @staticmethod
     def ok(result: dict[str, Any]) -> bool:
@@ -345,11 +387,23 @@ class Run:
 
         await asyncio.gather(*(one(s, random.Random(self.rng.getrandbits(64))) for s in specs))
 
-    async def _drive(self, spec: JobSpec, rng: random.Random) -> None:
+    async def _drive(
+        self,
+        spec: JobSpec,
+        rng: random.Random,
+        *,
+        job_id: str | None = None,
+        sentinel: bool = False,
+    ) -> None:
         """Play the driver of one job: run its workers, kill one at seeded points, restart
-        the missing ones, until the job finished."""
+        the missing ones, until the job finished. ``sentinel``: on the Sentinel cluster,
+        with no worker kills (the master failover is that job's fault)."""
+        cluster, client = self.cluster, self.client
+        kills_per_job = self.plan.kills_per_job
+        if sentinel:
+            cluster, client, kills_per_job = self.sentinel_cluster, self.sentinel_client, 0
         out = self.work_dir / "out" / spec.name
-        job_id = f"{rng.getrandbits(128):032x}"
+        job_id = job_id or f"{rng.getrandbits(128):032x}"
         request = cpb.SubmitJobRequest(
             job_id=job_id,
             graph=spec.graph(out),
@@ -357,11 +411,12 @@ class Run:
         )
         # The job id is ours, so a retry after a lost answer finds the job already there.
         try:
-            await self.client.call("SubmitJob", request, 20.0, wait_s=120.0)
+            await client.call("SubmitJob", request, 20.0, wait_s=120.0)
         except grpc.aio.AioRpcError as e:
             if e.code() is not grpc.StatusCode.ALREADY_EXISTS:
                 raise
-        self.running_jobs[job_id] = spec
+        if not sentinel:  # the main cluster's faults aim at its running jobs only
+            self.running_jobs[job_id] = spec
         slots = spec.parallelism
         workers = self.workers[job_id] = {}
         kills = 0
@@ -369,25 +424,25 @@ class Run:
         next_kill_after = -1
         try:
             for slot in range(slots):
-                workers[slot] = self.cluster.start_worker(job_id, slot, slots)
+                workers[slot] = cluster.start_worker(job_id, slot, slots)
             while True:
                 await asyncio.sleep(0.05)
-                state = await self.client.state(job_id)
+                state = await client.state(job_id)
                 if state == pb.JOB_STATE_FINISHED:
                     self.figures.jobs_finished += 1
                     self.finished.add(spec.name)
                     return
                 if state in (pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELED):
                     raise RuntimeError(f"job ended {pb.JobState.Name(state)}")
-                latest = await self.client.latest_completed(job_id)
+                latest = await client.latest_completed(job_id)
                 if kill_at is not None and latest > kill_at[0]:
                     self.figures.recoveries_s.append(time.monotonic() - kill_at[1])
                     kill_at = None
                 for slot, tracked in list(workers.items()):
                     if not tracked.alive() and tracked.proc.returncode != 0:
-                        workers[slot] = self.cluster.start_worker(job_id, slot, slots)
+                        workers[slot] = cluster.start_worker(job_id, slot, slots)
                 if (
-                    kills < self.plan.kills_per_job
+                    kills < kills_per_job
                     and kill_at is None
                     and state == pb.JOB_STATE_RUNNING
                     and latest > next_kill_after
@@ -396,7 +451,7 @@ class Run:
                     victim = workers[rng.randrange(slots)]
                     if victim.alive():
                         # Recovery: from the kill to a checkpoint newer than any before it.
-                        latest = max(latest, await self.client.latest_completed(job_id))
+                        latest = max(latest, await client.latest_completed(job_id))
                         kill_at = (latest, time.monotonic())
                         await asyncio.to_thread(victim.kill)
                         kills += 1
@@ -439,6 +494,51 @@ class Run:
             self.cluster.start_coordinator(port)  # back at once, as the new standby
             if await self._wait_any_checkpoint(before, 60.0):
                 self.figures.takeovers_s.append(time.monotonic() - killed_at)
+
+    def _sentinel_specs(self) -> list[JobSpec]:
+        plan = self.plan
+        return [
+            JobSpec(
+                name=f"sentinel-{i:03d}",
+                mode=list(MODES)[i % len(MODES)],
+                records=plan.records_per_kill * 4,
+                # Slower than the others: the job must still run when its failover comes,
+                # also on a loaded machine.
+                rate_per_s=max(1, plan.rate_per_s // 5),
+                keys=self.rng.choice([50, 200, 1000]),
+                parallelism=self.rng.choice([1, 2]),
+                seed=self.rng.getrandbits(31),
+            )
+            for i in range(plan.sentinel_jobs)
+        ]
+
+    async def _sentinel_jobs(self, specs: list[JobSpec]) -> None:
+        """One job at a time on the Sentinel cluster; each has its master SIGKILLed at a
+        seeded point (0-0.6 s after its first completed checkpoint) and must finish exactly
+        once on the promoted replica."""
+        rng = random.Random(self.rng.getrandbits(64))
+        for spec in specs:
+            job_rng = random.Random(rng.getrandbits(64))
+            job_id = f"{job_rng.getrandbits(128):032x}"
+            self._sentinel_done.append(spec)
+            driver = asyncio.create_task(self._drive(spec, job_rng, job_id=job_id, sentinel=True))
+            try:
+                while not driver.done():
+                    if await self.sentinel_client.latest_completed(job_id) > 0:
+                        await asyncio.sleep(rng.uniform(0.0, 0.6))  # a seeded point
+                        promoted = await asyncio.to_thread(self.sentinel_cluster.fail_over)
+                        self.figures.sentinel_failovers += 1
+                        self.figures.promotions_s.append(promoted)
+                        break
+                    await asyncio.sleep(0.05)
+                await driver
+            except Exception as e:  # reported; the run goes on
+                self.figures.failures.append(f"{spec.name}: {type(e).__name__}: {e}")
+            finally:
+                if not driver.done():
+                    driver.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await driver
 
     async def _redis_kills(self) -> None:
         rng = random.Random(self.rng.getrandbits(64))
@@ -543,13 +643,16 @@ class Run:
         rng = random.Random(self.rng.getrandbits(64))
         total = self.plan.hostile_messages
         batches = 10
+        every_kind_sent = False
         for batch in range(batches):
             await asyncio.sleep(rng.uniform(0.5, 2.0))
-            agents: set[str] = set()
+            agents: dict[str, set[str]] = {}  # address -> the jobs it hosts
             for job_id in list(self.running_jobs):
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     tasks = await self.client.call("ListTasks", cpb.ListTasksRequest(job_id=job_id))
-                    agents.update(t.address for t in tasks.tasks if t.address)
+                    for t in tasks.tasks:
+                        if t.address:
+                            agents.setdefault(t.address, set()).add(job_id)
             # Mostly to the serving leader: a standby refuses every call without decoding it
             # (UNAVAILABLE), so only the leader's request parsing and checks are exercised.
             try:
@@ -557,16 +660,38 @@ class Run:
             except TimeoutError:
                 leader = None
             n = total // batches + (1 if batch < total % batches else 0)
+            if agents and not every_kind_sent:
+                # Every kind of hostile stream once (of this batch's share), whatever the
+                # draws, to agents that are up (the listed addresses include killed
+                # workers'); else at a later batch.
+                live = {a: jobs for a, jobs in agents.items() if await _reachable(a)}
+                if live:
+                    every_kind_sent = True
+                    for kind in EXCHANGE_KINDS[:n]:
+                        await self._hostile_stream(rng, live, kind)
+                    n -= min(n, len(EXCHANGE_KINDS))
             for _ in range(n):
-                await self._one_hostile(rng, sorted(agents), leader)
+                await self._one_hostile(rng, agents, leader)
+
+    async def _hostile_stream(
+        self, rng: random.Random, agents: dict[str, set[str]], kind: str
+    ) -> None:
+        """A hostile data stream (chaos.hostile.hostile_exchange_stream)."""
+        address = rng.choice(sorted(agents))
+        payloads = hostile_exchange_stream(kind, rng, sorted(agents[address]))
+        async with grpc.aio.insecure_channel(address) as channel:
+            await send_stream(channel, kind, payloads, self.hostile)
 
     async def _one_hostile(
-        self, rng: random.Random, agents: list[str], leader: int | None = None
+        self, rng: random.Random, agents: dict[str, set[str]], leader: int | None = None
     ) -> None:
         garbage = rng.random() < 0.5
         to_agent = bool(agents) and rng.random() < 0.3
+        if to_agent and rng.random() < 0.4:
+            await self._hostile_stream(rng, agents, rng.choice(EXCHANGE_KINDS))
+            return
         if to_agent:
-            address = rng.choice(agents)
+            address = rng.choice(sorted(agents))
             method = rng.choice(sorted(WORKER_METHODS))
             payload = (
                 rng.randbytes(rng.randrange(1, 200))
@@ -591,6 +716,20 @@ class Run:
             self.client.channel(port), "CoordinatorService", method, payload, self.hostile,
             "coordinator",
         )  # fmt: skip
+
+
+async def _reachable(address: str) -> bool:
+    """Something accepts TCP connections on ``host:port`` right now."""
+    host, _, port = address.rpartition(":")
+    try:
+        async with asyncio.timeout(0.5):
+            _, writer = await asyncio.open_connection(host, int(port))
+    except (OSError, TimeoutError, ValueError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 def write_result(result: dict[str, Any], path: Path) -> None:
