@@ -120,28 +120,21 @@ class CoordinatorProcess:
         return self.proc.wait(timeout=10)
 
 
+def worker_argv(address: str, job_id: str, slot: int, slots: int, log_level: str) -> list[str]:
+    """The command line of one ``snapflow worker`` for ``slot`` of ``slots``."""
+    return [
+        sys.executable, "-m", "snapflow.cli", "worker", "--coordinator", address,
+        "--job", job_id, "--slot", str(slot), "--slots", str(slots), "--log-level", log_level,
+    ]  # fmt: skip
+
+
 def start_worker(
     address: str, job_id: str, slot: int, slots: int, log_path: Path
 ) -> subprocess.Popen[bytes]:
     """One ``snapflow worker`` process for ``slot`` of ``slots`` (logs to ``log_path``)."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "snapflow.cli",
-                "worker",
-                "--coordinator",
-                address,
-                "--job",
-                job_id,
-                "--slot",
-                str(slot),
-                "--slots",
-                str(slots),
-                "--log-level",
-                "info",
-            ],
+            worker_argv(address, job_id, slot, slots, "info"),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import os
 import signal
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pytest
 from kit.coordinator import running_coordinator
 from kit.polling import wait_until_async
+from kit.processes import worker_argv
 from kit.shared_files import shared_files_state
 from kit.tls import Pki, make_pki
 from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
@@ -54,20 +54,7 @@ async def _start_agents(
         log = open(log_dir / f"agent-{tag}-{slot}.log", "wb")  # noqa: SIM115 - closed with the process
         procs.append(
             await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "snapflow.cli",
-                "worker",
-                "--coordinator",
-                address,
-                "--job",
-                job_id,
-                "--slot",
-                str(slot),
-                "--slots",
-                str(slots),
-                "--log-level",
-                "warning",
+                *worker_argv(address, job_id, slot, slots, "warning"),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
