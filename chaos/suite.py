@@ -78,6 +78,10 @@ class Plan:
     hostile_messages: int
     sentinel_jobs: int
     """Jobs on the Sentinel cluster, one at a time; each sees one master failover."""
+    extra_jobs: int = 0
+    """Jobs the run may add, ``concurrent_jobs`` at a time, when the planned ones finished
+    before ``jobs * kills_per_job`` worker kills or ``leader_kills`` leader kills happened (a
+    fast machine replays little after each kill, so a job's input can end before its kills)."""
     interval_ms: int = 200
     heartbeat_timeout_s: float = 2.0
     lease_ttl_s: float = 1.5
@@ -99,6 +103,7 @@ class Plan:
             split_brains=4,
             hostile_messages=2_400,
             sentinel_jobs=3,
+            extra_jobs=12,
         )
 
     @classmethod
@@ -276,6 +281,7 @@ class Run:
                     chaos.append(asyncio.create_task(self._split_brains()))
                 chaos.append(asyncio.create_task(self._hostile()))
                 await self._run_jobs(specs)
+                await self._run_extra_jobs(specs)
                 self._jobs_done.set()
                 for task in chaos:
                     await task
@@ -359,10 +365,10 @@ class Run:
 
     # --- jobs --------------------------------------------------------------------------------
 
-    def _job_specs(self) -> list[JobSpec]:
+    def _job_specs(self, first: int = 0, count: int | None = None) -> list[JobSpec]:
         plan, modes = self.plan, list(MODES)
         specs = []
-        for i in range(plan.jobs):
+        for i in range(first, first + (plan.jobs if count is None else count)):
             parallelism = self.rng.choice([1, 1, 2])
             specs.append(
                 JobSpec(
@@ -376,6 +382,25 @@ class Run:
                 )
             )
         return specs
+
+    def _short_of_targets(self) -> bool:
+        """The planned jobs saw fewer kills than the plan promises."""
+        plan, f = self.plan, self.figures
+        return f.worker_kills < plan.jobs * plan.kills_per_job or (
+            self.ha and f.leader_kills < plan.leader_kills
+        )
+
+    async def _run_extra_jobs(self, specs: list[JobSpec]) -> None:
+        """Add jobs, a round of ``concurrent_jobs`` at a time, while the run is short of its
+        kill targets (at most ``extra_jobs``); they join ``specs`` and are verified alike."""
+        plan = self.plan
+        while self._short_of_targets() and len(specs) < plan.jobs + plan.extra_jobs:
+            count = min(plan.concurrent_jobs, plan.jobs + plan.extra_jobs - len(specs))
+            extra = self._job_specs(first=len(specs), count=count)
+            specs.extend(extra)
+            self.figures.jobs_total += len(extra)
+            self.log(f"chaos: short of the kill targets, {len(extra)} more jobs")
+            await self._run_jobs(extra)
 
     async def _run_jobs(self, specs: list[JobSpec]) -> None:
         gate = asyncio.Semaphore(self.plan.concurrent_jobs)
@@ -482,11 +507,12 @@ class Run:
 
     async def _leader_kills(self) -> None:
         rng = random.Random(self.rng.getrandbits(64))
-        for _ in range(self.plan.leader_kills):
+        # A kill is due only while a job runs; a skipped turn does not count as one.
+        while self.figures.leader_kills < self.plan.leader_kills:
             await asyncio.sleep(rng.uniform(1.5, 3.0))
-            if self._jobs_done.is_set() or not self.running_jobs:
-                if self._jobs_done.is_set():
-                    break
+            if self._jobs_done.is_set():
+                break
+            if not self.running_jobs:
                 continue
             port = await asyncio.to_thread(self.cluster.leader, 30.0)
             before = await self._snapshot_latest()
