@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator as _op
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -292,6 +292,9 @@ def fold_and_get(
     uses the backend's per-key-group dicts with the same copy-on-write rule as
     ``ReducingState.add`` (a dict shared with a snapshot view is copied before its first write).
     """
+    fused = getattr(state, "fold_and_get_distinct", None)
+    if fused is not None:  # the disk backend's one pass over its cache
+        return cast(list[Any], fused(keys, partials, key_groups, reduce_fn))
     table = getattr(state, "_table", None)
     backend = getattr(state, "_backend", None)
     if (

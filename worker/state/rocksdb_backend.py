@@ -509,6 +509,46 @@ class RocksReducingState(_RocksStateMixin, ReducingState[Any]):
         fn = self._reduce
         self._rocks._fold_many(dbkeys, vals, lambda old, v: v if old is _ABSENT else fn(old, v))
 
+    def fold_and_get_distinct(
+        self, keys: Any, values: Any, key_groups: Any, reduce_fn: Callable[[Any, Any], Any]
+    ) -> list[Any]:
+        """``add_many`` then ``get_many`` in one pass over the cache (the keyed count's hot
+        path, ``operators.fold_and_get``): one key encoding, hits folded in place, every miss
+        read with one multi-get and folded after (in order, so a repeated key sees its earlier
+        fold)."""
+        b = self._rocks
+        dbkeys = self._keys(keys, key_groups)
+        vals = _pylist(values)
+        _check_lengths(dbkeys, vals)
+        cache = b._cache
+        out: list[Any] = []
+        append = out.append
+        absent, miss = _ABSENT, _MISS
+        misses: list[int] = []
+        for i, (k, v) in enumerate(zip(dbkeys, vals, strict=True)):
+            old = cache.get(k, miss)
+            if old is miss:  # folded below, after one multi-get of every miss
+                misses.append(i)
+                append(None)
+                continue
+            new = v if old is absent else reduce_fn(old, v)
+            cache[k] = new
+            append(new)
+        if misses:
+            loads = pickle.loads
+            raws = cast(list[bytes | None], b._db.get(cast(Any, [dbkeys[i] for i in misses])))
+            for i, raw in zip(misses, raws, strict=True):
+                k, v = dbkeys[i], vals[i]
+                old = cache.get(k, miss)  # a repeated key sees its earlier fold
+                if old is miss:
+                    old = absent if raw is None else loads(raw)
+                new = v if old is absent else reduce_fn(old, v)
+                cache[k] = new
+                out[i] = new
+        b._dirty.update(dbkeys)
+        b._maybe_evict()
+        return out
+
 
 class RocksAggregatingState(_RocksStateMixin, AggregatingState[Any]):
     def get(self) -> Any:
