@@ -6,27 +6,30 @@ actions they return.
 * bookkeeping actions (statistics, logs, metrics, watch events, waiting callers) run inline;
 * ordered I/O (Redis, ``_metadata``, storage clean-up) goes to ``CheckpointIo`` as typed
   operations, and its outcomes come back as events of the core;
-* RPCs to worker agents go through ``AgentGateway``; API views come from ``JobViews``.
+* RPCs to worker agents go through ``AgentGateway`` (``Agents``, the seam unit tests replace);
+  API views come from ``JobViews``;
+* the parts with a loop or a table of their own: agent liveness (``LivenessMonitor``), orphan
+  sweep scheduling (``OrphanSweeper``), the requests of users and their waiting callers
+  (``CheckpointRequests``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar, assert_never
 
 import structlog
 
-from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway
+from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway, ByAddress, TriggerFailed
 from snapflow.coordinator.checkpoint_coordinator import (
     Action,
     AllocateCheckpointId,
+    BarrierOptions,
     CheckpointAborted,
     CheckpointCompleted,
     CheckpointCoordinator,
@@ -53,12 +56,13 @@ from snapflow.coordinator.checkpoint_io import (
     DiscardFiles,
     Finalize,
     SendTriggerRpc,
-    SweepOrphans,
 )
-from snapflow.coordinator.checkpoint_storage import CheckpointStorage, s3_location
+from snapflow.coordinator.checkpoint_requests import CheckpointRequests
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.config import CoordinatorSettings
 from snapflow.coordinator.execution import JobExecution
 from snapflow.coordinator.job_views import JobViews
+from snapflow.coordinator.liveness import LivenessMonitor
 from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.coordinator.model import (
     AbortReason,
@@ -73,6 +77,7 @@ from snapflow.coordinator.model import (
     SubtaskMetrics,
     TaskKey,
 )
+from snapflow.coordinator.orphan_sweep import OrphanSweeper
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.restore_point import (
     FreshStart,
@@ -81,28 +86,21 @@ from snapflow.coordinator.restore_point import (
     RestorePlan,
     RestorePoint,
 )
-from snapflow.coordinator.savepoint_operations import SavepointOperation, SavepointOperations
+from snapflow.coordinator.savepoint_operations import SavepointOperation
 from snapflow.coordinator.stats import CheckpointStatsTracker
 from snapflow.coordinator.watch import JobWatch
 from snapflow.errors import (
     CheckpointFailedError,
     CheckpointRefusedError,
-    DeadlineExceededError,
     FailedPreconditionError,
-    InvalidArgumentError,
-    SnapflowError,
     StaleEpochError,
 )
-from snapflow.filestore import is_object_store_uri
 from snapflow.jobgraph import TaskState
 from snapflow.v1 import coordinator_pb2 as cpb
 
 log = structlog.get_logger("snapflow.coordinator")
 
 T = TypeVar("T")
-
-_SWEEP_RETRY_FIRST_S = 1.0
-_SWEEP_RETRY_MAX_S = 60.0
 
 
 class JobHost(Protocol):
@@ -130,6 +128,31 @@ class JobHost(Protocol):
     def refresh_job_gauges(self) -> None: ...
 
 
+class Agents(Protocol):
+    """The RPCs a runner sends to the agents hosting its tasks (``AgentGateway``)."""
+
+    def trigger(
+        self, by_address: ByAddress, checkpoint_id: int, timestamp_ms: int, options: BarrierOptions
+    ) -> None: ...
+
+    def notify(
+        self,
+        by_address: ByAddress,
+        checkpoint_id: int,
+        complete: bool,
+        reason: str = "",
+        final: bool = False,
+    ) -> None: ...
+
+    def cancel(self, by_address: ByAddress) -> None: ...
+
+    def close(self) -> None: ...
+
+
+#: Builds a runner's ``Agents``: (job id, clients, current epoch, on trigger failed, log).
+AgentsFactory = Callable[[str, AgentClients, Callable[[], int], TriggerFailed, Any], Agents]
+
+
 def restore_plan(record: JobRecord) -> RestorePlan:
     return RestorePlan(
         run_start_checkpoint_id=record.run_start_checkpoint_id,
@@ -149,9 +172,13 @@ class JobRunner:
         completed: list[CompletedCheckpoint],
         savepoints: list[CompletedCheckpoint],
         highest_id: int = 0,
+        *,
+        agents: AgentsFactory = AgentGateway,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``highest_id``: checkpoint ids up to it were handed out already (pending checkpoints
-        lost in a coordinator restart, the snapshot a new job starts from)."""
+        lost in a coordinator restart, the snapshot a new job starts from). ``agents``: the RPCs
+        to the agents; ``monotonic``: the clock of the heartbeats (both replaced by tests)."""
         self.manager = host
         self.record = record
         self.job_id = record.job_id
@@ -183,28 +210,27 @@ class JobRunner:
         self.restore_point: RestorePoint | None = None
         self._log = log.bind(job_id=self.job_id)
         self.watchers = JobWatch(self.job_id, host.clock)
-        self.agents = AgentGateway(
+        self.agents = agents(
             self.job_id, host.workers, lambda: host.epoch, self._trigger_failed, self._log
         )
         self.io = CheckpointIo(
             self.job_id, host.store, self.storage, self, host, self._log, clock=host.clock
         )
-        self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
-        self.savepoint_operations = SavepointOperations()
+        self.liveness = LivenessMonitor(
+            self.execution, host.settings, self.update_task_state, self._log, monotonic
+        )
+        self.sweeps = OrphanSweeper(self.io, host.settings, host)
+        self.requests = CheckpointRequests(
+            self.job_id, host.check_not_fenced, self._request, lambda: self.execution.state
+        )
         self._allocation_errors: dict[int, str] = {}
         self._finalize_timings: dict[int, CommitTimings] = {}
         self._retiring: dict[int, CompletedCheckpoint] = {}
         """Checkpoints retention dropped, until their ``DeleteRetired`` is queued."""
         self._wake = asyncio.Event()
         self._register_lock = asyncio.Lock()
-        self._next_request_id = 1
         self._background: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
-        self._heartbeats: dict[str, float] = {}
-        """Agent address -> monotonic time of its registration or last heartbeat."""
-        self._sweep_now = asyncio.Event()
-        self._sweep_retry_s = _SWEEP_RETRY_FIRST_S
-        self._sweep_retry: asyncio.TimerHandle | None = None
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -213,19 +239,23 @@ class JobRunner:
         self._loops = [
             asyncio.create_task(self._timer_loop(), name=f"timer-{self.job_id}"),
             asyncio.create_task(self.io.run(), name=f"io-{self.job_id}"),
-            asyncio.create_task(self._heartbeat_loop(), name=f"heartbeats-{self.job_id}"),
-            asyncio.create_task(self._sweep_loop(), name=f"sweep-{self.job_id}"),
+            asyncio.create_task(
+                self.liveness.run(lambda: self._closed or self.manager.fenced),
+                name=f"heartbeats-{self.job_id}",
+            ),
+            asyncio.create_task(self.sweeps.run(), name=f"sweep-{self.job_id}"),
         ]
 
     async def sweep_orphans(self) -> list[int]:
         """One bounded, fenced orphan sweep now (at recovery, before the runner starts)."""
-        return await self.io.sweep(self.manager.settings.orphan_sweep_max_deletes)
+        return await self.sweeps.sweep_now()
 
     async def close(self, reason: AbortReason = AbortReason.COORDINATOR_SHUTDOWN) -> None:
         if self._closed:
             return
         self._process(self.core.shut_down(reason, self.manager.clock()))
         self._closed = True
+        self.sweeps.close()
         self._wake.set()
         if not self.manager.fenced:
             with contextlib.suppress(TimeoutError):
@@ -238,8 +268,6 @@ class JobRunner:
                 await task
         for task in list(self._background):
             task.cancel()
-        if self._sweep_retry is not None:
-            self._sweep_retry.cancel()
         self.agents.close()
         self.watchers.close()
 
@@ -275,7 +303,7 @@ class JobRunner:
             self.manager.check_not_fenced()
             registration = self.execution.register(key, address, launch)
             if registration.new_deployment:
-                self._heartbeats.clear()  # only the agents of this deployment are watched
+                self.liveness.deployment_started()
                 now = self.manager.clock()
                 self._process(self.core.on_tasks_not_running(now, "the job is being redeployed"))
                 self.restore_point = await self._resolve_restore_point()
@@ -296,7 +324,7 @@ class JobRunner:
                 self.watchers.state_changed(
                     self.execution.state, f"deployment {self.execution.deployment} started"
                 )
-            self._heartbeats[address] = time.monotonic()  # monitored from its registration
+            self.liveness.task_registered(address)
             self._log.debug("task.registered", task=str(registration.attempt), address=address)
             return registration.attempt, self.restore_point
 
@@ -355,67 +383,12 @@ class JobRunner:
             self.manager.refresh_job_gauges()
         self.agents.cancel(self.execution.group_by_address(to_cancel))
 
-    # --- heartbeats ---------------------------------------------------------------------------
-
     def heartbeat(self, address: str, attempts: list[ExecutionAttempt]) -> bool:
         """An agent's heartbeat; whether every attempt it names is current and live here."""
         self.manager.check_not_fenced()
-        current = all(self._is_live(a, address) for a in attempts)
-        if current and attempts:
-            self._heartbeats[address] = time.monotonic()
-        return current
+        return self.liveness.heartbeat(address, attempts)
 
-    def _is_live(self, attempt: ExecutionAttempt, address: str) -> bool:
-        record = self.execution.tasks.get(attempt.key)
-        # FINISHED counts: its report may overtake the heartbeat that still names it.
-        return (
-            record is not None
-            and record.attempt == attempt
-            and record.address == address
-            and record.state not in (TaskState.FAILED, TaskState.CANCELED)
-        )
-
-    def _silent_agents(self, now: float) -> dict[str, list[ExecutionAttempt]]:
-        """Agents of the live deployment silent for longer than the heartbeat timeout, with
-        their unfinished attempts. A deployment that already failed is not watched."""
-        tasks = self.execution.tasks.values()
-        if self.execution.state.is_terminal or any(
-            t.state in (TaskState.FAILED, TaskState.CANCELED) for t in tasks
-        ):
-            return {}
-        timeout = self.manager.settings.heartbeat_timeout_s
-        silent: dict[str, list[ExecutionAttempt]] = {}
-        for t in tasks:
-            if t.state is TaskState.FINISHED:
-                continue
-            last = self._heartbeats.setdefault(t.address, now)
-            if now - last > timeout:
-                silent.setdefault(t.address, []).append(t.attempt)
-        return silent
-
-    async def _heartbeat_loop(self) -> None:
-        settings = self.manager.settings
-        period = min(settings.heartbeat_interval_s, settings.heartbeat_timeout_s / 4)
-        while not self._closed and not self.manager.fenced:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for address, attempts in self._silent_agents(now).items():
-                silent_s = now - self._heartbeats.get(address, now)
-                reason = (
-                    f"heartbeat timeout of agent {address}: no heartbeat for {silent_s:.1f} s "
-                    f"(heartbeat_timeout_s {settings.heartbeat_timeout_s:g})"
-                )
-                self._heartbeats.pop(address, None)
-                # The agent's tasks fail: the deployment fails over as for a reported failure.
-                for attempt in sorted(attempts):
-                    try:
-                        await self.update_task_state(attempt, TaskState.FAILED, reason)
-                    except SnapflowError as e:
-                        self._log.warning(
-                            "task.heartbeat_failure_not_recorded",
-                            task=str(attempt),
-                            error=str(e)[:300],
-                        )
+    # --- job end -----------------------------------------------------------------------------
 
     async def cancel(self) -> None:
         self.manager.check_not_fenced()
@@ -506,82 +479,19 @@ class JobRunner:
     async def trigger(
         self, kind: CheckpointKind, target_directory: str, timeout_s: float
     ) -> CompletedCheckpoint:
-        request, future = self._submit(kind, target_directory)
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"{kind.value} did not complete within {timeout_s:.1f} s; it may still complete "
-                f"(see GetCheckpointStats)"
-            ) from None
-        finally:
-            self._waiters.pop(request.request_id, None)
+        return await self.requests.trigger(kind, target_directory, timeout_s)
 
     def start_savepoint(self, kind: CheckpointKind, target_directory: str) -> SavepointOperation:
-        """Queue a savepoint and return its operation at once (IN_PROGRESS, or already ended
-        if the request was refused on the spot); ``savepoint_operation`` reports it later."""
-        operation = self.savepoint_operations.start(uuid.uuid4().hex, kind)
-        request, future = self._submit(kind, target_directory)
-
-        def ended(f: asyncio.Future[CompletedCheckpoint]) -> None:
-            self._waiters.pop(request.request_id, None)
-            if f.cancelled():
-                self.savepoint_operations.failed(operation.request_id, "the job was closed")
-            elif (error := f.exception()) is not None:
-                if isinstance(error, CheckpointRefusedError):
-                    error = self.naming_the_job_state(error)
-                self.savepoint_operations.failed(operation.request_id, str(error)[:1000])
-            else:
-                self.savepoint_operations.completed(operation.request_id, f.result())
-
-        future.add_done_callback(ended)
-        return self.savepoint_operations.get(operation.request_id)
+        return self.requests.start_savepoint(kind, target_directory)
 
     def savepoint_operation(self, request_id: str) -> SavepointOperation:
-        return self.savepoint_operations.get(request_id)
+        return self.requests.savepoint_operation(request_id)
 
     def naming_the_job_state(self, refused: CheckpointRefusedError) -> CheckpointRefusedError:
-        """A refusal because the job's checkpoint coordinator is shut down says why: the job
-        has ended (or is ending after a stop-with-savepoint), in the words of its state."""
-        if refused.reason != "CHECKPOINT_COORDINATOR_SHUTDOWN":
-            return refused
-        state = self.execution.state
-        if state.is_terminal:
-            why = (
-                f"job {self.job_id} is {state.name}: an ended job takes no checkpoints or "
-                f"savepoints (resubmit it with restore to run it again)"
-            )
-        else:
-            why = (
-                f"job {self.job_id} is {state.name} but stopping after a stop-with-savepoint: "
-                f"it takes no more checkpoints"
-            )
-        return CheckpointRefusedError(refused.reason, why)
+        return self.requests.naming_the_job_state(refused)
 
-    def _submit(
-        self, kind: CheckpointKind, target_directory: str
-    ) -> tuple[TriggerRequest, asyncio.Future[CompletedCheckpoint]]:
-        """Hand a user's checkpoint or savepoint request to the core; the future ends with the
-        completed checkpoint or its failure."""
-        self.manager.check_not_fenced()
-        if kind.is_savepoint and is_object_store_uri(target_directory):
-            s3_location(target_directory, what="target_directory")  # refused before queueing
-        elif (
-            kind.is_savepoint
-            and target_directory
-            and not os.path.isabs(convert_target := target_directory.removeprefix("file://"))
-        ):
-            raise InvalidArgumentError(
-                f"target_directory {convert_target!r} must be an absolute path"
-            )
-        request = TriggerRequest(
-            self._next_request_id, kind, periodic=False, target_directory=target_directory
-        )
-        self._next_request_id += 1
-        future: asyncio.Future[CompletedCheckpoint] = asyncio.get_running_loop().create_future()
-        self._waiters[request.request_id] = future
+    def _request(self, request: TriggerRequest) -> None:
         self._process(self.core.request(request, self.manager.clock()))
-        return request, future
 
     # --- outcomes of the I/O executor (IoResults): events of the core -------------------------
 
@@ -656,37 +566,7 @@ class JobRunner:
         return self.core.highest_id
 
     def request_sweep(self) -> None:
-        """A clean-up failed (Redis or storage unavailable, a late writer): sweep again after
-        a back-off (1 s doubling to the sweep interval), not only at the next interval."""
-        if self._sweep_retry is not None or self._closed:
-            return
-        delay = self._sweep_retry_s
-        self._sweep_retry_s = min(delay * 2, self._sweep_interval_s() or _SWEEP_RETRY_MAX_S)
-
-        def wake() -> None:
-            self._sweep_retry = None
-            self._sweep_now.set()
-
-        self._sweep_retry = asyncio.get_running_loop().call_later(delay, wake)
-
-    def _sweep_interval_s(self) -> float:
-        return self.manager.settings.orphan_sweep_interval_s
-
-    async def _sweep_loop(self) -> None:
-        """The periodic orphan sweep (through the I/O queue, so in order with everything
-        else), and earlier after a failed clean-up."""
-        while not self._closed and not self.manager.fenced:
-            interval = self._sweep_interval_s()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval if interval > 0 else None):
-                    await self._sweep_now.wait()
-            self._sweep_now.clear()
-            if self._closed or self.manager.fenced:
-                return
-            self.io.submit(SweepOrphans(self.manager.settings.orphan_sweep_max_deletes))
-            await self.io.join()
-            if self._sweep_retry is None:  # it ran: the next failure backs off from 1 s again
-                self._sweep_retry_s = _SWEEP_RETRY_FIRST_S
+        self.sweeps.request()
 
     # --- action execution ----------------------------------------------------------------------
 
@@ -706,7 +586,9 @@ class JobRunner:
                 level = self._log.debug if request.periodic else self._log.info
                 level("checkpoint.refused", reason=refusal.name, kind=request.kind.value)
                 message = self._allocation_errors.pop(request.request_id, refusal.value)
-                self._resolve(request.request_id, CheckpointRefusedError(refusal.name, message))
+                self.requests.resolve(
+                    request.request_id, CheckpointRefusedError(refusal.name, message)
+                )
             case CheckpointTriggered():
                 metrics.record_triggered()
                 self.stats.on_triggered(
@@ -786,7 +668,7 @@ class JobRunner:
             path=cp.external_path,
         )
         self.watchers.checkpoint_completed(lambda: self.views.summary(cp.checkpoint_id))
-        self._resolve(request.request_id, cp)
+        self.requests.resolve(request.request_id, cp)
 
     def _aborted(self, action: CheckpointAborted) -> None:
         metrics = self.manager.metrics
@@ -807,19 +689,10 @@ class JobRunner:
             message=action.message,
         )
         self.watchers.checkpoint_failed(lambda: self.views.summary(action.checkpoint_id))
-        self._resolve(
+        self.requests.resolve(
             action.request.request_id, CheckpointFailedError(action.reason.name, action.message)
         )
         self.io.submit(CleanUpAborted(action))
-
-    def _resolve(self, request_id: int, outcome: CompletedCheckpoint | SnapflowError) -> None:
-        future = self._waiters.get(request_id)
-        if future is None or future.done():
-            return
-        if isinstance(outcome, SnapflowError):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
 
     # --- timers --------------------------------------------------------------------------------
 

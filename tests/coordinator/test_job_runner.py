@@ -1,28 +1,36 @@
-"""The pieces of the job runner's shell: the typed I/O executor (``CheckpointIo``, with the real
-Redis of the ``redis_url`` fixture and real files), storage clean-up, watch streams and the RPC
-gateway to agents (against a real gRPC server).
+"""The job runner and the pieces of its shell: the typed I/O executor (``CheckpointIo``, with the
+real Redis of the ``redis_url`` fixture and real files), storage clean-up, watch streams, the RPC
+gateway to agents (against a real gRPC server), and ``JobRunner`` itself on a real
+``JobManager`` with a recording gateway: registration, trigger, acks, completion notices,
+declines, heartbeat timeouts and restarts, as exact sequences of the RPCs it sends.
 
 There is no pytest-asyncio: every test body runs in ``asyncio.run``. Nothing sleeps: each test
-waits for the executor's queue (``join``) or the gateway's calls (``drain``).
+waits for the executor's queue (``join``), the gateway's calls (``drain``) or polls a condition
+(``kit.polling``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Coroutine
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import pytest
 import structlog
+from kit.coordinator import two_vertex_graph
+from kit.polling import wait_until_async
 
-from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway
+from snapflow.coordinator import convert
+from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway, ByAddress, TriggerFailed
 from snapflow.coordinator.checkpoint_coordinator import (
     BarrierOptions,
     CheckpointAborted,
+    DeclineReason,
     FinalizeCheckpoint,
     SendTrigger,
     TriggerRequest,
@@ -39,8 +47,13 @@ from snapflow.coordinator.checkpoint_io import (
     StorePending,
 )
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.coordinator.embedded import local_settings
+from snapflow.coordinator.job_manager import JobManager
+from snapflow.coordinator.job_runner import JobRunner
+from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.coordinator.model import (
     AbortReason,
+    AckResult,
     CheckpointConfig,
     CheckpointKind,
     CheckpointMode,
@@ -55,10 +68,13 @@ from snapflow.coordinator.model import (
     StateHandle,
     SubtaskAck,
     SubtaskMetrics,
+    TaskKey,
 )
 from snapflow.coordinator.redis_store import CheckpointStore
+from snapflow.coordinator.restore_point import RestorePoint
 from snapflow.coordinator.watch import WATCH_QUEUE_BOUND, JobWatch
-from snapflow.errors import StaleEpochError
+from snapflow.errors import CheckpointFailedError, StaleEpochError
+from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import worker_pb2 as wpb
@@ -426,5 +442,307 @@ def test_gateway_sends_one_call_per_agent_with_the_epoch(fail_triggers: bool) ->
             assert "UNAVAILABLE busy" in failed[0][2]
         else:
             assert failed == []
+
+    run(body())
+
+
+# --- JobRunner ------------------------------------------------------------------------------
+# A real runner on a real JobManager (the session's Redis, files under tmp_path). Its one seam
+# to the network, the agent RPCs, records instead of sending; the test sets the heartbeat clock.
+
+A, B = "agent-a:7001", "agent-b:7001"
+SRC_KEY, MAP_KEY = TaskKey("src", 0), TaskKey("map", 0)
+
+
+class RecordingAgents:
+    """The runner's ``Agents``: one entry per RPC the real gateway would send (one per agent)."""
+
+    def __init__(
+        self,
+        job_id: str,
+        clients: AgentClients,
+        epoch: Callable[[], int],
+        on_trigger_failed: TriggerFailed,
+        log: Any,
+    ) -> None:
+        self.epoch = epoch
+        self.trigger_failed = on_trigger_failed
+        self.calls: list[tuple[Any, ...]] = []
+        self.closed = False
+
+    def trigger(
+        self, by_address: ByAddress, checkpoint_id: int, timestamp_ms: int, options: BarrierOptions
+    ) -> None:
+        for address, attempts in by_address.items():
+            self.calls.append(("trigger", address, checkpoint_id, attempts))
+
+    def notify(
+        self,
+        by_address: ByAddress,
+        checkpoint_id: int,
+        complete: bool,
+        reason: str = "",
+        final: bool = False,
+    ) -> None:
+        for address, attempts in by_address.items():
+            if complete:
+                self.calls.append(("complete", address, checkpoint_id, attempts, final))
+            else:
+                self.calls.append(("aborted", address, checkpoint_id, attempts, reason))
+
+    def cancel(self, by_address: ByAddress) -> None:
+        for address, attempts in by_address.items():
+            self.calls.append(("cancel", address, attempts))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Monotonic:
+    """The heartbeat clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    runner: JobRunner
+    agents: RecordingAgents
+    store: CheckpointStore
+    monotonic: Monotonic
+
+    def check_invariants(self) -> None:
+        self.runner.core.check_invariants()
+        self.runner.execution.check_invariants()
+
+    async def deploy(self) -> tuple[ExecutionAttempt, ...]:
+        """Register src#0 (on agent A) and map#0 (on agent B) and report them RUNNING."""
+        attempts = []
+        for key, address in ((SRC_KEY, A), (MAP_KEY, B)):
+            attempt, _ = await self.runner.register_task(key, address)
+            attempts.append(attempt)
+        for attempt in attempts:
+            await self.runner.update_task_state(attempt, TaskState.RUNNING, "")
+        assert self.runner.execution.state is JobState.RUNNING
+        self.check_invariants()
+        return tuple(attempts)
+
+    def ack(self, attempt: ExecutionAttempt, checkpoint_id: int) -> AckResult:
+        """Acknowledge with one state file written into the checkpoint's directory."""
+        directory = self.runner.storage.checkpoint_dir(JOB, checkpoint_id)
+        path = write(os.path.join(directory, f"{attempt.vertex_id}-{attempt.subtask_index}"))
+        states = (OperatorSubtaskState(f"{attempt.vertex_id}-op", (StateHandle(path, 5),)),)
+        return self.runner.acknowledge(attempt, checkpoint_id, states, SubtaskMetrics())
+
+    async def triggered(self, checkpoint_id: int) -> None:
+        """Wait for the trigger RPC of ``checkpoint_id`` (its id is allocated in Redis first)."""
+        await wait_until_async(
+            lambda: any(c[0] == "trigger" and c[2] == checkpoint_id for c in self.agents.calls),
+            f"the trigger RPC of checkpoint {checkpoint_id}",
+        )
+
+
+@contextlib.asynccontextmanager
+async def job_runner(
+    redis_url: str, root: Path, config: CheckpointConfig | None = None, **settings: Any
+) -> AsyncIterator[Harness]:
+    """A started ``JobRunner`` of a new two-task job (src#0 -> map#0) on a started
+    ``JobManager`` (its own epoch); ``settings``: coordinator setting overrides."""
+    store = CheckpointStore.from_url(redis_url)
+    manager = JobManager(
+        local_settings(redis_url, str(root), **settings), store, CoordinatorMetrics()
+    )
+    await manager.start()  # takes the epoch; nothing to recover
+    graph = convert.graph_from_pb(two_vertex_graph(1, 1))
+    config = config or CheckpointConfig(tolerable_failures=None)
+    record = JobRecord(JOB, graph, config, JobState.CREATED, created_at_ms=manager.clock())
+    await store.create_job(record)
+    monotonic = Monotonic()
+    runner = JobRunner(manager, record, [], [], agents=RecordingAgents, monotonic=monotonic)
+    assert isinstance(runner.agents, RecordingAgents)
+    manager.jobs[JOB] = runner
+    runner.start()
+    try:
+        yield Harness(runner, runner.agents, store, monotonic)
+    finally:
+        await manager.close()
+        await store.close()
+    assert runner.agents.closed
+
+
+def test_runner_triggers_collects_acks_and_notifies_completion(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with job_runner(redis_url, tmp_path) as h:
+            src, map_ = await h.deploy()
+            assert (src, map_) == (ExecutionAttempt("src", 0, 1), ExecutionAttempt("map", 0, 1))
+            assert h.agents.epoch() == await h.store.current_epoch()
+            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
+            await h.triggered(1)
+            assert h.agents.calls == [("trigger", A, 1, [src])]  # the sources only
+            # Recorded in Redis before the trigger RPC was sent.
+            assert [p.checkpoint_id for p in await h.store.list_pending(JOB)] == [1]
+            assert h.ack(src, 1) is AckResult.SUCCESS
+            assert h.ack(map_, 1) is AckResult.SUCCESS
+            completed = await trigger
+            assert completed.checkpoint_id == 1
+            assert sorted(a.attempt for a in completed.subtask_states) == [map_, src]
+            # One notice per agent, in the order of the attempts (map#0 < src#0).
+            assert h.agents.calls[1:] == [
+                ("complete", B, 1, [map_], False),
+                ("complete", A, 1, [src], False),
+            ]
+            assert [c.checkpoint_id for c in await h.store.list_completed(JOB)] == [1]
+            assert await h.store.list_pending(JOB) == []
+            assert h.runner.storage.read_metadata(completed.external_path) == completed
+            assert h.runner.stats_pb(0).counts.completed == 1
+            h.check_invariants()
+
+    run(body())
+
+
+def test_runner_fails_a_silent_agents_tasks_and_the_restart_restores(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Heartbeat timeout 10 s on the test's clock; the liveness loop checks every 10 ms."""
+
+    async def body() -> None:
+        async with job_runner(
+            redis_url, tmp_path, heartbeat_interval_s=0.01, heartbeat_timeout_s=10.0
+        ) as h:
+            src, map_ = await h.deploy()  # both agents heard from at 100 s
+            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
+            await h.triggered(1)
+            h.ack(src, 1)
+            h.ack(map_, 1)
+            checkpoint_1 = await trigger
+            h.agents.calls.clear()
+            h.monotonic.now = 106.0
+            assert h.runner.heartbeat(A, [src])
+            h.monotonic.now = 111.0  # B silent for 11 s, A for 5 s
+            # B's task fails; the deployment's other task is cancelled on its agent (after the
+            # job's record is persisted).
+            await wait_until_async(lambda: h.agents.calls, "the failover's cancel")
+            assert h.agents.calls == [("cancel", A, [src])]
+            assert h.runner.execution.state is JobState.RESTARTING
+            failed = h.runner.execution.tasks[MAP_KEY]
+            assert (failed.state, failed.failure) == (
+                TaskState.FAILED,
+                f"heartbeat timeout of agent {B}: no heartbeat for 11.0 s (heartbeat_timeout_s 10)",
+            )
+            assert not h.runner.heartbeat(B, [map_])  # not current any more
+            stored = await h.store.get_job(JOB)
+            assert stored is not None and stored.state is JobState.RESTARTING
+            h.check_invariants()
+            # The restart: the tasks register again (map#0 on another agent), deployment 2
+            # restores checkpoint 1 and runs.
+            src_2, restore = await h.runner.register_task(SRC_KEY, A)
+            assert src_2 == ExecutionAttempt("src", 0, 2)
+            assert restore == RestorePoint(checkpoint_1, is_savepoint=False)
+            map_2, restore = await h.runner.register_task(MAP_KEY, "agent-c:7001")
+            assert map_2 == ExecutionAttempt("map", 0, 2)
+            assert restore == RestorePoint(checkpoint_1, is_savepoint=False)
+            for attempt in (src_2, map_2):
+                await h.runner.update_task_state(attempt, TaskState.RUNNING, "")
+            execution = h.runner.execution
+            assert (execution.state, execution.deployment, execution.restarts) == (
+                JobState.RUNNING,
+                2,
+                1,
+            )
+            assert h.agents.calls == [("cancel", A, [src])]  # nothing else was sent
+            stored = await h.store.get_job(JOB)
+            assert stored is not None
+            assert (stored.state, stored.deployment, stored.restarts) == (JobState.RUNNING, 2, 1)
+            h.check_invariants()
+
+    run(body())
+
+
+def test_runner_aborts_a_declined_checkpoint_and_notifies_the_tasks(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with job_runner(redis_url, tmp_path) as h:
+            src, map_ = await h.deploy()
+            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
+            await h.triggered(1)
+            assert h.ack(src, 1) is AckResult.SUCCESS
+            h.runner.decline(map_, 1, DeclineReason.SNAPSHOT_FAILED, "disk full")
+            with pytest.raises(CheckpointFailedError) as failed:
+                await trigger
+            assert failed.value.reason == "DECLINED"
+            assert h.agents.calls == [
+                ("trigger", A, 1, [src]),
+                ("aborted", B, 1, [map_], "DECLINED"),
+                ("aborted", A, 1, [src], "DECLINED"),
+            ]
+            await h.runner.io.join()  # the clean-up of the aborted checkpoint
+            assert not os.path.exists(h.runner.storage.checkpoint_dir(JOB, 1))
+            assert await h.store.list_pending(JOB) == []
+            assert await h.store.list_completed(JOB) == []
+            assert h.runner.execution.state is JobState.RUNNING  # failures are tolerated
+            h.check_invariants()
+
+    run(body())
+
+
+def test_runner_fails_the_job_on_a_decline_beyond_the_tolerable_failures(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with job_runner(redis_url, tmp_path, CheckpointConfig(tolerable_failures=0)) as h:
+            src, map_ = await h.deploy()
+            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
+            await h.triggered(1)
+            h.runner.decline(src, 1, DeclineReason.IO_ERROR, "disk gone")
+            with pytest.raises(CheckpointFailedError):
+                await trigger
+            await wait_until_async(lambda: len(h.agents.calls) == 5, "the job's tasks cancelled")
+            assert h.agents.calls == [
+                ("trigger", A, 1, [src]),
+                ("aborted", B, 1, [map_], "DECLINED"),
+                ("aborted", A, 1, [src], "DECLINED"),
+                ("cancel", B, [map_]),  # the attempts in order, as the notices
+                ("cancel", A, [src]),
+            ]
+            assert h.runner.execution.state is JobState.FAILED
+            stored = await h.store.get_job(JOB)
+            assert stored is not None and stored.state is JobState.FAILED
+            h.check_invariants()
+
+    run(body())
+
+
+def test_runner_aborts_a_checkpoint_whose_trigger_rpc_failed_without_counting_it(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with job_runner(redis_url, tmp_path, CheckpointConfig(tolerable_failures=0)) as h:
+            src, map_ = await h.deploy()
+            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
+            await h.triggered(1)
+            h.agents.trigger_failed(src, 1, f"trigger RPC to {A} failed: UNAVAILABLE")
+            with pytest.raises(CheckpointFailedError) as failed:
+                await trigger
+            assert failed.value.reason == "TASK_NOT_READY"
+            assert h.agents.calls == [
+                ("trigger", A, 1, [src]),
+                ("aborted", B, 1, [map_], "TASK_NOT_READY"),
+                ("aborted", A, 1, [src], "TASK_NOT_READY"),
+            ]
+            # Not counted: the job runs on and the next checkpoint completes.
+            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
+            await h.triggered(2)
+            h.ack(src, 2)
+            h.ack(map_, 2)
+            assert (await trigger).checkpoint_id == 2
+            assert h.runner.execution.state is JobState.RUNNING
+            h.check_invariants()
 
     run(body())

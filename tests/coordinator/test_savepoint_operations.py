@@ -138,6 +138,17 @@ def test_start_then_poll_over_grpc(redis_url: str, tmp_path: Path) -> None:
                 with pytest.raises(grpc.aio.AioRpcError) as unknown:
                     await poll("0" * 32)
                 assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
+                # Refused before it was queued (a relative target): INVALID_ARGUMENT, and the
+                # operation it had opened ended, so it holds no in-progress slot.
+                with pytest.raises(grpc.aio.AioRpcError) as relative:
+                    await c.stub.StartSavepoint(
+                        cpb.StartSavepointRequest(job_id=job_id, target_directory="rel/sp"),
+                        timeout=T,
+                    )
+                assert relative.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                table = c.manager.jobs[job_id].requests.savepoint_operations
+                assert len(table) == 4  # refused, expired, completed, the relative one
+                assert all(op.status is not IN_PROGRESS for op in table._ops.values())
                 with pytest.raises(grpc.aio.AioRpcError) as drain:
                     await c.stub.StartSavepoint(
                         cpb.StartSavepointRequest(job_id=job_id, drain=True), timeout=T
