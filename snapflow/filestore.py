@@ -24,9 +24,14 @@ request per call (no hidden ``HEAD``/``LIST`` of a file-system emulation) on aio
 async client, with the AWS conventions users already have: ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, ``AWS_REGION`` and
 ``AWS_ENDPOINT_URL`` are read by botocore. Throttling and transient errors are retried by
-botocore's ``standard`` retry mode (exponential back-off with jitter, a bounded number of
-attempts); a permanent error (no such bucket, access denied) raises
-:class:`~snapflow.errors.StorageError` naming the bucket, the key and the operation.
+botocore's ``standard`` retry mode (exponential back-off with jitter, at most
+:attr:`S3Settings.max_attempts` attempts per request); a GET whose body breaks off after the
+answer began is asked for again within the same bound (botocore retries requests, not body
+reads); a create-if-absent whose earlier attempt was stored but whose answer was lost finds its
+own bytes and succeeds. A permanent error (no such bucket, access denied), or a transient one
+that outlasts the bound, raises :class:`~snapflow.errors.StorageError` naming the bucket, the
+key and the operation. ``tests/foundation/test_filestore_retries.py`` proves these against a
+real server behind a fault-injecting proxy.
 """
 
 from __future__ import annotations
@@ -34,16 +39,18 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import secrets
 import shutil
 import threading
+import time
 import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from snapflow.durable_files import create_exclusive, fsync_dir, write_atomic
@@ -62,6 +69,8 @@ __all__ = [
     "is_object_store_uri",
     "store_for",
 ]
+
+T = TypeVar("T")
 
 #: S3 refuses more keys in one ``DeleteObjects`` request.
 MAX_KEYS_PER_DELETE = 1000
@@ -297,8 +306,9 @@ class S3Settings:
     profile: str | None = None
     """A named profile of the shared AWS config files; ``AWS_PROFILE`` otherwise."""
     max_attempts: int = 5
-    """Attempts per request under botocore's ``standard`` retry mode (throttling, 5xx, network
-    errors are retried with exponential back-off and jitter); at least 1."""
+    """Attempts per request, the first included (botocore's ``total_max_attempts``), under its
+    ``standard`` retry mode: throttling, 5xx and network errors are retried with exponential
+    back-off and jitter; at least 1 (1: no retry)."""
     connect_timeout_s: float = 5.0
     """TCP connect timeout of one attempt."""
     read_timeout_s: float = 30.0
@@ -350,7 +360,9 @@ class S3FileStore(FileStore):
                     profile=s.profile,
                     client_kwargs=client_kwargs,
                     config_kwargs={
-                        "retries": {"mode": "standard", "max_attempts": s.max_attempts},
+                        # total_max_attempts counts the first attempt; botocore's
+                        # max_attempts here would count retries only (one attempt more).
+                        "retries": {"mode": "standard", "total_max_attempts": s.max_attempts},
                         "connect_timeout": s.connect_timeout_s,
                         "read_timeout": s.read_timeout_s,
                     },
@@ -407,6 +419,8 @@ class S3FileStore(FileStore):
         self._call(RequestKind.PUT, "put_object", path, Bucket=bucket, Key=key, Body=data)
 
     def create(self, path: str, data: bytes) -> None:
+        """A conditional ``PutObject`` (``If-None-Match: *``). An existing object holding exactly
+        ``data`` counts as created by this call (see below)."""
         bucket, key = _split(path)
         try:
             self._call(
@@ -418,16 +432,24 @@ class S3FileStore(FileStore):
                 Body=data,
                 IfNoneMatch="*",
             )
-        except FileExistsError:
-            raise AlreadyExistsError(f"{path} already exists; it is never overwritten") from None
+        except FileExistsError as e:
+            conflict: BaseException = e
         except StorageError as e:
             # s3fs maps 412 PreconditionFailed to FileExistsError; some endpoints answer 409
             # ConditionalRequestConflict when two creates race: the other one won.
-            if "ConditionalRequestConflict" in str(e) or "PreconditionFailed" in str(e):
-                raise AlreadyExistsError(
-                    f"{path} already exists; it is never overwritten"
-                ) from None
-            raise
+            if "ConditionalRequestConflict" not in str(e) and "PreconditionFailed" not in str(e):
+                raise
+            conflict = e
+        else:
+            return
+        # A retried create whose earlier attempt was applied but whose answer was lost (a
+        # reset or timeout after S3 stored it) finds its own object: a success, not a second
+        # writer. The bytes tell which. botocore's RetryAttempts cannot: aiohttp itself
+        # resends a request whose reused connection was reset. One GET, on a conflict only.
+        with contextlib.suppress(FileNotFoundError):
+            if self.read(path) == data:
+                return
+        raise AlreadyExistsError(f"{path} already exists; it is never overwritten") from conflict
 
     def upload_file(self, path: str, local_path: str) -> None:
         """s3fs's ``put_file``: one ``PutObject`` below twice :data:`TRANSFER_CHUNK_BYTES`,
@@ -452,48 +474,63 @@ class S3FileStore(FileStore):
         )
 
     def download_file(self, path: str, local_path: str) -> tuple[int, int]:
-        """One ``GetObject`` whose body is streamed to the file in chunks."""
-        bucket, key = _split(path)
-        out = self._call(RequestKind.GET, "get_object", path, Bucket=bucket, Key=key)
-        from fsspec.asyn import sync
+        """One ``GetObject`` whose body is streamed to the file in chunks (the file starts
+        over if the body breaks off and the GET is asked for again)."""
 
-        async def stream(dst: Any) -> tuple[int, int]:
+        async def stream(body: Any, dst: Any) -> tuple[int, int]:
+            dst.seek(0)
+            dst.truncate()
             size = crc = 0
-            async with out["Body"] as body:
-                while chunk := await body.read(TRANSFER_CHUNK_BYTES):
-                    dst.write(chunk)
-                    size += len(chunk)
-                    crc = zlib.crc32(chunk, crc)
+            while chunk := await body.read(TRANSFER_CHUNK_BYTES):
+                dst.write(chunk)
+                size += len(chunk)
+                crc = zlib.crc32(chunk, crc)
             return size, crc
 
         try:
             with open(local_path, "xb") as dst:
-                return self._mapped(
-                    "get_object", path, bucket, sync, self._client().loop, stream, dst
-                )
+                return self._get(path, lambda body: stream(body, dst))
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(local_path)
             raise
 
     def read(self, path: str) -> bytes:
-        bucket, key = _split(path)
-        out = self._call(RequestKind.GET, "get_object", path, Bucket=bucket, Key=key)
-        return _read_body(self._client(), out["Body"])
+        return self._get(path, _read_all)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
+        return self._get(path, _read_all, Range=f"bytes={offset}-{offset + length - 1}")
+
+    def _get(self, path: str, consume: Callable[[Any], Awaitable[T]], **kwargs: Any) -> T:
+        """A ``GetObject`` whose body ``consume`` reads. botocore retries the request, not the
+        reading of its body once the answer began: a body that breaks off (a reset, a short
+        answer, a read timeout) is asked for again, with botocore's back-off, up to
+        ``max_attempts`` GETs in all; then a :class:`StorageError` names the operation."""
+        from fsspec.asyn import sync
+
         bucket, key = _split(path)
-        out = self._call(
-            RequestKind.GET,
-            "get_object",
-            path,
-            Bucket=bucket,
-            Key=key,
-            Range=f"bytes={offset}-{offset + length - 1}",
-        )
-        return _read_body(self._client(), out["Body"])
+        attempts = self.settings.max_attempts
+        for attempt in range(1, attempts + 1):
+            out = self._call(RequestKind.GET, "get_object", path, Bucket=bucket, Key=key, **kwargs)
+
+            async def read(body: Any = out["Body"]) -> T:
+                async with body as stream:
+                    return await consume(stream)
+
+            try:
+                return sync(self._client().loop, read)
+            except _broken_body_errors() as e:
+                if attempt == attempts:
+                    raise StorageError(
+                        f"S3 get_object on {path} failed: the answer broke off in each of "
+                        f"{attempts} attempts, last: {_describe(e)}"
+                    ) from e
+            except OSError as e:
+                raise StorageError(f"S3 get_object on {path} failed: {_describe(e)}") from e
+            time.sleep(random.random() * min(2 ** (attempt - 1), 20))
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def size(self, path: str) -> int:
         bucket, key = _split(path)
@@ -652,14 +689,23 @@ def _s3fs_chunksize(size: int) -> int:
     return max(TRANSFER_CHUNK_BYTES, math.ceil(size / 10_000))
 
 
-def _read_body(fs: Any, body: Any) -> bytes:
-    from fsspec.asyn import sync
+async def _read_all(body: Any) -> bytes:
+    return bytes(await body.read())
 
-    async def read() -> bytes:
-        async with body as stream:
-            return bytes(await stream.read())
 
-    return bytes(sync(fs.loop, read))
+def _broken_body_errors() -> tuple[type[BaseException], ...]:
+    """What reading a GET's body raises when the connection fails midway (imported lazily:
+    a local-only deployment never loads botocore)."""
+    import aiohttp
+    from botocore.exceptions import HTTPClientError, IncompleteReadError
+
+    return (
+        aiohttp.ClientPayloadError,
+        aiohttp.ClientConnectionError,
+        HTTPClientError,  # botocore's ResponseStreamingError and ReadTimeoutError among them
+        IncompleteReadError,
+        TimeoutError,
+    )
 
 
 def _describe(error: BaseException) -> str:
