@@ -28,7 +28,7 @@ with a batch Spark job (:func:`bids_dataframe` and :func:`batch_window_stats`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -102,7 +102,7 @@ class BidSource(SplitSource):
     ``total_records`` None: unbounded; otherwise split over the initial parallelism.
     ``rate_per_s``: the total rate of the source (None: as fast as possible; see
     :class:`snapflow.worker.connectors.split_sources.SplitSource`). ``interval_ms``: event time between consecutive bids
-    of one split.
+    of one split. ``clock``: the rate limit's time source (default ``time.monotonic``).
     """
 
     def __init__(
@@ -120,11 +120,13 @@ class BidSource(SplitSource):
         max_out_of_orderness_ms: int = 500,
         batch_size: int = 4096,
         seed: int = 0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
             rate_per_s=rate_per_s,
             max_out_of_orderness_ms=max_out_of_orderness_ms,
+            clock=clock,
         )
         if total_records is not None and (
             isinstance(total_records, bool)

@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,10 +329,9 @@ def test_malformed_job_id_is_invalid_argument(env: Env, capsys: pytest.CaptureFi
 
 def test_no_coordinator_is_unavailable_with_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
     address = f"127.0.0.1:{free_port()}"
-    started = time.monotonic()
     code, out, err = cli(capsys, "jobs", "--address", address, "--timeout", "5")
-    assert time.monotonic() - started < 5
     assert (code, out) == (1, "")
+    # UNAVAILABLE, not DEADLINE_EXCEEDED: it failed fast instead of waiting for its deadline.
     assert err.startswith("error: UNAVAILABLE: ")
     assert f"is the coordinator running at {address}?" in err
 

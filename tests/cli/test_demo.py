@@ -1,4 +1,4 @@
-"""``snapflow demo`` (snapflow/demo.py) and the NexMark bid source and query (worker/nexmark.py).
+"""``snapflow demo`` (cli/demo.py) and the NexMark bid source and query (cli/nexmark.py).
 
 * The bid source: the vectorised generator equals the scalar definition, the rate limit emits
   whole batches, the watermark never makes a bid late, a restore replays exactly.
@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import structlog
+from kit.clock import ManualClock
 from kit.coordinator import is_serving
 from kit.polling import wait_until
 from kit.sources import src_ctx as _src_ctx
@@ -103,18 +104,22 @@ def _no_sleep(seconds: float) -> None:
 
 
 def test_rate_limit_emits_whole_batches_without_sleeping() -> None:
-    src = BidSource(None, rate_per_s=2000)
+    clock = ManualClock()
+    src = BidSource(None, rate_per_s=2000, clock=clock)
     src.open(src_ctx(0, 2))  # 1000 bids/s for this subtask, in batches of at least 20 ms worth
-    started = time.monotonic()
+
+    def polled_at(now: float) -> int:
+        clock.now = now
+        batch = src.poll_batch(1 << 20)
+        assert batch is not None
+        return batch.num_rows
+
     with pytest.MonkeyPatch.context() as patch:  # an empty batch at once: the source never sleeps
         patch.setattr(time, "sleep", _no_sleep)
-        first = src.poll_batch(1 << 20)
-    assert first is not None and first.num_rows == 0
-    time.sleep(0.12)  # the rate limit's clock advances: bids come due
-    batch = src.poll_batch(1 << 20)
-    elapsed = time.monotonic() - started
-    assert batch is not None and 100 <= batch.num_rows <= 1000 * elapsed + 1
-    assert src.poll_batch(1 << 20).num_rows == 0  # type: ignore[union-attr]
+        # Nothing due; 10 bids due but less than 20 ms worth; 125 due, all at once; then none;
+        # after a 10 s stall one second's worth (the burst bound).
+        rows = [polled_at(t) for t in (0.0, 0.01, 0.125, 0.125, 10.125)]
+    assert rows == [0, 0, 125, 0, 1000]
     with pytest.raises(Exception, match="rate_per_s"):
         BidSource(rate_per_s=0)
 

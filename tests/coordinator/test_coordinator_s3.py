@@ -79,7 +79,8 @@ def test_checkpoints_complete_on_s3_within_the_request_budget(
                             return not agents_store().exists(path)
 
                         await wait_until_async(retired_deleted, "the retired checkpoint deleted")
-                    await asyncio.sleep(0.05)  # the I/O queue is idle again
+                    # Everything the checkpoint queued (its retention's DELETE too) has run.
+                    await c.manager.runner(job_id).io.join()
                     after = coordinator_store().requests.snapshot()
                     counts.append({k: after[k] - before[k] for k in after})
 

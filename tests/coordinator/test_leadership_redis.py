@@ -13,7 +13,6 @@ scripts of coordinator/redis_store.py, snapflow/leader_channel.py), in this proc
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,10 @@ def test_a_standby_names_the_leader_and_takes_over_after_a_graceful_stop(
                 raise
         # A stopped gracefully and released its lease: B leads at its next attempt
         try:
-            started = time.monotonic()
+            # Released, not left to expire: the lease is free, or already B's.
+            async with CheckpointStore.from_url(redis_url, namespace) as store:
+                holder = await store.read_lease()
+            assert holder is None or holder.address == b.address, holder
 
             async def serving() -> bool:
                 return await health_status(b.channel) == SERVING
@@ -103,8 +105,6 @@ def test_a_standby_names_the_leader_and_takes_over_after_a_graceful_stop(
                 timeout_s=10,
                 interval_s=0.05,
             )
-            took = time.monotonic() - started
-            assert took < LEASE_TTL_S, f"took {took:.2f} s: the lease was not released"
             assert b.coordinator.manager is not None
             assert b.coordinator.manager.epoch > epoch_a
             info = await b.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
@@ -140,7 +140,6 @@ def test_a_leader_that_cannot_renew_steps_down_before_its_lease_lapses(tmp_path:
                 lease_key = f"{namespace}:coordinator:leader"
                 assert await asyncio.to_thread(client.pttl, lease_key) > 0
                 await asyncio.to_thread(client.execute_command, "CLIENT", "PAUSE", "2500", "WRITE")
-                paused = time.monotonic()
 
                 async def stepped_down() -> int | None:
                     if a.coordinator.is_leader:
@@ -150,10 +149,10 @@ def test_a_leader_that_cannot_renew_steps_down_before_its_lease_lapses(tmp_path:
                 ttl_left_ms = await wait_until_async(
                     stepped_down, "the leader stepping down", timeout_s=5, interval_s=0.01
                 )
+                # Redis' own clock: the lease still lived when the leader was seen stepped down.
                 assert ttl_left_ms is not None and ttl_left_ms > 0, (
                     "the lease had lapsed before the leader stepped down"
                 )
-                assert time.monotonic() - paused < LEASE_TTL_S
                 assert manager.fenced  # its term's manager acts no more
                 assert await health_status(a.channel) == NOT_SERVING
                 with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kit.polling import wait_until_async
 from snapflow.coordinator.embedded import local_settings
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.redis_store import CheckpointStore
@@ -108,3 +110,62 @@ async def pending_ids(redis_url: str, namespace: str, job_id: str) -> list[int]:
     """The ids of ``job_id``'s pending checkpoint records in Redis under ``namespace``."""
     async with CheckpointStore.from_url(redis_url, namespace) as store:
         return [p.checkpoint_id for p in await store.list_pending(job_id)]
+
+
+# A coordinator that is down or restarting: the polls below go on (any other error fails).
+_NOT_ANSWERING = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def job_state(stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str) -> int | None:
+    """The job's state (a ``pb.JobState`` number), or None while the coordinator does not answer."""
+    try:
+        info = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+    except grpc.aio.AioRpcError as e:
+        if e.code() in _NOT_ANSWERING:
+            return None
+        raise
+    return int(info.state)
+
+
+async def wait_job_state(
+    stub: cgrpc.CoordinatorServiceAsyncStub,
+    job_id: str,
+    states: set[int],
+    *,
+    timeout_s: float = 60.0,
+    procs: Sequence[subprocess.Popen[Any]] = (),
+) -> int:
+    """Poll until the job is in one of ``states``; the state it reached."""
+
+    async def reached() -> int | None:
+        state = await job_state(stub, job_id)
+        return state if state in states else None
+
+    names = sorted(pb.JobState.Name(s) for s in states)
+    state = await wait_until_async(
+        reached, f"job {job_id} in {names}", timeout_s=timeout_s, interval_s=0.05, procs=procs
+    )
+    assert state is not None  # for the type checker: a reached value is truthy
+    return state
+
+
+async def wait_checkpoints_completed(
+    stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str, at_least: int, timeout_s: float = 30.0
+) -> int:
+    """Poll until at least ``at_least`` checkpoints of the job completed; how many did."""
+
+    async def completed() -> int:
+        try:
+            stats = await stub.GetCheckpointStats(
+                cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _NOT_ANSWERING:
+                return 0
+            raise
+        return int(stats.counts.completed) if stats.counts.completed >= at_least else 0
+
+    count: int = await wait_until_async(
+        completed, f"{at_least} checkpoints completed", timeout_s=timeout_s, interval_s=0.02
+    )
+    return count

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,7 +145,7 @@ class FileSource(SplitSource):
         self._rate = (
             None if self.rate_per_s is None else float(self.rate_per_s) / max(1, ctx.parallelism)
         )
-        self._rate_start = time.monotonic()
+        self._rate_start = self.clock()
         self._rate_emitted = 0
 
     def _add_split(

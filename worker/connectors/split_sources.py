@@ -25,11 +25,13 @@ Both are *split* sources (Flink's FLIP-27 model with a static split assignment):
   split is left unfinished (finished, or owns none), like Flink's final watermark.
 * ``rate_per_s`` is the *total* rate of the source; each subtask produces ``rate_per_s /
   parallelism`` records per second (a token bucket without more than one second of burst).
+  ``clock`` (seconds, default ``time.monotonic``) is the bucket's time source: tests drive it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,12 +87,17 @@ class SplitSource(SourceOperator):
         "_num_splits",
     )
 
+    clock: Callable[[], float] = time.monotonic
+    """The rate limit's time source in seconds (an instance attribute only when injected, so
+    the shipped configuration is unchanged by default)."""
+
     def __init__(
         self,
         *,
         batch_size: int,
         rate_per_s: float | None,
         max_out_of_orderness_ms: int = 0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -103,6 +110,8 @@ class SplitSource(SourceOperator):
         self.batch_size = batch_size
         self.rate_per_s = rate_per_s
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
+        if clock is not None:
+            self.clock = clock
 
     # --- subclass hooks ---------------------------------------------------------------------
 
@@ -152,7 +161,7 @@ class SplitSource(SourceOperator):
         self._rate = (
             None if self.rate_per_s is None else float(self.rate_per_s) / max(1, ctx.parallelism)
         )
-        self._rate_start = time.monotonic()
+        self._rate_start = self.clock()
         self._rate_emitted = 0
 
     def snapshot_state(self, checkpoint_id: int) -> None:
@@ -172,7 +181,7 @@ class SplitSource(SourceOperator):
         rate = self._rate
         if rate is None:
             return wanted
-        now = time.monotonic()
+        now = self.clock()
         allowed = int((now - self._rate_start) * rate) - self._rate_emitted
         if allowed > rate + wanted:  # at most one second of burst after a stall
             self._rate_start = now - 1.0
@@ -267,11 +276,13 @@ class GeneratorSource(SplitSource):
         start_ms: int = 0,
         interval_ms: int = 1,
         max_out_of_orderness_ms: int = 0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
             rate_per_s=rate_per_s,
             max_out_of_orderness_ms=max_out_of_orderness_ms,
+            clock=clock,
         )
         if total_records is not None and (not isinstance(total_records, int) or total_records < 0):
             raise InvalidArgumentError(
@@ -363,8 +374,10 @@ class SequenceSource(SplitSource):
         batch_size: int = 65536,
         field: str = "value",
         rate_per_s: float | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        super().__init__(batch_size=batch_size, rate_per_s=rate_per_s)
+        super().__init__(batch_size=batch_size, rate_per_s=rate_per_s, clock=clock)
         if not isinstance(start, int) or not isinstance(end, int) or end < start:
             raise InvalidArgumentError(f"need integers start <= end, got {start!r}, {end!r}")
         self.start = start

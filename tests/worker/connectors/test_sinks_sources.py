@@ -1,17 +1,18 @@
-"""Sources (worker/sources.py) and sinks (worker/sinks.py): determinism, exact resume, and
-exactly-once output of the two-phase-commit file sink across simulated crashes."""
+"""Split sources (worker/connectors/split_sources.py) and sinks (file_sink.py, debug_sinks.py):
+determinism, exact resume, and exactly-once output of the two-phase-commit file sink across
+simulated crashes."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from kit.clock import ManualClock
 from kit.sinks import kb, sink_ctx
 from kit.sources import drain
 from kit.sources import src_ctx as _src_ctx
@@ -180,13 +181,19 @@ def test_unbounded_subtask_without_splits_idles_with_max_watermark(tmp_path: Pat
 
 
 def test_rate_limit() -> None:
-    src = GeneratorSource(None, rate_per_s=4000, batch_size=1000)
+    clock = ManualClock(100.0)
+    src = GeneratorSource(None, rate_per_s=4000, batch_size=1000, clock=clock)
     src.open(src_ctx(0, 2))  # 2000 records/s for this subtask
-    start = time.monotonic()
-    n = 0
-    while time.monotonic() - start < 0.25:
-        n += src.poll_batch(1000).num_rows  # type: ignore[union-attr]
-    assert 150 <= n <= 650  # 500 expected; lenient below for a loaded machine
+    polled = []
+    for _ in range(25):  # 0.25 s in steps of 10 ms
+        clock.advance(0.01)
+        polled.append(src.poll_batch(1000).num_rows)  # type: ignore[union-attr]
+    # 2000/s, released at least 20 ms (40 records) at a time: 480 by 0.24 s, and the 20 due
+    # by 0.25 s wait for the next release.
+    assert polled == [0, 40] * 12 + [0]
+    clock.advance(10.0)  # a stall: one second of burst afterwards, in batches of 1000
+    burst = [src.poll_batch(5000).num_rows for _ in range(3)]  # type: ignore[union-attr]
+    assert burst == [1000, 1000, 0]
 
 
 def test_sequence_source() -> None:

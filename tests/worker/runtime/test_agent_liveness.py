@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
-from kit.coordinator import running_coordinator
+from kit.coordinator import running_coordinator, wait_checkpoints_completed, wait_job_state
 from kit.polling import wait_until_async
 from kit.processes import CoordinatorProcess, Processes, start_worker
 from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
@@ -41,49 +41,6 @@ FAST_HEARTBEATS: dict[str, Any] = {"heartbeat_interval_s": 0.2, "heartbeat_timeo
 def _source(records: int = 300_000, rate: int = 100_000) -> GeneratorSource:
     return GeneratorSource(
         total_records=records, rate_per_s=rate, num_keys=300, batch_size=2048, seed=11
-    )
-
-
-async def _job_state(stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str) -> int | None:
-    try:
-        info = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=2)
-    except grpc.aio.AioRpcError:
-        return None  # the coordinator is restarting
-    return int(info.state)
-
-
-async def _wait_state(
-    stub: cgrpc.CoordinatorServiceAsyncStub,
-    job_id: str,
-    states: set[int],
-    timeout_s: float = 60.0,
-    procs: list | None = None,
-) -> None:
-    async def reached() -> bool:
-        return await _job_state(stub, job_id) in states
-
-    names = sorted(pb.JobState.Name(s) for s in states)
-    await wait_until_async(
-        reached, f"job in {names}", timeout_s=timeout_s, interval_s=0.05, procs=procs or []
-    )
-
-
-async def _wait_completed(
-    stub: cgrpc.CoordinatorServiceAsyncStub, job_id: str, at_least: int, timeout_s: float = 30.0
-) -> int:
-    async def completed() -> int:
-        try:
-            stats = await stub.GetCheckpointStats(
-                cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=2
-            )
-        except grpc.aio.AioRpcError:
-            return 0
-        return int(stats.counts.completed) if stats.counts.completed >= at_least else 0
-
-    return int(
-        await wait_until_async(
-            completed, f"{at_least} checkpoints completed", timeout_s=timeout_s, interval_s=0.02
-        )
     )
 
 
@@ -135,7 +92,7 @@ def test_forged_notice_with_a_huge_epoch_changes_nothing(redis_url: str, tmp_pat
                 await agent.start()
             run = asyncio.gather(*(a.run() for a in agents))
             try:
-                seen = await _wait_completed(c.stub, job_id, 1)
+                seen = await wait_checkpoints_completed(c.stub, job_id, 1)
                 epochs = [a.epoch for a in agents]
                 assert all(epochs)
                 real = next(iter(agents[0].hosted.values())).attempt
@@ -165,7 +122,7 @@ def test_forged_notice_with_a_huge_epoch_changes_nothing(redis_url: str, tmp_pat
                             assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
                 assert [a.epoch for a in agents] == epochs
                 # The real coordinator's triggers and notices are still obeyed.
-                await _wait_completed(c.stub, job_id, seen + 2)
+                await wait_checkpoints_completed(c.stub, job_id, seen + 2)
                 async with asyncio.timeout(60):
                     await run
             finally:
@@ -199,12 +156,12 @@ def test_killed_sole_worker_fails_by_heartbeat_timeout_and_a_new_one_finishes(
             job_id = await submit_graph(c.stub, graph, config)
             with Processes() as procs:
                 first = procs.add(start_worker(c.address, job_id, 0, 1, tmp_path / "w1.log"))
-                await _wait_state(c.stub, job_id, {pb.JOB_STATE_RUNNING}, procs=[first])
-                await _wait_completed(c.stub, job_id, 1)
+                await wait_job_state(c.stub, job_id, {pb.JOB_STATE_RUNNING}, procs=[first])
+                await wait_checkpoints_completed(c.stub, job_id, 1)
                 first.send_signal(signal.SIGKILL)
                 assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
                 # Nothing else reports: only the missed heartbeats can end the deployment.
-                await _wait_state(c.stub, job_id, {pb.JOB_STATE_RESTARTING}, timeout_s=30)
+                await wait_job_state(c.stub, job_id, {pb.JOB_STATE_RESTARTING}, timeout_s=30)
                 tasks = (
                     await c.stub.ListTasks(cpb.ListTasksRequest(job_id=job_id), timeout=5)
                 ).tasks
@@ -213,7 +170,7 @@ def test_killed_sole_worker_fails_by_heartbeat_timeout_and_a_new_one_finishes(
                     f.startswith("heartbeat timeout of agent 127.0.0.1:") for f in failures
                 ), failures
                 second = procs.add(start_worker(c.address, job_id, 0, 1, tmp_path / "w2.log"))
-                await _wait_state(c.stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=90)
+                await wait_job_state(c.stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=90)
                 assert await asyncio.to_thread(second.wait, 30) == 0
             info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
             assert info.restarts == 1
@@ -263,8 +220,8 @@ def test_live_workers_register_again_after_a_coordinator_restart(
                         procs.add(start_worker(first.address, job_id, s, 2, tmp_path / f"w{s}.log"))
                         for s in range(2)
                     ]
-                    await _wait_state(stub, job_id, {pb.JOB_STATE_RUNNING}, procs=workers)
-                    await _wait_completed(stub, job_id, 1)
+                    await wait_job_state(stub, job_id, {pb.JOB_STATE_RUNNING}, procs=workers)
+                    await wait_checkpoints_completed(stub, job_id, 1)
                     first.kill()
                     if down_until:
 
@@ -276,7 +233,7 @@ def test_live_workers_register_again_after_a_coordinator_restart(
                             noticed, down_until, timeout_s=30, interval_s=0.1, procs=workers
                         )
                     second = coordinator("second", first.port)
-                    await _wait_state(
+                    await wait_job_state(
                         stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=120, procs=workers
                     )
                     codes = [await asyncio.to_thread(w.wait, 30) for w in workers]

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from kit.coordinator import running_coordinator
-from kit.polling import wait_until_async
+from kit.coordinator import running_coordinator, wait_checkpoints_completed, wait_job_state
 from kit.processes import worker_argv
 from kit.shared_files import shared_files_state
 from kit.tls import Pki, make_pki
@@ -104,31 +103,6 @@ class _AgentProcesses:
             if p.returncode is None:
                 p.kill()
         await _reap(self.procs)
-
-
-async def _wait_state(stub, job_id: str, states: set[int], timeout_s: float = 60.0) -> int:
-    async def state() -> str | None:
-        info = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
-        return pb.JobState.Name(info.state) if info.state in states else None
-
-    names = sorted(pb.JobState.Name(s) for s in states)
-    reached = await wait_until_async(
-        state, f"job {job_id} in {names}", timeout_s=timeout_s, interval_s=0.05
-    )
-    assert reached is not None  # for the type checker: wait_until_async returns a truthy value
-    return int(pb.JobState.Value(reached))
-
-
-async def _wait_completed(stub, job_id: str, at_least: int, timeout_s: float = 30.0) -> None:
-    async def completed() -> bool:
-        stats = await stub.GetCheckpointStats(
-            cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
-        )
-        return bool(stats.counts.completed >= at_least)
-
-    await wait_until_async(
-        completed, f"{at_least} checkpoints completed", timeout_s=timeout_s, interval_s=0.02
-    )
 
 
 MODES = [
@@ -219,15 +193,15 @@ def test_killed_agent_recovers_without_loss_or_duplicates(
             job_id = await submit_graph(c.stub, graph, config)
             async with _AgentProcesses(tmp_path, agent_env) as agents:
                 first = await agents.start(c.address, job_id, 2, "first")
-                await _wait_completed(c.stub, job_id, 2)
+                await wait_checkpoints_completed(c.stub, job_id, 2)
                 first[1].send_signal(signal.SIGKILL)
-                await _wait_state(c.stub, job_id, {pb.JOB_STATE_RESTARTING})
+                await wait_job_state(c.stub, job_id, {pb.JOB_STATE_RESTARTING})
                 codes = await _reap(first)
                 assert codes[1] == -signal.SIGKILL
                 if local_recovery:  # kept on disk, past the kill
                     assert list(copies.glob(f"{job_id}/*/*/chk-*/local-copy.json"))
                 second = await agents.start(c.address, job_id, 2, "second")
-                await _wait_state(c.stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=90)
+                await wait_job_state(c.stub, job_id, {pb.JOB_STATE_FINISHED}, timeout_s=90)
                 assert await _reap(second) == [0, 0]
                 info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
                 assert info.restarts == 1
@@ -273,7 +247,7 @@ def test_stop_with_savepoint_and_resume_with_other_parallelism(
             job_id = await submit_graph(c.stub, graph, config)
             async with _AgentProcesses(tmp_path) as agents:
                 first = await agents.start(c.address, job_id, 2, "p2")
-                await _wait_completed(c.stub, job_id, 1)
+                await wait_checkpoints_completed(c.stub, job_id, 1)
                 stop = await c.stub.StopWithSavepoint(
                     cpb.StopWithSavepointRequest(
                         job_id=job_id, target_directory=str(tmp_path / "sp")
@@ -282,7 +256,7 @@ def test_stop_with_savepoint_and_resume_with_other_parallelism(
                 )
                 assert await _reap(first, 30) == [0, 0]
                 assert (
-                    await _wait_state(c.stub, job_id, {pb.JOB_STATE_FINISHED})
+                    await wait_job_state(c.stub, job_id, {pb.JOB_STATE_FINISHED})
                     == pb.JOB_STATE_FINISHED
                 )
                 graph3 = count_graph(
@@ -291,7 +265,7 @@ def test_stop_with_savepoint_and_resume_with_other_parallelism(
                 restore = cpb.RestoreSettings(savepoint_path=stop.external_path)
                 resumed = await submit_graph(c.stub, graph3, config, restore)
                 second = await agents.start(c.address, resumed, 3, "p3")
-                await _wait_state(c.stub, resumed, {pb.JOB_STATE_FINISHED}, timeout_s=90)
+                await wait_job_state(c.stub, resumed, {pb.JOB_STATE_FINISHED}, timeout_s=90)
                 assert await _reap(second) == [0, 0, 0]
 
     asyncio.run(main())

@@ -1,20 +1,17 @@
-"""worker/sources_extra.py: file source (exact resume, rescale), DataFrame source (Spark), and
-the socket text source (non-blocking reads, reconnect, at-most-once)."""
+"""worker/connectors/file_sources.py: the file source (every format, exact resume, rescale,
+rate limit) and the DataFrame source (Spark: exactly once, resume, end to end)."""
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from kit.polling import wait_until
+from kit.clock import ManualClock
 from kit.sources import drain
 from kit.sources import src_ctx as _src_ctx
 from pyspark import cloudpickle
@@ -27,7 +24,6 @@ from snapflow.worker.connectors.file_sources import (
     list_data_files,
     source_from_dataframe,
 )
-from snapflow.worker.connectors.socket_source import SocketTextSource
 from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.backend import OperatorStateBackend
 
@@ -204,12 +200,21 @@ def test_file_source_rescale_no_loss_no_duplicates(old_p: int, new_p: int, tmp_p
 
 def test_file_source_fixed_file_list_and_rate_limit(tmp_path: Path) -> None:
     write_files(tmp_path / "in", "parquet", [50, 50])
-    src = FileSource(tmp_path / "in", "parquet", files=["part-001.parquet"], rate_per_s=1000)
+    src = FileSource(tmp_path / "in", "parquet", files=["part-001.parquet"], rate_per_s=20)
+    # The token bucket on a manual clock. FileSource.open may start the bucket on the real
+    # monotonic clock: the manual one starts there, and the first poll comes after a stall,
+    # which re-bases the bucket on it (with at most one second of burst).
+    clock = ManualClock(time.monotonic())
+    src.clock = clock
     src.open(src_ctx())
-    start = time.monotonic()
-    rows = drain(src)
-    assert rows == rows_of(1, 50)
-    assert time.monotonic() - start >= 0.03  # 50 rows at 1000/s: ~50 ms, not instant
+    clock.advance(3600)
+    polled = [src.poll_batch(1000) for _ in range(2)]
+    clock.advance(0.5)
+    polled.append(src.poll_batch(1000))
+    clock.advance(1.0)
+    polled += [src.poll_batch(1000), src.poll_batch(1000)]
+    assert [None if b is None else b.num_rows for b in polled] == [20, 0, 10, 20, None]
+    assert [r for b in polled if b is not None for r in b.to_pylist()] == rows_of(1, 50)
     gone = FileSource(tmp_path / "in", "parquet", files=["missing.parquet"])
     gone.open(src_ctx())
     with pytest.raises(StateError, match="gone"):
@@ -278,160 +283,6 @@ def test_source_from_dataframe_adds_a_source_vertex(spark: Any, tmp_path: Path) 
         table_src.open(src_ctx(s, 2))
         rows.extend(r["id"] for r in drain(table_src))
     assert files and sorted(rows) == list(range(10))
-
-
-# ---------------------------------------------------------------------------------------------
-# SocketTextSource
-# ---------------------------------------------------------------------------------------------
-
-
-class LineServer:
-    """A local TCP server: each accepted connection gets the next script (a list of byte
-    chunks, sent with a short pause), then is closed."""
-
-    def __init__(self, scripts: list[list[bytes]]) -> None:
-        self.scripts = list(scripts)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self.stop = threading.Event()
-        self.release = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set() and self.scripts:
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            script = self.scripts.pop(0)
-            with conn:
-                for chunk in script:
-                    if chunk == b"WAIT":
-                        self.release.wait(5)
-                        continue
-                    conn.sendall(chunk)
-                    time.sleep(0.01)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.release.set()
-        self.thread.join(5)
-        self.sock.close()
-
-
-@pytest.fixture
-def server_factory() -> Iterator[Any]:
-    servers: list[LineServer] = []
-
-    def make(scripts: list[list[bytes]]) -> LineServer:
-        servers.append(LineServer(scripts))
-        return servers[-1]
-
-    yield make
-    for s in servers:
-        s.close()
-
-
-def poll_until(src: SocketTextSource, count: int, max_records: int = 100) -> list[str]:
-    """The lines the source emits until ``count`` came (or the wait timed out: fewer)."""
-    lines: list[str] = []
-
-    def enough() -> bool:
-        b = src.poll_batch(max_records)
-        assert b is not None  # unbounded: never None
-        assert b.num_rows <= max_records
-        lines.extend(b.column("line").to_pylist())
-        return len(lines) >= count
-
-    wait_until(enough, f"{count} lines", timeout_s=5, interval_s=0.005)
-    return lines
-
-
-def test_socket_source_lines_nonblocking_and_reconnect(server_factory: Any) -> None:
-    server = server_factory(
-        [
-            [b"hello\nwor", b"ld\r\n", b"WAIT", "caf\u00e9\n".encode(), b"tail-no-newline"],
-            [b"second connection\n"],
-        ]
-    )
-    src = SocketTextSource("127.0.0.1", server.port, reconnect_delay_s=0.01)
-    src.open(src_ctx())
-    assert poll_until(src, 2) == ["hello", "world"]
-    # nothing more is sent until released: polls return 0-row batches right away
-    start = time.monotonic()
-    for _ in range(5):
-        b = src.poll_batch(10)
-        assert b is not None and b.num_rows == 0
-    assert time.monotonic() - start < 0.5
-    assert src.connected
-    server.release.set()
-    # clean end of stream: the unterminated last line is emitted; then reconnect
-    assert poll_until(src, 3) == ["caf\u00e9", "tail-no-newline", "second connection"]
-    assert server.accepted == 2
-    assert src.current_watermark() == MIN_WATERMARK
-    src.close()
-    assert not src.connected
-
-
-def test_socket_source_max_records_pending_survive_checkpoint(
-    server_factory: Any, tmp_path: Path
-) -> None:
-    server = server_factory([[b"".join(b"l%d\n" % i for i in range(10)), b"WAIT"]])
-    backend = OperatorStateBackend()
-    src = SocketTextSource("127.0.0.1", server.port)
-    src.open(src_ctx(backend=backend))
-    got = poll_until(src, 3, max_records=3)
-    assert got == ["l0", "l1", "l2"]
-
-    def received_all() -> bool:  # received, not yet emitted
-        src.poll_batch(0)
-        src._receive(100)
-        return len(src._pending) >= 7
-
-    wait_until(received_all, "7 lines pending", timeout_s=5, interval_s=0.005)
-    handles = snapshot(backend, src, 1, tmp_path)
-    src.close()
-    # restore: the lines received before the checkpoint but not emitted come out; nothing is
-    # replayed from the socket (lines received after the checkpoint would be lost)
-    restored = OperatorStateBackend()
-    restored.restore({0: handles}, 0, 1)
-    again = cloudpickle.loads(cloudpickle.dumps(SocketTextSource("127.0.0.1", server.port)))
-    again.open(src_ctx(backend=restored, restored=1))
-    b = again.poll_batch(100)
-    assert b is not None
-    assert b.column("line").to_pylist()[:7] == [f"l{i}" for i in range(3, 10)]
-    again.close()
-
-
-def test_socket_source_other_subtasks_idle_and_connect_failures(server_factory: Any) -> None:
-    idle = SocketTextSource("127.0.0.1", 9)
-    idle.open(src_ctx(1, 2))
-    b = idle.poll_batch(10)
-    assert b is not None and b.num_rows == 0
-    assert not idle.connected
-    assert idle.current_watermark() == MAX_WATERMARK
-
-    # a port with no listener: retried after the delay, then ConnectionError
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    failing = SocketTextSource("127.0.0.1", port, reconnect_delay_s=0.0, max_reconnects=2)
-    failing.open(src_ctx())
-    for _ in range(2):
-        b = failing.poll_batch(10)
-        assert b is not None and b.num_rows == 0
-    with pytest.raises(ConnectionError):
-        failing.poll_batch(10)
-    with pytest.raises(InvalidArgumentError):
-        SocketTextSource("127.0.0.1", 0)
 
 
 @pytest.mark.spark
