@@ -1,9 +1,9 @@
 """State larger than memory: the disk (RocksDB) backend's incremental checkpoints against full
 ones, its throughput against the heap backend's, its memory, and restore time.
 
-``make bench BENCH=state`` (or ``python -m bench.state_bench --keys 10000000`` for the issue's
-full size, about a gigabyte of state; the default is sized for a few minutes on a 2-core
-machine). Results: ``bench/results/state.json``.
+``make bench BENCH=state`` (``python -m bench.state_bench``): the issue's size by default, 10 M
+keys, about a gigabyte of live state (``--keys`` for another), a few minutes on a 2-core
+machine. Results: ``bench/results/state.json``.
 
 Parts:
 
@@ -11,8 +11,11 @@ Parts:
    budget is a quarter of the state it holds loads ``--keys`` keys with ``--value-bytes``
    random bytes each, then ``--rounds`` times updates ``--update-fraction`` of the keys (1%: the
    issue's "1% of keys updated per second", one checkpoint per second of updates) and takes an
-   incremental checkpoint into a local checkpoint directory, the completion notified as the
-   coordinator would. Then one full checkpoint (nothing reused) and a restore of the latest
+   incremental checkpoint, the completion notified as the coordinator would. The checkpoint
+   directory is on another file system than the state (``--checkpoint-dir``, ``/dev/shm`` by
+   default), so that every new byte is copied as to the shared storage of a cluster; the run
+   is repeated with checkpoints beside the state (``linked_*`` figures), where the local store
+   hard-links the immutable SST files instead of copying them. Then one full checkpoint (nothing reused) and a restore of the latest
    incremental checkpoint into a new backend (download and open).
 2. **Throughput**: the keyed count operator's state work (Arrow pre-aggregation per batch, then
    one fold per distinct key through the bulk API, as ``KeyedCount`` does) on each backend,
@@ -38,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import write_results
-from snapflow.checkpointing import BarrierOptions, CheckpointKind
+from snapflow.checkpointing import BarrierOptions, CheckpointKind, StateHandle
 from snapflow.worker.api.operators import fold_and_get
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.backend import (
@@ -53,6 +56,15 @@ MAXP = 128
 BATCH = 10_000
 
 
+LINKED_METRICS = (
+    "incremental_checkpoint_p50_ms",
+    "incremental_checkpoint_p99_ms",
+    "full_checkpoint_ms",
+    "restore_s",
+)
+"""Reported again (``linked_``) for checkpoints on the state's own file system."""
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -60,19 +72,18 @@ def _p(values: list[float], q: float) -> float:
 
 def _checkpoint(
     backend: RocksDBKeyedStateBackend, root: str, cid: int, notify: bool
-) -> tuple[float, int, int, list[dict[str, Any]]]:
+) -> tuple[float, int, int, list[StateHandle]]:
     """(seconds, bytes uploaded, bytes of the whole snapshot, handles)."""
     target = os.path.join(root, "job", f"chk-{cid}")
     start = time.perf_counter()
     snap = backend.snapshot(cid, BarrierOptions(CheckpointKind.CHECKPOINT, target_location=target))
-    written = snap.write(os.path.join(target, "count-0-1", "v/keyed"))
-    handles: list[dict[str, Any]] = [dict(h) for h in written]
+    handles = snap.write(os.path.join(target, "count-0-1", "v/keyed"))
     snap.release()
     elapsed = time.perf_counter() - start
     if notify:
         backend.notify_checkpoint_complete(cid)
-    uploaded = sum(h["size_bytes"] for h in handles if h["kind"] in (SHARED_NEW, INCREMENTAL))
-    whole = sum(h["size_bytes"] for h in handles)
+    uploaded = sum(h.size_bytes for h in handles if h.kind in (SHARED_NEW, INCREMENTAL))
+    whole = sum(h.size_bytes for h in handles)
     return elapsed, uploaded, whole, handles
 
 
@@ -123,11 +134,18 @@ def checkpoints(args: argparse.Namespace) -> dict[str, Any]:
     backend._db.flush()
     backend._db.compact_range(None, None)
     load_s = time.perf_counter() - start
-    root = os.path.join(work, "checkpoints")
+    # Checkpoint storage on the database's file system takes SST files as hard links (no bytes
+    # move: filestore's LocalStore.upload_file); on another one (``--checkpoint-dir``, e.g. a
+    # tmpfs) every new byte is copied, as to any shared storage a cluster would use.
+    root = (
+        tempfile.mkdtemp(prefix="snapflow-state-bench-", dir=args.checkpoint_dir)
+        if args.checkpoint_dir
+        else os.path.join(work, "checkpoints")
+    )
     _checkpoint(backend, root, 1, notify=True)  # the first one uploads everything
     times, uploaded, whole = [], [], []
     per_round = max(1, int(args.keys * args.update_fraction))
-    handles: list[dict[str, Any]] = []
+    handles: list[StateHandle] = []
     for cid in range(2, args.rounds + 2):
         keys = rng.choice(args.keys, size=per_round, replace=False).astype(np.int64)
         for begin in range(0, per_round, BATCH):
@@ -146,7 +164,7 @@ def checkpoints(args: argparse.Namespace) -> dict[str, Any]:
     live_bytes = sum(
         os.path.getsize(os.path.join(db_dir, n)) for n in os.listdir(db_dir) if n.endswith(".sst")
     )
-    state_bytes = sum(h["size_bytes"] for h in handles)
+    state_bytes = sum(h.size_bytes for h in handles)
     start = time.perf_counter()
     restored = RocksDBKeyedStateBackend(
         MAXP, (0, MAXP - 1), local_dir=os.path.join(work, "restored"), tuning=tuning
@@ -157,7 +175,7 @@ def checkpoints(args: argparse.Namespace) -> dict[str, Any]:
     assert all(v is not None and len(v) == width for v in probe), "restore lost values"
     restored.dispose()
     backend.dispose()
-    subprocess.run(["rm", "-rf", work], check=False)
+    subprocess.run(["rm", "-rf", work, root], check=False)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "load_s": round(load_s, 2),
@@ -219,7 +237,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench.state_bench", description=__doc__)
-    parser.add_argument("--keys", type=int, default=1_000_000, help="keys held (issue: 10 M)")
+    parser.add_argument("--keys", type=int, default=10_000_000, help="keys held (issue 14: 10 M)")
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=100, help="incremental checkpoints")
     parser.add_argument("--update-fraction", type=float, default=0.01)
@@ -231,6 +249,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compaction-trigger", type=int, default=None)
     parser.add_argument("--max-size-amp", type=int, default=None)
     parser.add_argument("--upload-threads", type=int, default=None)
+    parser.add_argument(
+        "--checkpoint-dir",
+        default="/dev/shm" if os.path.isdir("/dev/shm") else "",
+        help="a directory on another file system than the state's (copies, as to shared "
+        "storage); '' for beside the state (hard links)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -249,23 +273,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(checkpoints(args)))
         return 0
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.state_bench",
-            "--child",
-            f"--keys={args.keys}",
-            f"--value-bytes={args.value_bytes}",
-            f"--rounds={args.rounds}",
-            f"--update-fraction={args.update_fraction}",
-            *_tuning_flags(args),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    part1 = json.loads(child.stdout.strip().splitlines()[-1])
+
+    def child(checkpoint_dir: str) -> dict[str, Any]:
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.state_bench",
+                "--child",
+                f"--keys={args.keys}",
+                f"--value-bytes={args.value_bytes}",
+                f"--rounds={args.rounds}",
+                f"--update-fraction={args.update_fraction}",
+                f"--checkpoint-dir={checkpoint_dir}",
+                *_tuning_flags(args),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+        return result
+
+    # The figures: checkpoints copied to another file system (what shared storage costs);
+    # beside them, the same run with checkpoints on the state's file system (hard links).
+    part1 = child(args.checkpoint_dir)
+    if args.checkpoint_dir:
+        linked = child("")
+        for name in LINKED_METRICS:
+            part1[f"linked_{name}"] = linked[name]
     part2 = throughput(args)
     metrics = {**part1, **part2}
     path = write_results(
@@ -280,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             "throughput_records": args.throughput_records,
             "cold_keys": args.cold_keys,
             "cold_records": args.cold_records,
+            "checkpoint_dir": args.checkpoint_dir,
             "tuning": {
                 k: v
                 for k, v in dataclasses.asdict(_tuning(args, 1)).items()
@@ -287,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
             },
             "note": (
                 "one disk backend holding all 128 key groups, memory budget a quarter of the "
-                "state, starting from a fully compacted state; checkpoints to a local "
-                "directory; full_bytes: a full checkpoint of the files at the end (space "
+                "state, starting from a fully compacted state; checkpoints to a directory on "
+                "another file system (checkpoint_dir; every new byte copied), linked_*: the "
+                "same run with checkpoints beside the state (SST files hard-linked); full_bytes: a full checkpoint of the files at the end (space "
                 "amplification included), live_bytes: the same state fully compacted; "
                 "throughput is the keyed count operator's state work per backend, in process"
             ),
