@@ -456,9 +456,10 @@ def _watch(
 ) -> dict[str, Any]:
     """Print the job's progress until it ends; what was seen (checkpoints, kill, restore).
     ``on_running`` is called once the job runs (or ended)."""
+    from snapflow import wire
+    from snapflow.checkpointing import CheckpointStatus
     from snapflow.errors import SnapflowError
     from snapflow.spark_bridge import JobStatus
-    from snapflow.v1 import common_pb2 as pb
 
     completed: dict[int, tuple[int, int]] = {}  # id -> (trigger ms, completion ms)
     state = JobStatus.CREATED
@@ -486,7 +487,8 @@ def _watch(
             info, stats = None, None  # the job ended (the embedded coordinator is gone)
         if stats is not None:
             for h in sorted(stats.history, key=lambda h: h.checkpoint_id):
-                if h.status != pb.CHECKPOINT_STATUS_COMPLETED or h.checkpoint_id in completed:
+                status = wire.CHECKPOINT_STATUS.from_pb_or(h.status, None)
+                if status is not CheckpointStatus.COMPLETED or h.checkpoint_id in completed:
                     continue
                 done_ms = h.trigger_timestamp_ms + h.end_to_end_duration_ms
                 completed[h.checkpoint_id] = (h.trigger_timestamp_ms, done_ms)
@@ -757,7 +759,9 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
 
     import grpc
 
+    from snapflow import wire
     from snapflow.coordinator.embedded import EmbeddedCoordinator
+    from snapflow.jobgraph import PartitionerKind, TaskState
     from snapflow.v1 import common_pb2 as pb
     from snapflow.v1 import coordinator_pb2 as cpb
     from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -812,7 +816,7 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
                 pb.JobEdge(
                     source_vertex_id="bids",
                     target_vertex_id="count",
-                    partitioner=pb.PARTITIONER_KIND_HASH,
+                    partitioner=wire.PARTITIONER_KIND.to_pb(PartitionerKind.HASH),
                 )
             ],
         )
@@ -850,7 +854,9 @@ async def _simulated_demo(args: argparse.Namespace) -> int:
                 victim = agents[-1]
                 key = victim.tasks[-1]
                 console.print(f"[yellow]t={elapsed:4.1f}s: task {key[0]}#{key[1]} fails[/yellow]")
-                await victim.set_state(pb.TASK_STATE_FAILED, "injected failure", only=key)
+                await victim.set_state(
+                    wire.TASK_STATE.to_pb(TaskState.FAILED), "injected failure", only=key
+                )
                 failed_at = time.monotonic()
                 completed_before = len(agents[0].completed)
                 for agent in agents:  # the driver redeploys the whole graph
@@ -885,20 +891,21 @@ def _print_simulated_summary(
     recovered_at: float | None,
     restored_from: int,
 ) -> None:
-    from snapflow.v1 import common_pb2 as pb
+    from snapflow import wire
+    from snapflow.checkpointing import CheckpointStatus
 
     table = Table(title="Recent checkpoints", show_lines=False)
     for column in ("id", "status", "duration ms", "size", "acked", "reason"):
         table.add_column(column)
-    status = {
-        pb.CHECKPOINT_STATUS_COMPLETED: "completed",
-        pb.CHECKPOINT_STATUS_FAILED: "failed",
-        pb.CHECKPOINT_STATUS_IN_PROGRESS: "in progress",
+    status: dict[CheckpointStatus | None, str] = {
+        CheckpointStatus.COMPLETED: "completed",
+        CheckpointStatus.FAILED: "failed",
+        CheckpointStatus.IN_PROGRESS: "in progress",
     }
     for h in stats.history:
         table.add_row(
             str(h.checkpoint_id),
-            status.get(h.status, "?"),
+            status.get(wire.CHECKPOINT_STATUS.from_pb_or(h.status, None), "?"),
             str(h.end_to_end_duration_ms),
             f"{h.state_size_bytes / 1024:.1f} KiB",
             f"{h.num_acknowledged}/{h.num_tasks}",

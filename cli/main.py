@@ -35,7 +35,10 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
+from snapflow import wire
+from snapflow.checkpointing import CheckpointMode, CheckpointStatus, SavepointOperationStatus
 from snapflow.errors import ConfigError
+from snapflow.jobgraph import JobState
 from snapflow.leader_channel import sync_leader_channel
 from snapflow.security import SECURITY_FIELDS, SecuritySettings
 from snapflow.v1 import common_pb2 as pb
@@ -264,15 +267,20 @@ def _summary_line(s: cpb.CheckpointSummary) -> str:
         f"#{s.checkpoint_id} {checkpoint_kind(s.kind)} {_status_text(s)}",
         f"triggered {format_time(s.trigger_timestamp_ms)}",
     ]
-    if s.status != pb.CHECKPOINT_STATUS_IN_PROGRESS:
+    if _status(s) is not CheckpointStatus.IN_PROGRESS:
         parts.append(f"{format_ms(s.end_to_end_duration_ms)} ms")
     parts.append(_size_text(s))
     parts.append(f"{s.num_acknowledged}/{s.num_tasks} acked")
-    if s.status == pb.CHECKPOINT_STATUS_FAILED:
+    if _status(s) is CheckpointStatus.FAILED:
         parts.append(_failure(s))
     elif s.external_path:
         parts.append(s.external_path)
     return ", ".join(parts)
+
+
+def _status(s: cpb.CheckpointSummary) -> CheckpointStatus | None:
+    """The summary's status; None for a number this version does not know."""
+    return wire.CHECKPOINT_STATUS.from_pb_or(s.status, None)
 
 
 def _size_text(s: cpb.CheckpointSummary) -> str:
@@ -287,7 +295,7 @@ def _size_text(s: cpb.CheckpointSummary) -> str:
 def _status_text(s: cpb.CheckpointSummary) -> str:
     """The status; a completed checkpoint whose files are gone (retention, disposal) shows as
     DISCARDED, as Flink's history marks it."""
-    if s.status == pb.CHECKPOINT_STATUS_COMPLETED and s.discarded:
+    if _status(s) is CheckpointStatus.COMPLETED and s.discarded:
         return "DISCARDED"
     return checkpoint_status(s.status)
 
@@ -373,11 +381,7 @@ def _client(args: argparse.Namespace) -> Iterator[Client]:
 # ---------------------------------------------------------------------------------------------
 
 
-JOB_STATES = tuple(
-    name.removeprefix("JOB_STATE_")
-    for name, _number in pb.JobState.items()
-    if not name.endswith("UNSPECIFIED")
-)
+JOB_STATES = tuple(state.name for state in JobState)
 
 
 def _job_state_filter(value: str) -> int:
@@ -386,7 +390,7 @@ def _job_state_filter(value: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a job state; use one of {', '.join(JOB_STATES).lower()}"
         )
-    return int(pb.JobState.Value(f"JOB_STATE_{name}"))
+    return int(wire.JOB_STATE.to_pb(JobState[name]))
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -434,6 +438,8 @@ def _job_rows(job: cpb.JobInfo) -> list[tuple[str, str]]:
         f"{v.name or v.vertex_id} ({v.vertex_id}) x{v.parallelism}" for v in job.graph.vertices
     )
     interval = f"{cfg.interval_ms} ms" if cfg.interval_ms else "disabled"
+    # UNSPECIFIED is ALIGNED (snapflow.wire); an unknown number is shown as itself.
+    mode = cfg.mode or wire.CHECKPOINT_MODE.to_pb(CheckpointMode.ALIGNED)
     rows = [
         ("Job ID", job.job_id),
         ("Name", job.name or "-"),
@@ -444,7 +450,7 @@ def _job_rows(job: cpb.JobInfo) -> list[tuple[str, str]]:
         ("Latest checkpoint", str(job.latest_completed_checkpoint_id or "-")),
         ("Vertices", vertices or "-"),
         ("Checkpoint interval", interval),
-        ("Checkpoint mode", checkpoint_mode(cfg.mode or pb.CHECKPOINT_MODE_ALIGNED)),
+        ("Checkpoint mode", checkpoint_mode(mode)),
         ("Checkpoint timeout", f"{cfg.timeout_ms} ms" if cfg.timeout_ms else "default"),
         ("Checkpoint storage", cfg.storage_uri or "coordinator default"),
     ]
@@ -489,18 +495,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 0
 
 
-PARTITIONERS = {
-    pb.PARTITIONER_KIND_FORWARD: "FORWARD",
-    pb.PARTITIONER_KIND_HASH: "HASH",
-    pb.PARTITIONER_KIND_REBALANCE: "REBALANCE",
-    pb.PARTITIONER_KIND_BROADCAST: "BROADCAST",
-}
-
-
 def _partitioning(edge: pb.JobEdge) -> str:
-    name = PARTITIONERS.get(
-        edge.partitioner, _enum_name(pb.PartitionerKind, edge.partitioner, "PARTITIONER_KIND_")
-    )
+    name = _enum_name(pb.PartitionerKind, edge.partitioner, "PARTITIONER_KIND_")
     return f"{name}({edge.key_field})" if edge.key_field else name
 
 
@@ -618,7 +614,7 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
         ]
         rows = []
         for s in stats.history:
-            in_progress = s.status == pb.CHECKPOINT_STATUS_IN_PROGRESS
+            in_progress = _status(s) is CheckpointStatus.IN_PROGRESS
             rows.append(
                 [
                     str(s.checkpoint_id),
@@ -629,7 +625,7 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
                     format_bytes(s.state_size_bytes),
                     format_bytes(s.incremental_size_bytes),
                     f"{s.num_acknowledged}/{s.num_tasks}",
-                    _failure(s) if s.status == pb.CHECKPOINT_STATUS_FAILED else s.external_path,
+                    _failure(s) if _status(s) is CheckpointStatus.FAILED else s.external_path,
                 ]
             )
         title = "History (newest first)"
@@ -698,7 +694,7 @@ def cmd_checkpoints_show(args: argparse.Namespace) -> int:
         ("Acknowledged", f"{s.num_acknowledged}/{s.num_tasks}"),
         ("Path", s.external_path or "-"),
     ]
-    if s.status == pb.CHECKPOINT_STATUS_FAILED:
+    if _status(s) is CheckpointStatus.FAILED:
         rows.append(("Failure", _failure(s)))
     console.print(_key_values(None, rows))
     console.print()
@@ -795,9 +791,9 @@ DETACH_HELP = "start it, print its request id and return (poll with savepoint-st
 
 
 SAVEPOINT_STATUS_EXIT = {
-    cpb.SAVEPOINT_OPERATION_STATUS_IN_PROGRESS: 0,
-    cpb.SAVEPOINT_OPERATION_STATUS_COMPLETED: 0,
-    cpb.SAVEPOINT_OPERATION_STATUS_FAILED: 1,
+    SavepointOperationStatus.IN_PROGRESS: 0,
+    SavepointOperationStatus.COMPLETED: 0,
+    SavepointOperationStatus.FAILED: 1,
 }
 
 
@@ -807,15 +803,16 @@ def cmd_savepoint_status(args: argparse.Namespace) -> int:
             cpb.GetSavepointOperationRequest(job_id=args.job_id, request_id=args.request_id),
             timeout=c.timeout,
         )
+    status = wire.SAVEPOINT_OPERATION_STATUS.from_pb_or(op.status, None)
     if args.json:
         _print_json(op)
-    elif op.status == cpb.SAVEPOINT_OPERATION_STATUS_COMPLETED:
+    elif status is SavepointOperationStatus.COMPLETED:
         _print_completed("Savepoint", op.savepoint)
-    elif op.status == cpb.SAVEPOINT_OPERATION_STATUS_FAILED:
+    elif status is SavepointOperationStatus.FAILED:
         _console().print(f"savepoint request {op.request_id} FAILED: {op.failure}", soft_wrap=True)
     else:
         _console().print(f"savepoint request {op.request_id} IN_PROGRESS")
-    return SAVEPOINT_STATUS_EXIT.get(op.status, 1)
+    return 1 if status is None else SAVEPOINT_STATUS_EXIT[status]
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
@@ -1415,7 +1412,7 @@ async def _after_cancel(agent: Any, job_id: str) -> int:
         )
         return 1
     state = job_state(job.state)
-    if job.state in (pb.JOB_STATE_CANCELED, pb.JOB_STATE_FINISHED):
+    if wire.JOB_STATE.from_pb_or(job.state, None) in (JobState.CANCELED, JobState.FINISHED):
         print(f"snapflow worker: job {job_id} is {state}; its tasks here stopped")
         return 0
     print(

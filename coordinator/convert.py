@@ -21,18 +21,15 @@ from snapflow.coordinator.model import (
     AckResult,
     CheckpointConfig,
     CheckpointMode,
-    CheckpointStatus,
     CompletedCheckpoint,
     DeclineReason,
     ExecutionAttempt,
     JobEdge,
     JobGraph,
-    JobState,
     JobVertex,
     OperatorSpec,
     OperatorSubtaskState,
     StateBackendOptions,
-    StateHandle,
     SubtaskMetrics,
 )
 from snapflow.coordinator.savepoint_operations import SavepointOperation
@@ -49,25 +46,18 @@ MAX_ID_LENGTH = limits.MAX_ID_CHARS
 MIN_INTERVAL_MS = limits.MIN_DURATION_MS
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
-JOB_STATE_TO_PB = {
-    JobState.CREATED: pb.JOB_STATE_CREATED,
-    JobState.RUNNING: pb.JOB_STATE_RUNNING,
-    JobState.RESTARTING: pb.JOB_STATE_RESTARTING,
-    JobState.FINISHED: pb.JOB_STATE_FINISHED,
-    JobState.CANCELED: pb.JOB_STATE_CANCELED,
-    JobState.FAILED: pb.JOB_STATE_FAILED,
-}
-STATUS_TO_PB = {
-    CheckpointStatus.IN_PROGRESS: pb.CHECKPOINT_STATUS_IN_PROGRESS,
-    CheckpointStatus.COMPLETED: pb.CHECKPOINT_STATUS_COMPLETED,
-    CheckpointStatus.FAILED: pb.CHECKPOINT_STATUS_FAILED,
-}
-ACK_RESULT_TO_PB = {
-    AckResult.SUCCESS: cpb.ACK_RESULT_SUCCESS,
-    AckResult.DUPLICATE: cpb.ACK_RESULT_DUPLICATE,
-    AckResult.UNKNOWN: cpb.ACK_RESULT_UNKNOWN,
-    AckResult.DISCARDED: cpb.ACK_RESULT_DISCARDED,
-}
+# The coordinator's own enums; the shared vocabulary (job and task states, checkpoint kinds,
+# statuses, ...) is mapped in snapflow.wire.
+ACK_RESULT: wire.EnumMapping[AckResult, cpb.AckResult] = wire.EnumMapping(
+    AckResult,
+    cpb.AckResult,
+    {
+        AckResult.SUCCESS: cpb.ACK_RESULT_SUCCESS,
+        AckResult.DUPLICATE: cpb.ACK_RESULT_DUPLICATE,
+        AckResult.UNKNOWN: cpb.ACK_RESULT_UNKNOWN,
+        AckResult.DISCARDED: cpb.ACK_RESULT_DISCARDED,
+    },
+)
 
 
 # --- ids -----------------------------------------------------------------------------------
@@ -436,16 +426,7 @@ def operator_states_from_pb(
                 raise InvalidArgumentError(
                     f"state handle {limits.echo(h.path)}: offset must be >= 0"
                 )
-            handles.append(
-                StateHandle(
-                    h.path,
-                    h.size_bytes,
-                    h.kind or "keyed",
-                    h.key_group_start,
-                    h.key_group_end,
-                    h.offset,
-                )
-            )
+            handles.append(wire.state_handle_from_pb(h))
         out.append(OperatorSubtaskState(s.operator_id, tuple(handles)))
     return tuple(out)
 
@@ -455,18 +436,7 @@ def operator_states_to_pb(
 ) -> list[pb.OperatorSubtaskState]:
     return [
         pb.OperatorSubtaskState(
-            operator_id=s.operator_id,
-            handles=[
-                pb.StateHandle(
-                    path=h.path,
-                    size_bytes=h.size_bytes,
-                    kind=h.kind,
-                    key_group_start=h.key_group_start,
-                    key_group_end=h.key_group_end,
-                    offset=h.offset,
-                )
-                for h in s.handles
-            ],
+            operator_id=s.operator_id, handles=[wire.state_handle_to_pb(h) for h in s.handles]
         )
         for s in states
     ]

@@ -26,7 +26,6 @@ from snapflow.coordinator.model import (
 )
 from snapflow.coordinator.stats import CheckpointStatsTracker, StateSizes
 from snapflow.errors import CheckpointNotFoundError
-from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
 
@@ -57,7 +56,7 @@ class JobViews:
         return cpb.JobInfo(
             job_id=self.job_id,
             name=record.graph.name,
-            state=convert.JOB_STATE_TO_PB[self.execution.state],
+            state=wire.JOB_STATE.to_pb(self.execution.state),
             graph=convert.graph_to_pb(record.graph, include_payloads),
             checkpoint_config=convert.config_to_pb(record.checkpoint_config),
             created_at_ms=record.created_at_ms,
@@ -90,7 +89,7 @@ class JobViews:
         return cpb.CheckpointSummary(
             checkpoint_id=record.checkpoint_id,
             kind=wire.CHECKPOINT_KIND.to_pb(record.kind),
-            status=convert.STATUS_TO_PB[record.status],
+            status=wire.CHECKPOINT_STATUS.to_pb(record.status),
             trigger_timestamp_ms=record.trigger_timestamp_ms,
             latest_ack_timestamp_ms=record.latest_ack_timestamp_ms,
             end_to_end_duration_ms=record.end_to_end_duration_ms,
@@ -122,7 +121,7 @@ class JobViews:
         return cpb.CheckpointSummary(
             checkpoint_id=cp.checkpoint_id,
             kind=wire.CHECKPOINT_KIND.to_pb(cp.kind),
-            status=pb.CHECKPOINT_STATUS_COMPLETED,
+            status=wire.CHECKPOINT_STATUS.to_pb(CheckpointStatus.COMPLETED),
             trigger_timestamp_ms=cp.trigger_timestamp_ms,
             latest_ack_timestamp_ms=max((a.ack_timestamp_ms for a in cp.subtask_states), default=0),
             end_to_end_duration_ms=max(0, cp.completion_timestamp_ms - cp.trigger_timestamp_ms),

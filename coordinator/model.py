@@ -12,36 +12,20 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The vocabulary shared with the workers and the API clients lives in the foundation
+# (snapflow.checkpointing, snapflow.jobgraph); the coordinator's modules take it from here like
+# the rest.
 from snapflow.checkpointing import BarrierOptions as BarrierOptions
 from snapflow.checkpointing import CheckpointKind as CheckpointKind
 from snapflow.checkpointing import CheckpointMode as CheckpointMode
+from snapflow.checkpointing import CheckpointStatus as CheckpointStatus
 from snapflow.checkpointing import DeclineReason as DeclineReason
-
-# The checkpoint vocabulary shared with the workers lives in the foundation
-# (snapflow.checkpointing); the coordinator's modules take it from here like the rest.
+from snapflow.checkpointing import StateHandle as StateHandle
+from snapflow.jobgraph import JobState as JobState
 from snapflow.jobgraph import PartitionerKind
 
 JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 DEFAULT_MAX_PARALLELISM = 128
-
-
-class CheckpointStatus(enum.Enum):
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-class JobState(enum.Enum):
-    CREATED = "created"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    FINISHED = "finished"
-    CANCELED = "canceled"
-    FAILED = "failed"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobState.FINISHED, JobState.CANCELED, JobState.FAILED)
 
 
 class TriggerRefusal(enum.Enum):
@@ -215,16 +199,6 @@ ROCKSDB_COMPACTION_STYLES = ("level", "universal")
 
 
 @dataclass(frozen=True)
-class StateHandle:
-    path: str
-    size_bytes: int
-    kind: str = "keyed"
-    key_group_start: int = 0
-    key_group_end: int = 0
-    offset: int = 0  # start inside the file at ``path`` (several handles may share it)
-
-
-@dataclass(frozen=True)
 class OperatorSubtaskState:
     operator_id: str
     handles: tuple[StateHandle, ...] = ()
@@ -327,11 +301,24 @@ def subtask_ack_to_dict(a: SubtaskAck) -> dict[str, Any]:
         },
         "ack_timestamp_ms": a.ack_timestamp_ms,
         "operator_states": [
-            {"operator_id": s.operator_id, "handles": [dict(h.__dict__) for h in s.handles]}
+            {"operator_id": s.operator_id, "handles": [_handle_to_dict(h) for h in s.handles]}
             for s in a.operator_states
         ],
         "metrics": dict(a.metrics.__dict__),
         "input_ended": a.input_ended,
+    }
+
+
+def _handle_to_dict(h: StateHandle) -> dict[str, Any]:
+    # The keys and their order are the JSON the Redis records have always held (read back
+    # with StateHandle(**d)); a slotted dataclass has no __dict__ to copy.
+    return {
+        "path": h.path,
+        "size_bytes": h.size_bytes,
+        "kind": h.kind,
+        "key_group_start": h.key_group_start,
+        "key_group_end": h.key_group_end,
+        "offset": h.offset,
     }
 
 

@@ -187,7 +187,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         states = convert.operator_states_from_pb(request.operator_states)
         metrics = convert.metrics_from_pb(request.metrics)
         result = runner.acknowledge(attempt, checkpoint_id, states, metrics, request.input_ended)
-        return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT_TO_PB[result])
+        return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT.to_pb(result))
 
     @grpc_errors
     async def AcknowledgeCheckpoints(
@@ -212,7 +212,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
                 code, message = status_for(error)
                 outcomes.append(cpb.AckOutcome(error_code=code.value[0], error_message=message))
             else:
-                outcomes.append(cpb.AckOutcome(result=convert.ACK_RESULT_TO_PB[result]))
+                outcomes.append(cpb.AckOutcome(result=convert.ACK_RESULT.to_pb(result)))
         return cpb.AcknowledgeCheckpointsResponse(outcomes=outcomes)
 
     @grpc_errors

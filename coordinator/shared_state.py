@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from snapflow.checkpointing import SHARED, SHARED_NEW
 from snapflow.coordinator.model import CompletedCheckpoint
 from snapflow.errors import FailedPreconditionError, SnapflowError
 
@@ -61,9 +62,6 @@ __all__ = [
     "shared_paths",
 ]
 
-SHARED, SHARED_NEW = "shared", "shared-new"
-"""Handle kinds of shared files (the worker's ``snapflow.worker.state.backend`` constants; a
-test keeps them equal)."""
 
 _CREATOR = re.compile(r"-chk(0|[1-9][0-9]*)-[0-9a-f]{16}-[^/]+\.sst$")
 

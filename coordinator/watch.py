@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.job_history import JobHistory
 from snapflow.coordinator.model import ExecutionAttempt, JobState
@@ -39,7 +40,7 @@ class JobWatch:
         try:
             yield self._event(
                 job_state_changed=cpb.JobStateChanged(
-                    state=convert.JOB_STATE_TO_PB[current_state()],
+                    state=wire.JOB_STATE.to_pb(current_state()),
                     reason="current state",
                 )
             )
@@ -64,7 +65,7 @@ class JobWatch:
             self._publish(
                 self._event(
                     job_state_changed=cpb.JobStateChanged(
-                        state=convert.JOB_STATE_TO_PB[state],
+                        state=wire.JOB_STATE.to_pb(state),
                         reason=reason,
                     )
                 )

@@ -2,14 +2,20 @@
 
 One Python name per concept of the ``snapflow.v1`` checkpoint messages: what a checkpoint is
 for (``CheckpointKind``), how barriers are handled (``CheckpointMode``), the options every
-barrier carries (``BarrierOptions``) and why a task declines a checkpoint (``DeclineReason``).
-The coordinator builds barrier options and reads declines; the worker reads barrier options
-and sends declines. Concepts only one side has stay on that side: the coordinator's
-``AbortReason`` (why a pending checkpoint failed), the barrier handler's ``BarrierAbortReason``
-(why an input gate gave up on a checkpoint).
+barrier carries (``BarrierOptions``), why a task declines a checkpoint (``DeclineReason``) and
+where a checkpoint or a savepoint request stands (``CheckpointStatus``,
+``SavepointOperationStatus``). The coordinator builds barrier options, reads declines and
+reports statuses; the worker reads barrier options and sends declines; API clients (the CLI)
+read statuses. A snapshot's files are ``StateHandle`` records (proto ``StateHandle``), whose
+``kind`` is one of the handle kind names below: the workers write them, the coordinator stores
+them in its Redis records and ``_metadata`` and hands them back on restore. Concepts only one
+side has stay on that side: the coordinator's ``AbortReason`` (why a pending checkpoint
+failed), the barrier handler's ``BarrierAbortReason`` (why an input gate gave up on a
+checkpoint), the state file format's kind codes (``snapflow.worker.state.backend``).
 
 Values are plain data; ``snapflow.wire`` is the only place that maps them to and from the
-proto enum numbers. Enum values are the lower-case names, which the Redis records store.
+proto (enum numbers, the barrier-option and state-handle messages). Enum values are the
+lower-case names, which the Redis records store.
 """
 
 from __future__ import annotations
@@ -18,11 +24,22 @@ import enum
 from dataclasses import dataclass
 
 __all__ = [
+    "CHANNEL_INPUT",
+    "CHANNEL_OUTPUT",
+    "INCREMENTAL",
+    "KEYED",
+    "OPERATOR",
+    "SHARED",
+    "SHARED_NEW",
+    "TIMERS",
+    "UNION",
     "BarrierOptions",
     "CheckpointKind",
     "CheckpointMode",
+    "CheckpointStatus",
     "DeclineReason",
     "SavepointOperationStatus",
+    "StateHandle",
 ]
 
 
@@ -45,6 +62,14 @@ class CheckpointKind(enum.Enum):
     def is_synchronous(self) -> bool:
         """Stop-with-savepoint: the job ends once this savepoint completes."""
         return self in (CheckpointKind.SAVEPOINT_SUSPEND, CheckpointKind.SAVEPOINT_TERMINATE)
+
+
+class CheckpointStatus(enum.Enum):
+    """Where a checkpoint stands (proto ``CheckpointStatus``)."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
 
 
 class SavepointOperationStatus(enum.Enum):
@@ -114,3 +139,47 @@ class BarrierOptions:
             and self.aligned_checkpoint_timeout_ms > 0
             and not self.kind.is_savepoint
         )
+
+
+# The kinds of state handles. A kind is a string on the wire and in the Redis records, so a
+# kind this version does not know (a newer worker's) passes through the coordinator unchanged.
+KEYED = "keyed"
+"""Keyed state of one key-group range (a canonical snapshot, any backend)."""
+TIMERS = "timers"
+"""The event-time timers of one key-group range."""
+OPERATOR = "operator"
+"""Operator list state, redistributed in chunks on rescaling (Flink's SPLIT_DISTRIBUTE)."""
+UNION = "union"
+"""Operator union list state: every new subtask gets all lists (Flink's UNION)."""
+INCREMENTAL = "incremental"
+"""The manifest of an incremental checkpoint of the disk (RocksDB) backend."""
+SHARED = "shared"
+"""A file shared between checkpoints (an SST file) that an earlier checkpoint uploaded."""
+SHARED_NEW = "shared-new"
+"""A file shared between checkpoints that this checkpoint uploaded."""
+CHANNEL_INPUT = "channel_input"
+"""In-flight input data of an unaligned checkpoint; ``key_group_start`` is the channel index."""
+CHANNEL_OUTPUT = "channel_output"
+"""In-flight output data of an unaligned checkpoint; ``key_group_start`` is the channel index."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateHandle:
+    """One state file of an operator's snapshot, or its byte range inside a merged object
+    (proto ``StateHandle``). Operator and union handles have the empty key-group range
+    ``0..-1``. The coordinator's Redis records store it as a JSON object of these fields."""
+
+    path: str
+    """Absolute path or URI of the file, or of the object that holds it."""
+    size_bytes: int
+    """Length of the file in bytes (of its byte range when ``offset`` > 0)."""
+    kind: str = KEYED
+    """What the file holds: one of the kind names of this module."""
+    key_group_start: int = 0
+    """First key group of the file (inclusive); channel state: the channel index."""
+    key_group_end: int = 0
+    """Last key group of the file (inclusive)."""
+    offset: int = 0
+    """Where the file starts inside the object at ``path``; 0: it is the whole object. Several
+    handles of one subtask's checkpoint may share an object (file merging, as Flink's segment
+    file handles do)."""

@@ -1,6 +1,7 @@
-"""The job-graph vocabulary shared by the coordinator and the worker: how an edge partitions
-its records, and the states a task reports. Their proto numbers appear only in
-:mod:`snapflow.wire`.
+"""The job vocabulary shared by the coordinator, the worker and the coordinator's clients: how
+an edge partitions its records, the states a task reports and the states of a job. Their proto
+numbers appear only in :mod:`snapflow.wire`. Enum values are the lower-case names, which the
+Redis records store.
 """
 
 from __future__ import annotations
@@ -29,3 +30,22 @@ class TaskState(enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELED)
+
+
+class JobState(enum.Enum):
+    """The states of a job (Flink's JobStatus, slimmed): the coordinator's, and what every
+    client reads from ``JobInfo.state``."""
+
+    CREATED = "created"
+    """Submitted, waiting for its tasks."""
+    RUNNING = "running"
+    """Every task is running."""
+    RESTARTING = "restarting"
+    """A task failed; waiting for the driver to deploy the graph again."""
+    FINISHED = "finished"
+    CANCELED = "canceled"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.FINISHED, JobState.CANCELED, JobState.FAILED)

@@ -1,10 +1,13 @@
 """The one place where the checkpoint vocabulary meets proto enum numbers.
 
-Every enum of ``snapflow.checkpointing`` has one ``EnumMapping`` here, and ``BarrierOptions``
-has its message conversion; the coordinator and the workers convert through them and compare
-nothing else against ``snapflow.v1`` enum numbers for these concepts. Adding a member means
-adding it to the proto, to the enum and to its mapping here (the mapping refuses to be built
-if a member or a proto number is missing).
+Every enum of ``snapflow.checkpointing`` and ``snapflow.jobgraph`` has one ``EnumMapping``
+here, and ``BarrierOptions`` and ``StateHandle`` have their message conversions; the
+coordinator, the workers and the API clients (the Spark bridge, the CLI) convert through them
+and compare nothing else against ``snapflow.v1`` enum numbers for these concepts
+(``tests/project/test_vocabulary.py`` checks that no other module names a proto enum
+constant; the coordinator's own enums are mapped in ``coordinator/convert.py``). Adding a member means adding it to the proto, to the enum and
+to its mapping here (the mapping refuses to be built if a member or a proto number is
+missing).
 
 Numbers that are not in a mapping:
 
@@ -14,6 +17,9 @@ Numbers that are not in a mapping:
   asks for a default with ``from_pb_or``.
 * A barrier's options are never refused: ``barrier_options_from_pb`` reads an unknown or
   unspecified kind as ``CHECKPOINT`` and an unknown mode as ``ALIGNED``.
+
+A state handle's ``kind`` is a string, not an enum: it passes through as it is, an empty one
+read as ``keyed``. Validating what a client sends is ``coordinator/convert.py``'s job.
 """
 
 from __future__ import annotations
@@ -25,27 +31,36 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from snapflow.checkpointing import (
+    KEYED,
     BarrierOptions,
     CheckpointKind,
     CheckpointMode,
+    CheckpointStatus,
     DeclineReason,
     SavepointOperationStatus,
+    StateHandle,
 )
 from snapflow.errors import InvalidArgumentError
-from snapflow.jobgraph import PartitionerKind, TaskState
+from snapflow.jobgraph import JobState, PartitionerKind, TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
 __all__ = [
     "CHECKPOINT_KIND",
     "CHECKPOINT_MODE",
+    "CHECKPOINT_STATUS",
     "DECLINE_REASON",
+    "JOB_STATE",
     "MAPPINGS",
+    "PARTITIONER_KIND",
     "SAVEPOINT_OPERATION_STATUS",
+    "TASK_STATE",
     "EnumMapping",
     "UnknownEnumValueError",
     "barrier_options_from_pb",
     "barrier_options_to_pb",
+    "state_handle_from_pb",
+    "state_handle_to_pb",
 ]
 
 E = TypeVar("E", bound=enum.Enum)
@@ -127,6 +142,15 @@ CHECKPOINT_MODE: EnumMapping[CheckpointMode, pb.CheckpointMode] = EnumMapping(
     },
     unspecified=CheckpointMode.ALIGNED,  # the proto: "treated as ALIGNED"
 )
+CHECKPOINT_STATUS: EnumMapping[CheckpointStatus, pb.CheckpointStatus] = EnumMapping(
+    CheckpointStatus,
+    pb.CheckpointStatus,
+    {
+        CheckpointStatus.IN_PROGRESS: pb.CHECKPOINT_STATUS_IN_PROGRESS,
+        CheckpointStatus.COMPLETED: pb.CHECKPOINT_STATUS_COMPLETED,
+        CheckpointStatus.FAILED: pb.CHECKPOINT_STATUS_FAILED,
+    },
+)
 DECLINE_REASON: EnumMapping[DeclineReason, cpb.DeclineReason] = EnumMapping(
     DeclineReason,
     cpb.DeclineReason,
@@ -160,6 +184,18 @@ TASK_STATE: EnumMapping[TaskState, pb.TaskState] = EnumMapping(
         TaskState.CANCELED: pb.TASK_STATE_CANCELED,
     },
 )
+JOB_STATE: EnumMapping[JobState, pb.JobState] = EnumMapping(
+    JobState,
+    pb.JobState,
+    {
+        JobState.CREATED: pb.JOB_STATE_CREATED,
+        JobState.RUNNING: pb.JOB_STATE_RUNNING,
+        JobState.RESTARTING: pb.JOB_STATE_RESTARTING,
+        JobState.FINISHED: pb.JOB_STATE_FINISHED,
+        JobState.CANCELED: pb.JOB_STATE_CANCELED,
+        JobState.FAILED: pb.JOB_STATE_FAILED,
+    },
+)
 SAVEPOINT_OPERATION_STATUS: EnumMapping[SavepointOperationStatus, cpb.SavepointOperationStatus] = (
     EnumMapping(
         SavepointOperationStatus,
@@ -174,7 +210,9 @@ SAVEPOINT_OPERATION_STATUS: EnumMapping[SavepointOperationStatus, cpb.SavepointO
 MAPPINGS: tuple[EnumMapping[Any, Any], ...] = (
     CHECKPOINT_KIND,
     CHECKPOINT_MODE,
+    CHECKPOINT_STATUS,
     DECLINE_REASON,
+    JOB_STATE,
     PARTITIONER_KIND,
     SAVEPOINT_OPERATION_STATUS,
     TASK_STATE,
@@ -204,4 +242,28 @@ def barrier_options_from_pb(msg: pb.CheckpointOptions) -> BarrierOptions:
         mode=CHECKPOINT_MODE.from_pb_or(msg.mode, CheckpointMode.ALIGNED),
         aligned_checkpoint_timeout_ms=msg.aligned_checkpoint_timeout_ms,
         target_location=msg.target_location,
+    )
+
+
+def state_handle_to_pb(handle: StateHandle) -> pb.StateHandle:
+    """The message of ``handle``."""
+    return pb.StateHandle(
+        path=handle.path,
+        size_bytes=handle.size_bytes,
+        kind=handle.kind,
+        key_group_start=handle.key_group_start,
+        key_group_end=handle.key_group_end,
+        offset=handle.offset,
+    )
+
+
+def state_handle_from_pb(msg: pb.StateHandle) -> StateHandle:
+    """The handle of a message; an unset kind is ``keyed`` (the dataclass's default)."""
+    return StateHandle(
+        path=msg.path,
+        size_bytes=msg.size_bytes,
+        kind=msg.kind or KEYED,
+        key_group_start=msg.key_group_start,
+        key_group_end=msg.key_group_end,
+        offset=msg.offset,
     )

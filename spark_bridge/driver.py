@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 import structlog
 
+from snapflow import wire
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.errors import (
     AlreadyExistsError,
@@ -62,6 +63,7 @@ from snapflow.errors import (
     SnapflowError,
     UnavailableError,
 )
+from snapflow.jobgraph import TaskState
 from snapflow.leader_channel import sync_leader_channel
 from snapflow.security import PLAINTEXT, SecuritySettings
 from snapflow.spark_bridge.executor import SlotConfig, run_slot
@@ -631,7 +633,11 @@ class JobHandle:
             tasks = self._client.call("ListTasks", cpb.ListTasksRequest(job_id=self.job_id)).tasks
         except SnapflowError:
             return ""
-        failed = [t for t in tasks if t.state == pb.TASK_STATE_FAILED and t.failure]
+        failed = [
+            t
+            for t in tasks
+            if wire.TASK_STATE.from_pb_or(t.state, None) is TaskState.FAILED and t.failure
+        ]
         failed.sort(key=lambda t: "ChannelFailedError" in t.failure)
         if not failed:
             return ""
@@ -734,7 +740,7 @@ class _Progress:
         latest = stats.latest_completed
         records = f"{latest.source_records:,}" if latest.checkpoint_id else "0"
         line = (
-            f"{self._name}: {pb.JobState.Name(info.state).removeprefix('JOB_STATE_').lower()} "
+            f"{self._name}: {JobStatus.from_pb(info.state).value.lower()} "
             f"{time.monotonic() - self._started:5.1f}s | records {records} "
             f"(checkpoint {latest.checkpoint_id or '-'}) | checkpoints {stats.counts.completed} completed, "
             f"{stats.counts.failed} failed | restarts {info.restarts}"

@@ -53,6 +53,7 @@ from snapflow import wire
 from snapflow.checkpointing import CheckpointMode
 from snapflow.coordinator.checkpoint_storage import check_storage_location
 from snapflow.errors import ConfigError, InvalidArgumentError
+from snapflow.jobgraph import PartitionerKind
 from snapflow.spark_bridge.driver import JobHandle, JobResult, run, submit
 from snapflow.spark_bridge.restart import DEFAULT_RESTART_STRATEGY, RestartStrategy
 from snapflow.spark_bridge.submission import default_parallelism
@@ -240,7 +241,7 @@ class _Vertex:
 class _Edge:
     source: str
     target: str
-    partitioner: int
+    partitioner: PartitionerKind
     key_field: str = ""
 
 
@@ -373,7 +374,7 @@ class Stream:
     # --- new vertices ---------------------------------------------------------------------
 
     def _edge(
-        self, what: str, partitioner: int, key_field: str, parallelism: int | None
+        self, what: str, partitioner: PartitionerKind, key_field: str, parallelism: int | None
     ) -> _Vertex:
         self._check_open(what)
         p = self._pipeline
@@ -387,12 +388,12 @@ class Stream:
     def key_by(self, key_field: str, *, parallelism: int | None = None) -> KeyedStream:
         """Partition by ``key_field`` (a HASH edge by key group) into a new, keyed vertex."""
         _check_name("key_by field", key_field)
-        target = self._edge("key_by", pb.PARTITIONER_KIND_HASH, key_field, parallelism)
+        target = self._edge("key_by", PartitionerKind.HASH, key_field, parallelism)
         return KeyedStream(self._pipeline, target, key_field)
 
     def rebalance(self, *, parallelism: int | None = None) -> Stream:
         """Round-robin into a new vertex (e.g. to change the parallelism)."""
-        target = self._edge("rebalance", pb.PARTITIONER_KIND_REBALANCE, "", parallelism)
+        target = self._edge("rebalance", PartitionerKind.REBALANCE, "", parallelism)
         return Stream(self._pipeline, target, 0)
 
 
@@ -710,7 +711,7 @@ class Pipeline:
             pb.JobEdge(
                 source_vertex_id=e.source,
                 target_vertex_id=e.target,
-                partitioner=e.partitioner,  # type: ignore[arg-type]
+                partitioner=wire.PARTITIONER_KIND.to_pb(e.partitioner),
                 key_field=e.key_field,
             )
             for e in self._edges

@@ -28,7 +28,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from snapflow import wire
 from snapflow.errors import InvalidArgumentError
+from snapflow.jobgraph import JobState
 
 __all__ = [
     "DEFAULT_RESTART_STRATEGY",
@@ -47,7 +49,16 @@ __all__ = [
 
 
 class JobStatus(StrEnum):
-    """A job's state as the coordinator reports it (``snapflow.v1.JobState`` without prefix)."""
+    """A job's state as the Spark bridge reports it (``JobResult.state``): a
+    :class:`snapflow.jobgraph.JobState` by name, or ``UNKNOWN`` when the coordinator could not
+    be asked or sent a number this version does not know.
+
+    Kept beside ``JobState`` (not an alias of it) because it is public API with its own values:
+    ``JobResult.state.value`` is the upper-case name ("FINISHED"), while ``JobState`` values are
+    the lower-case names stored in Redis; and the driver needs ``UNKNOWN``, which no job on the
+    coordinator ever is. Its members are checked against ``JobState`` at import, its proto
+    numbers come from ``snapflow.wire.JOB_STATE``.
+    """
 
     UNKNOWN = "UNKNOWN"
     CREATED = "CREATED"
@@ -58,20 +69,30 @@ class JobStatus(StrEnum):
     FAILED = "FAILED"
 
     @classmethod
+    def of(cls, state: JobState | None) -> JobStatus:
+        """The status of a job state; ``UNKNOWN`` for None."""
+        return cls.UNKNOWN if state is None else cls[state.name]
+
+    @classmethod
     def from_pb(cls, value: int) -> JobStatus:
-        names = {
-            1: "CREATED",
-            2: "RUNNING",
-            3: "RESTARTING",
-            4: "FINISHED",
-            5: "CANCELED",
-            6: "FAILED",
-        }
-        return cls(names.get(int(value), "UNKNOWN"))
+        """The status of a ``JobInfo.state`` number; ``UNKNOWN`` for UNSPECIFIED or a number
+        this version does not know."""
+        return cls.of(wire.JOB_STATE.from_pb_or(value, None))
+
+    @property
+    def job_state(self) -> JobState | None:
+        """The coordinator's job state; None for ``UNKNOWN``."""
+        return None if self is JobStatus.UNKNOWN else JobState[self.name]
 
     @property
     def is_terminal(self) -> bool:
-        return self in (JobStatus.FINISHED, JobStatus.CANCELED, JobStatus.FAILED)
+        state = self.job_state
+        return state is not None and state.is_terminal
+
+
+# A state added to JobState must be added here too (a JobStatus per JobState): fail at import.
+if {s.name for s in JobStatus} != {s.name for s in JobState} | {JobStatus.UNKNOWN.name}:
+    raise TypeError(f"JobStatus {list(JobStatus)} does not match JobState {list(JobState)}")
 
 
 # ---------------------------------------------------------------------------------------------

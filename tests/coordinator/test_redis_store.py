@@ -631,6 +631,17 @@ def test_records_round_trip_as_utf8_json(redis_url: str) -> None:
                 == bytes(range(256)).hex()
             )
             assert json.loads(raw_chk.decode("utf-8"))["kind"] == "checkpoint"
+            # a state handle is the JSON object of its fields, as in the records of every
+            # version so far (the coordinator reads older records back)
+            handle = {
+                "key_group_end": 9,
+                "key_group_start": 0,
+                "kind": "keyed",
+                "offset": 0,
+                "path": f"/chk/{JOB}/chk-9/agg-0-a",
+                "size_bytes": 1000,
+            }
+            assert json.dumps(handle, separators=(",", ":")).encode() in raw_chk
 
             loaded = await store.get_job(JOB)
             assert loaded == job

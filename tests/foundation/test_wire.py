@@ -1,5 +1,6 @@
 """The conversion edge (``snapflow.wire``): every member of the shared checkpoint vocabulary
-round-trips through its proto number, and numbers outside a mapping are handled as documented."""
+round-trips through its proto number, and numbers outside a mapping are handled as documented;
+barrier options and state handles round-trip through their messages."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from snapflow.checkpointing import (
     BarrierOptions,
     CheckpointKind,
     CheckpointMode,
+    CheckpointStatus,
     DeclineReason,
     SavepointOperationStatus,
+    StateHandle,
 )
 from snapflow.errors import InvalidArgumentError
-from snapflow.jobgraph import PartitionerKind, TaskState
+from snapflow.jobgraph import JobState, PartitionerKind, TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -30,6 +33,11 @@ UNKNOWN = 99  # no proto enum of this version has a 99
         (wire.CHECKPOINT_KIND, CheckpointKind, pb.CheckpointKind),
         (wire.CHECKPOINT_MODE, CheckpointMode, pb.CheckpointMode),
         (wire.DECLINE_REASON, DeclineReason, cpb.DeclineReason),
+        (wire.CHECKPOINT_STATUS, CheckpointStatus, pb.CheckpointStatus),
+        (wire.JOB_STATE, JobState, pb.JobState),
+        (wire.PARTITIONER_KIND, PartitionerKind, pb.PartitionerKind),
+        (wire.TASK_STATE, TaskState, pb.TaskState),
+        (wire.SAVEPOINT_OPERATION_STATUS, SavepointOperationStatus, cpb.SavepointOperationStatus),
     ],
 )
 def test_every_member_round_trips_and_every_proto_number_has_a_member(
@@ -46,7 +54,9 @@ def test_mappings_lists_every_mapping() -> None:
     assert {m.enum_type for m in wire.MAPPINGS} == {
         CheckpointKind,
         CheckpointMode,
+        CheckpointStatus,
         DeclineReason,
+        JobState,
         PartitionerKind,
         SavepointOperationStatus,
         TaskState,
@@ -62,6 +72,12 @@ def test_the_proto_names_match_the_member_names() -> None:
     ]
     assert [cpb.DeclineReason.Name(wire.DECLINE_REASON.to_pb(r)) for r in DeclineReason] == [
         f"DECLINE_REASON_{r.name}" for r in DeclineReason
+    ]
+    assert [
+        pb.CheckpointStatus.Name(wire.CHECKPOINT_STATUS.to_pb(s)) for s in CheckpointStatus
+    ] == [f"CHECKPOINT_STATUS_{s.name}" for s in CheckpointStatus]
+    assert [pb.JobState.Name(wire.JOB_STATE.to_pb(s)) for s in JobState] == [
+        f"JOB_STATE_{s.name}" for s in JobState
     ]
     statuses = SavepointOperationStatus
     assert [
@@ -174,4 +190,24 @@ def test_barrier_options_with_unknown_or_unspecified_numbers_are_read_as_the_def
     odd.mode = UNKNOWN  # type: ignore[assignment]
     assert wire.barrier_options_from_pb(odd) == BarrierOptions(
         CheckpointKind.CHECKPOINT, CheckpointMode.ALIGNED, 9, "/t"
+    )
+
+
+@pytest.mark.parametrize(
+    "handle",
+    [
+        StateHandle("/chk/chk-3/op-keyed-kg0-63.state", 1024, "keyed", 0, 63),
+        StateHandle("s3://b/chk-3/sub.merged", 40, "channel_output", 2, 2, 512),
+        StateHandle("/chk/op.state", 7, "operator", 0, -1),
+        StateHandle("/chk/shared/x.sst", 4096, "a-kind-of-a-newer-worker"),
+    ],
+)
+def test_state_handles_round_trip(handle: StateHandle) -> None:
+    msg = wire.state_handle_to_pb(handle)
+    assert wire.state_handle_from_pb(pb.StateHandle.FromString(msg.SerializeToString())) == handle
+
+
+def test_a_state_handle_without_a_kind_is_keyed() -> None:
+    assert wire.state_handle_from_pb(pb.StateHandle(path="/p", size_bytes=3)) == StateHandle(
+        "/p", 3, "keyed", 0, 0, 0
     )

@@ -95,7 +95,6 @@ HEARTBEAT_TIMEOUT_S = 10.0
 _CONTROL_SERVICE = wpb.DESCRIPTOR.services_by_name["WorkerControlService"]
 _EXCHANGE_SERVICE = wpb.DESCRIPTOR.services_by_name["DataExchangeService"]
 RPC_TIMEOUT_S = 10.0
-_JOB_ENDED = (pb.JOB_STATE_FINISHED, pb.JOB_STATE_CANCELED, pb.JOB_STATE_FAILED)
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
@@ -325,7 +324,8 @@ class Agent:
                 info = await self.stub.GetJob(cpb.GetJobRequest(job_id=self.job_id), timeout=5)
             except Exception:  # unknown: keep them (the restore checks a copy before use)
                 return
-            if info.state not in _JOB_ENDED:
+            state = wire.JOB_STATE.from_pb_or(info.state, None)
+            if state is None or not state.is_terminal:  # unknown: keep them
                 return
         await asyncio.to_thread(config.discard_local_copies, self.job_id)
         self._log.info("agent.local_state_discarded", finished=finished)
@@ -673,18 +673,7 @@ class Agent:
                 checkpoint_id=report.checkpoint_id,
                 operator_states=[
                     pb.OperatorSubtaskState(
-                        operator_id=op_id,
-                        handles=[
-                            pb.StateHandle(
-                                path=str(h["path"]),
-                                size_bytes=int(h["size_bytes"]),
-                                kind=str(h["kind"]),
-                                key_group_start=int(h["key_group_start"]),
-                                key_group_end=int(h["key_group_end"]),
-                                offset=int(h.get("offset", 0)),
-                            )
-                            for h in handles
-                        ],
+                        operator_id=op_id, handles=[wire.state_handle_to_pb(h) for h in handles]
                     )
                     for op_id, handles in report.operator_states
                 ],
@@ -841,14 +830,6 @@ def _restore_data(restore: cpb.TaskRestore) -> RestoreData:
     for vs in restore.vertex_state:
         for op in vs.operators:
             data.handles.setdefault(op.operator_id, {})[vs.subtask_index] = [
-                {
-                    "path": h.path,
-                    "size_bytes": h.size_bytes,
-                    "kind": h.kind,
-                    "key_group_start": h.key_group_start,
-                    "key_group_end": h.key_group_end,
-                    "offset": h.offset,
-                }
-                for h in op.handles
+                wire.state_handle_from_pb(h) for h in op.handles
             ]
     return data

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from snapflow import wire
-from snapflow.checkpointing import DeclineReason
+from snapflow.checkpointing import OPERATOR, DeclineReason, StateHandle
 from snapflow.errors import SnapflowError
 from snapflow.filestore import store_for
 from snapflow.jobgraph import TaskState
@@ -197,7 +197,7 @@ class SimulatedAgent:
                     timeout=10,
                 )
                 return
-        handles = [pb.StateHandle(path=path, size_bytes=self.state_bytes, kind="operator")]
+        handles = [wire.state_handle_to_pb(StateHandle(path, self.state_bytes, OPERATOR))]
         ack = cpb.AcknowledgeCheckpointRequest(
             job_id=self.job_id,
             attempt=attempt,

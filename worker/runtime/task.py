@@ -55,7 +55,17 @@ from typing import Any, Never, NoReturn, TypeVar
 import pyarrow as pa
 import structlog
 
-from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode, DeclineReason
+from snapflow.checkpointing import (
+    CHANNEL_INPUT,
+    CHANNEL_OUTPUT,
+    OPERATOR,
+    UNION,
+    BarrierOptions,
+    CheckpointKind,
+    CheckpointMode,
+    DeclineReason,
+    StateHandle,
+)
 from snapflow.event_time import MAX_WATERMARK
 from snapflow.filestore import is_object_store_uri, store_for
 from snapflow.worker.runtime import barriers as b
@@ -90,8 +100,6 @@ BACKPRESSURE_POLL_S = 0.005  # how often a task blocked on output looks for prio
 CLOSE_TIMEOUT_S = 10.0
 """How long a finishing or cancelled task waits for its task thread to close the operators (a
 user function stuck forever must not keep the agent from going on)."""
-CHANNEL_INPUT = "channel_input"
-CHANNEL_OUTPUT = "channel_output"
 END_OF_DATA_STATE = "snapflow/end-of-data"
 """Union list state (of the chain's first operator) holding the index of a subtask that had
 run ``end_input`` and sent end of data when it snapshotted."""
@@ -125,7 +133,7 @@ class SnapshotReport:
     """What the task reports to the coordinator for one checkpoint."""
 
     checkpoint_id: int
-    operator_states: list[tuple[str, list[dict[str, Any]]]]  # (operator_id, handles)
+    operator_states: list[tuple[str, list[StateHandle]]]  # (operator_id, handles)
     sync_duration_ms: int
     async_duration_ms: int
     alignment_duration_ms: int
@@ -149,7 +157,7 @@ class RestoreData:
     checkpoint_id: int = 0
     previous_parallelism: int = 0
     # operator_id -> old subtask index -> handles
-    handles: dict[str, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)
+    handles: dict[str, dict[int, list[StateHandle]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -303,7 +311,7 @@ class Subtask:
             op_state = OperatorStateBackend(name=op_id)
             self.operator_state[op_id] = op_state
             handles = self.restore_data.handles.get(op_id, {})
-            if any(h.get("kind") in ("operator", "union") for hs in handles.values() for h in hs):
+            if any(h.kind in (OPERATOR, UNION) for hs in handles.values() for h in hs):
                 op_state.restore(
                     handles,
                     self.subtask_index,
@@ -900,7 +908,7 @@ class Subtask:
 
     def _write_snapshot(
         self, directory: str, pending: _PendingSnapshot
-    ) -> tuple[dict[str, list[dict[str, Any]]], int, int]:
+    ) -> tuple[dict[str, list[StateHandle]], int, int]:
         """Write the snapshot's files. Locally one file per state and channel, as written. On
         an object store all of them go into one object (one PUT per subtask and checkpoint,
         none for empty state), each handle naming its byte range in it."""
@@ -911,12 +919,12 @@ class Subtask:
             if is_object_store_uri(directory)
             else None
         )
-        handles: dict[str, list[dict[str, Any]]] = {}
+        handles: dict[str, list[StateHandle]] = {}
         size = 0
         for op_id, snap in pending.snapshots:
             written = snap.write(_join(directory, op_id), into=merged)
-            handles.setdefault(op_id, []).extend(dict(h) for h in written)
-            size += sum(int(h["size_bytes"]) for h in written)
+            handles.setdefault(op_id, []).extend(written)
+            size += sum(h.size_bytes for h in written)
         in_flight = 0
         channel_handles = []
         for kind, data in (
@@ -939,14 +947,7 @@ class Subtask:
                 in_flight += written_bytes
                 # key_group_start carries the channel index for channel state handles
                 channel_handles.append(
-                    {
-                        "path": path,
-                        "size_bytes": written_bytes,
-                        "kind": kind,
-                        "key_group_start": channel,
-                        "key_group_end": channel,
-                        "offset": offset,
-                    }
+                    StateHandle(path, written_bytes, kind, channel, channel, offset)
                 )
         if channel_handles:
             handles.setdefault(self._channel_state_owner(), []).extend(channel_handles)
@@ -964,7 +965,7 @@ class Subtask:
         own = self.restore_data.handles.get(self._channel_state_owner(), {}).get(
             self.subtask_index, []
         )
-        channel_handles = [h for h in own if h.get("kind") in (CHANNEL_INPUT, CHANNEL_OUTPUT)]
+        channel_handles = [h for h in own if h.kind in (CHANNEL_INPUT, CHANNEL_OUTPUT)]
         if not channel_handles:
             return
         if self.restore_data.previous_parallelism not in (0, self.parallelism):
@@ -973,18 +974,12 @@ class Subtask:
                 "take a savepoint (always aligned) to change parallelism"
             )
         for h in sorted(
-            channel_handles, key=lambda h: (h["kind"] != CHANNEL_OUTPUT, h["key_group_start"])
+            channel_handles, key=lambda h: (h.kind != CHANNEL_OUTPUT, h.key_group_start)
         ):
-            batches = await asyncio.to_thread(
-                _read_batches, h["path"], int(h.get("offset", 0)), int(h.get("size_bytes", 0))
-            )
-            if h["kind"] == CHANNEL_OUTPUT:
+            batches = await asyncio.to_thread(_read_batches, h.path, h.offset, h.size_bytes)
+            if h.kind == CHANNEL_OUTPUT:
                 channels = [c for edge in self.outputs for c in edge.channels]
-                target = (
-                    channels[int(h["key_group_start"])]
-                    if int(h["key_group_start"]) < len(channels)
-                    else None
-                )
+                target = channels[h.key_group_start] if h.key_group_start < len(channels) else None
                 for batch in batches:
                     if target is not None:
                         await target.send(DataFrame(batch))

@@ -96,14 +96,24 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
-from typing import Any, BinaryIO, Generic, NamedTuple, TypedDict, TypeVar, overload
+from typing import Any, BinaryIO, Generic, NamedTuple, TypeVar, overload
 from urllib.parse import unquote, urlsplit
 
 import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapflow.checkpointing import BarrierOptions
+from snapflow.checkpointing import (
+    INCREMENTAL,
+    KEYED,
+    OPERATOR,
+    SHARED,
+    SHARED_NEW,
+    TIMERS,
+    UNION,
+    BarrierOptions,
+    StateHandle,
+)
 from snapflow.durable_files import fsync_dir
 from snapflow.errors import StateError, StorageError
 from snapflow.event_time import MIN_WATERMARK
@@ -141,7 +151,6 @@ __all__ = [
     "SnapshotInProgress",
     "StateError",
     "StateFormatVersionError",
-    "StateHandleDict",
     "Timer",
     "TimerService",
     "ValueState",
@@ -193,31 +202,15 @@ def _no_current_key() -> StateError:
 # Handles
 # ---------------------------------------------------------------------------------------------
 
-KEYED, TIMERS, OPERATOR, UNION = "keyed", "timers", "operator", "union"
-INCREMENTAL = "incremental"
-"""The manifest of an incremental checkpoint of the disk backend (``rocksdb_backend``)."""
-SHARED, SHARED_NEW = "shared", "shared-new"
-"""Handles of files shared between checkpoints (the disk backend's SST files): ``shared-new``
-for a file this checkpoint uploaded, ``shared`` for one an earlier checkpoint uploaded."""
+# A state file is described by a ``snapflow.checkpointing.StateHandle``, whose kind names
+# (KEYED, TIMERS, ...) are the foundation's. The codes in a file's header are this format's own.
 _KIND_CODES = {KEYED: 1, TIMERS: 2, OPERATOR: 3, UNION: 4, INCREMENTAL: 5}
 
 
-class StateHandleDict(TypedDict):
-    """One state file (the fields of ``snapflow.v1.StateHandle`` / ``coordinator.model``'s
-    ``StateHandle``). Operator and union handles have the empty key-group range ``0..-1``.
-    ``offset`` is where the file starts inside the object at ``path`` (0: it is the whole
-    object; see :class:`MergedStateObject`); ``size_bytes`` is its length."""
-
-    path: str
-    size_bytes: int
-    kind: str
-    key_group_start: int
-    key_group_end: int
-    offset: int
-
-
-def _handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> StateHandleDict:
-    """Normalise a handle given as a mapping, a dataclass or a protobuf message."""
+def _handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> StateHandle:
+    """Normalise a handle given as a ``StateHandle`` or another dataclass, a mapping (older
+    callers and tests pass dicts) or a protobuf message, resolving its path against
+    ``base_dir``."""
 
     def field(name: str, default: Any) -> Any:
         if isinstance(handle, Mapping):
@@ -242,7 +235,7 @@ def _handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> Stat
             f"state handle {path!r:.200}: offset {offset} and size {size} do not name a "
             "byte range (a handle with an offset needs its size)"
         )
-    return StateHandleDict(
+    return StateHandle(
         path=path,
         size_bytes=size,
         kind=str(field("kind", "") or KEYED),
@@ -343,7 +336,7 @@ def _write_state_file(
     sections: Iterable[tuple[int, bytes]],
     key_group_range: KeyGroupRange,
     into: MergedStateObject | None = None,
-) -> StateHandleDict:
+) -> StateHandle:
     """Write one state file; returns its handle. Locally the file is streamed to a temporary
     name, fsynced and renamed (atomic); on an object store it is built in memory and written
     whole with one PUT (an object appears whole or not at all), or appended to ``into``."""
@@ -357,7 +350,7 @@ def _write_state_file(
         store = store_for(directory)
         path, offset = store.join(directory, filename), 0
         store.write(path, b"".join(parts))
-    return StateHandleDict(
+    return StateHandle(
         path=path,
         size_bytes=size,
         kind=kind,
@@ -374,7 +367,7 @@ def _write_local_state_file(
     meta: dict[str, Any],
     sections: Iterable[tuple[int, bytes]],
     key_group_range: KeyGroupRange,
-) -> StateHandleDict:
+) -> StateHandle:
     final = os.path.join(directory, filename)
     tmp = os.path.join(directory, f".{filename}.{uuid.uuid4().hex[:8]}.inprogress")
     try:
@@ -391,7 +384,7 @@ def _write_local_state_file(
             raise StorageError(f"cannot write state file {final}: {e}") from e
         raise
     fsync_dir(directory)
-    return StateHandleDict(
+    return StateHandle(
         path=os.path.abspath(final),
         size_bytes=size,
         kind=kind,
@@ -401,13 +394,13 @@ def _write_local_state_file(
     )
 
 
-def _discard_files(handles: Iterable[StateHandleDict]) -> None:
+def _discard_files(handles: Iterable[StateHandle]) -> None:
     """Best effort: remove the whole files of a snapshot whose write failed (files inside a
     merged object were never written: the object is written last)."""
     by_store: dict[int, tuple[FileStore, list[str]]] = {}
     for handle in handles:
-        path = handle["path"]
-        if handle["offset"]:
+        path = handle.path
+        if handle.offset:
             continue
         if is_object_store_uri(path):
             store = store_for(path)
@@ -428,23 +421,23 @@ _TAIL_PREFETCH_BYTES = 256 * 1024
 class _LocalBytes:
     """The bytes of a state file on a file system (a whole file, or a range of one)."""
 
-    def __init__(self, handle: StateHandleDict, corrupt: Callable[[str], Exception]) -> None:
-        self.path = handle["path"]
+    def __init__(self, handle: StateHandle, corrupt: Callable[[str], Exception]) -> None:
+        self.path = handle.path
         try:
             self._f: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         except OSError as e:
             raise StorageError(f"cannot open state file {self.path}: {e}") from e
         try:
             file_size = os.fstat(self._f.fileno()).st_size
-            self.base = handle["offset"]
+            self.base = handle.offset
             if not self.base:
                 self.size = file_size
-                if handle["size_bytes"] and handle["size_bytes"] != file_size:
+                if handle.size_bytes and handle.size_bytes != file_size:
                     raise corrupt(
-                        f"the handle says {handle['size_bytes']} bytes, the file has {file_size}"
+                        f"the handle says {handle.size_bytes} bytes, the file has {file_size}"
                     )
             else:
-                self.size = handle["size_bytes"]
+                self.size = handle.size_bytes
                 if file_size < self.base + self.size:
                     raise corrupt(
                         f"the handle says bytes {self.base}..{self.base + self.size}, the file "
@@ -472,14 +465,14 @@ class _ObjectBytes:
     """The bytes of a state file in an object store, read with ranged GETs: the tail first
     (trailer, index, metadata), then the sections a restore needs, coalesced."""
 
-    def __init__(self, handle: StateHandleDict, corrupt: Callable[[str], Exception]) -> None:
-        self.path = handle["path"]
-        self.base = handle["offset"]
+    def __init__(self, handle: StateHandle, corrupt: Callable[[str], Exception]) -> None:
+        self.path = handle.path
+        self.base = handle.offset
         self._store = store_for(self.path)
         self._corrupt = corrupt
         self._cache: list[tuple[int, bytes]] = []
         # A handle always carries its size; a HEAD only for one written by hand without it.
-        self.size = handle["size_bytes"] or self._request(lambda: self._store.size(self.path))
+        self.size = handle.size_bytes or self._request(lambda: self._store.size(self.path))
         if self.size >= _HEADER.size + _TRAILER.size:
             self.prefetch(max(0, self.size - _TAIL_PREFETCH_BYTES), _TAIL_PREFETCH_BYTES)
 
@@ -520,8 +513,8 @@ class _StateFileReader:
     on demand (each checked against its CRC). A local file is read through its file handle, an
     object with ranged GETs (:class:`_ObjectBytes`)."""
 
-    def __init__(self, handle: StateHandleDict) -> None:
-        self.path = handle["path"]
+    def __init__(self, handle: StateHandle) -> None:
+        self.path = handle.path
         self._src: _LocalBytes | _ObjectBytes = (
             _ObjectBytes(handle, self._corrupt)
             if is_object_store_uri(self.path)
@@ -552,7 +545,7 @@ class _StateFileReader:
         if end - start <= 2 * sum(e.length for e in entries):
             self._src.prefetch(start, end - start)
 
-    def _parse(self, handle: StateHandleDict) -> None:
+    def _parse(self, handle: StateHandle) -> None:
         size = self._src.size
         if size < _HEADER.size + _TRAILER.size:
             raise self._corrupt(f"only {size} bytes")
@@ -590,9 +583,9 @@ class _StateFileReader:
                 f"worker reads version {FORMAT_VERSION}"
             )
         kind = str(meta.get("kind"))
-        if _KIND_CODES.get(kind) != kind_code or kind != handle["kind"]:
+        if _KIND_CODES.get(kind) != kind_code or kind != handle.kind:
             raise self._corrupt(
-                f"the handle says kind {handle['kind']!r}, the file holds {kind!r} state"
+                f"the handle says kind {handle.kind!r}, the file holds {kind!r} state"
             )
         self.meta: dict[str, Any] = meta
         self.sections: list[_Section] = []
@@ -635,7 +628,7 @@ def _file_name(prefix: str, kind: str, checkpoint_id: int, kg_range: KeyGroupRan
 
 
 #: The asynchronous part of a snapshot: (directory, merged object or None) -> handles.
-_Writer = Callable[[str, "MergedStateObject | None"], list[StateHandleDict]]
+_Writer = Callable[[str, "MergedStateObject | None"], list[StateHandle]]
 
 
 class SnapshotInProgress:
@@ -657,7 +650,7 @@ class SnapshotInProgress:
         self.sync_duration_s = 0.0
         self.async_duration_s: float | None = None
         self.state_size_bytes = 0
-        self.handles: list[StateHandleDict] | None = None
+        self.handles: list[StateHandle] | None = None
         self._writer: _Writer | None = writer
         self._on_release: Callable[[SnapshotInProgress], None] | None = on_release
         self._status = "pending"  # pending | writing | written | failed | released
@@ -669,7 +662,7 @@ class SnapshotInProgress:
 
     def write(
         self, directory: str | os.PathLike[str], *, into: MergedStateObject | None = None
-    ) -> list[StateHandleDict]:
+    ) -> list[StateHandle]:
         """Serialise the snapshot into ``directory`` (a path, created if missing, or an
         ``s3://`` prefix); returns the handles of the files written (none for empty state).
         With ``into``, the files are appended to that object instead (the caller writes it).
@@ -689,7 +682,7 @@ class SnapshotInProgress:
             self._status = "failed"
             raise
         self.async_duration_s = time.perf_counter() - start
-        self.state_size_bytes = sum(h["size_bytes"] for h in handles)
+        self.state_size_bytes = sum(h.size_bytes for h in handles)
         self.handles = handles
         self._writer = None  # drop the frozen view
         self._status = "written"
@@ -1592,16 +1585,16 @@ class KeyedStateBackend:
         restored = 0
         for raw in handles:
             handle = _handle_fields(raw, base_dir)
-            kind = handle["kind"]
+            kind = handle.kind
             if kind == INCREMENTAL:
                 raise IncompatibleStateError(
-                    f"{handle['path']} is an incremental checkpoint of the rocksdb state "
+                    f"{handle.path} is an incremental checkpoint of the rocksdb state "
                     "backend; restore it with state_backend('rocksdb'), or take a savepoint "
                     "(a canonical snapshot any backend restores)"
                 )
             if kind not in (KEYED, TIMERS):
                 continue
-            file_range = KeyGroupRange(handle["key_group_start"], handle["key_group_end"])
+            file_range = KeyGroupRange(handle.key_group_start, handle.key_group_end)
             if not file_range.overlaps(self.key_group_range):
                 continue
             with _StateFileReader(handle) as reader:
@@ -1708,10 +1701,8 @@ class _KeyedSnapshotWriter:
             if timers:
                 yield self.kg_range.start + idx, _dumps(list(timers), "timers")
 
-    def __call__(
-        self, directory: str, into: MergedStateObject | None = None
-    ) -> list[StateHandleDict]:
-        handles: list[StateHandleDict] = []
+    def __call__(self, directory: str, into: MergedStateObject | None = None) -> list[StateHandle]:
+        handles: list[StateHandle] = []
         try:
             self._write(directory, handles, into)
         except BaseException:
@@ -1721,7 +1712,7 @@ class _KeyedSnapshotWriter:
         return handles
 
     def _write(
-        self, directory: str, handles: list[StateHandleDict], into: MergedStateObject | None
+        self, directory: str, handles: list[StateHandle], into: MergedStateObject | None
     ) -> None:
         if any(maps[i] for _, maps in self.views.values() for i in range(len(maps))):
             meta = self._meta(KEYED)
@@ -1824,7 +1815,7 @@ class OperatorStateBackend:
         union = {n: list(s._items) for n, s in self._states.items() if s.mode == UNION_DISTRIBUTE}
         prefix = self.name
 
-        def write(directory: str, into: MergedStateObject | None) -> list[StateHandleDict]:
+        def write(directory: str, into: MergedStateObject | None) -> list[StateHandle]:
             handles = []
             for kind, lists in ((OPERATOR, split), (UNION, union)):
                 if not any(lists.values()):
@@ -1876,7 +1867,7 @@ class OperatorStateBackend:
         for old_index in sorted(by_index):
             for raw in by_index[old_index]:
                 handle = _handle_fields(raw, base_dir)
-                kind = handle["kind"]
+                kind = handle.kind
                 if kind not in (OPERATOR, UNION):
                     continue
                 with _StateFileReader(handle) as reader:

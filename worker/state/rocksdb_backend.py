@@ -100,18 +100,21 @@ import pyarrow as pa
 import rocksdict
 import structlog
 
-from snapflow.checkpointing import BarrierOptions
+from snapflow.checkpointing import (
+    INCREMENTAL,
+    KEYED,
+    SHARED,
+    SHARED_NEW,
+    TIMERS,
+    BarrierOptions,
+    StateHandle,
+)
 from snapflow.errors import StateError, StorageError
 from snapflow.filestore import file_crc32, is_object_store_uri, store_for
 from snapflow.worker.state.backend import (
     _STATE_KINDS,
     FORMAT_NAME,
     FORMAT_VERSION,
-    INCREMENTAL,
-    KEYED,
-    SHARED,
-    SHARED_NEW,
-    TIMERS,
     AggregatingState,
     CorruptStateError,
     IncompatibleStateError,
@@ -121,7 +124,6 @@ from snapflow.worker.state.backend import (
     MergedStateObject,
     ReducingState,
     SnapshotInProgress,
-    StateHandleDict,
     ValueState,
     _check_lengths,
     _discard_files,
@@ -1058,7 +1060,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             checkpoint_id, self.max_parallelism, self.key_group_range, self.name, {}, timer_view
         )
         kinds = dict(self._kinds)
-        writer: Callable[[str, MergedStateObject | None], list[StateHandleDict]]
+        writer: Callable[[str, MergedStateObject | None], list[StateHandle]]
         if options is None or options.kind.is_savepoint or not options.target_location:
             writer = _CanonicalWriter(self, checkpoint_id, self._db.snapshot(), kinds, timers)
         else:
@@ -1102,15 +1104,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         manifest counts each key group it supplies)."""
         if not self.is_empty():
             raise IncompatibleStateError("restore() needs a backend that holds no state yet")
-        manifests: list[tuple[StateHandleDict, KeyGroupRange]] = []
-        keyed: list[tuple[StateHandleDict, KeyGroupRange]] = []
-        timers: list[tuple[StateHandleDict, KeyGroupRange]] = []
+        manifests: list[tuple[StateHandle, KeyGroupRange]] = []
+        keyed: list[tuple[StateHandle, KeyGroupRange]] = []
+        timers: list[tuple[StateHandle, KeyGroupRange]] = []
         for raw in handles:
             handle = _handle_fields(raw, base_dir)
-            file_range = KeyGroupRange(handle["key_group_start"], handle["key_group_end"])
+            file_range = KeyGroupRange(handle.key_group_start, handle.key_group_end)
             if not file_range.overlaps(self.key_group_range):
                 continue
-            kind = handle["kind"]
+            kind = handle.kind
             if kind == INCREMENTAL:
                 manifests.append((handle, file_range))
             elif kind == KEYED:
@@ -1130,7 +1132,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
         restored = 0
         for handle, file_range in manifests:
-            claim(file_range, handle["path"])
+            claim(file_range, handle.path)
         whole = len(manifests) == 1 and not keyed and manifests[0][1] == self.key_group_range
         for handle, file_range in manifests:
             restored += self._restore_manifest(handle, file_range, whole=whole)
@@ -1152,13 +1154,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._names[name.encode()] = name
 
     def _restore_manifest(
-        self, handle: StateHandleDict, file_range: KeyGroupRange, *, whole: bool
+        self, handle: StateHandle, file_range: KeyGroupRange, *, whole: bool
     ) -> int:
         with _StateFileReader(handle) as reader:
             self._check_meta(reader, file_range)
             manifest = _read_manifest(reader)
             checkpoint_id = reader.meta.get("checkpoint_id")
-        path = handle["path"]
+        path = handle.path
         self._merge_kinds(manifest["states"], path)
         if whole:
             self._db.close()
@@ -1223,7 +1225,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def _restore_canonical(
         self,
-        handle: StateHandleDict,
+        handle: StateHandle,
         file_range: KeyGroupRange,
         claim: Callable[[KeyGroupRange, str], None],
     ) -> int:
@@ -1263,7 +1265,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 restored += 1
         return restored
 
-    def _restore_timers(self, handle: StateHandleDict, file_range: KeyGroupRange) -> int:
+    def _restore_timers(self, handle: StateHandle, file_range: KeyGroupRange) -> int:
         restored = 0
         with _StateFileReader(handle) as reader:
             self._check_meta(reader, file_range)
@@ -1435,9 +1437,9 @@ class _CanonicalWriter:
                 kg = b.key_group_range.start + idx
                 yield kg, _dumps(group, f"the keyed state of key group {kg}")
 
-    def __call__(self, directory: str, into: MergedStateObject | None) -> list[StateHandleDict]:
+    def __call__(self, directory: str, into: MergedStateObject | None) -> list[StateHandle]:
         b = self.backend
-        handles: list[StateHandleDict] = []
+        handles: list[StateHandle] = []
         try:
             lower, _ = b._group_bounds(0)
             _, upper = b._group_bounds(len(b.key_group_range) - 1)
@@ -1503,7 +1505,7 @@ class _IncrementalWriter:
         return SharedFile(name, path, size, crc)
 
     def _upload_all(
-        self, plan: list[tuple[str, SharedFile | None]], handles: list[StateHandleDict]
+        self, plan: list[tuple[str, SharedFile | None]], handles: list[StateHandle]
     ) -> list[SharedFile]:
         """Upload the planned new files, ``upload_threads`` at a time (the store's latency,
         not its bandwidth, bounds one upload on an object store); append one handle per SST
@@ -1539,7 +1541,7 @@ class _IncrementalWriter:
                 self.uploaded_bytes += shared.size
             ssts.append(shared)
             handles.append(
-                StateHandleDict(
+                StateHandle(
                     path=shared.path,
                     size_bytes=shared.size,
                     kind=SHARED if reused is not None else SHARED_NEW,
@@ -1552,10 +1554,10 @@ class _IncrementalWriter:
             raise error
         return ssts
 
-    def __call__(self, directory: str, into: MergedStateObject | None) -> list[StateHandleDict]:
+    def __call__(self, directory: str, into: MergedStateObject | None) -> list[StateHandle]:
         b = self.backend
         kg = b.key_group_range
-        handles: list[StateHandleDict] = []
+        handles: list[StateHandle] = []
         keep = False
         try:
             files: dict[str, bytes] = {}
@@ -1587,7 +1589,7 @@ class _IncrementalWriter:
             keep = b._recovery_dir is not None
         except BaseException:
             # No orphans from a failed write: new uploads and whole files written so far.
-            _discard_files([h for h in handles if h["kind"] != SHARED])
+            _discard_files([h for h in handles if h.kind != SHARED])
             raise
         finally:
             if not keep:

@@ -163,7 +163,7 @@ def test_a_restore_from_a_snapshot_after_end_input_does_not_run_it_again(tmp_pat
         ]
         # ... and checkpoint 2 records the end again, for a restore from it
         [report2] = again.acks
-        assert any(h["kind"] == "union" for _, hs in report2.operator_states for h in hs)
+        assert any(h.kind == "union" for _, hs in report2.operator_states for h in hs)
 
     run(main())
 

@@ -70,12 +70,12 @@ def test_unaligned_snapshot_on_s3_is_one_put_and_replays_its_channel_state(
     # operator state plus input and output channel state: one object, one PUT, no HEAD or LIST
     assert taken["delta"] == {"put": 1}
     handles = [h for _, hs in report.operator_states for h in hs]
-    kinds = sorted(h["kind"] for h in handles)
+    kinds = sorted(h.kind for h in handles)
     assert kinds == ["channel_input", "channel_output", "operator"]
     assert taken["out"] == [100, 101, 102, 0, 1, 2]
-    (path,) = {h["path"] for h in handles}
+    (path,) = {h.path for h in handles}
     assert path.startswith(f"{location}/v-0-1/chk1-") and path.endswith(".merged")
-    ranges = sorted((h["offset"], h["size_bytes"]) for h in handles)
+    ranges = sorted((h.offset, h.size_bytes) for h in handles)
     assert sum(n for _, n in ranges) == store_for(path).size(path)
 
     # Restore: output state goes downstream first, then input state through the chain, then

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from snapflow.checkpointing import BarrierOptions
+from snapflow.checkpointing import BarrierOptions, StateHandle
 from snapflow.filestore import store_for
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.state import factory
@@ -35,10 +35,10 @@ def _backend(tmp_path: Path, copies: str | None) -> RocksDBKeyedStateBackend:
     )
 
 
-def _checkpoint(b: RocksDBKeyedStateBackend, root: str, cid: int) -> list[dict[str, Any]]:
+def _checkpoint(b: RocksDBKeyedStateBackend, root: str, cid: int) -> list[StateHandle]:
     target = f"{root}/job/chk-{cid}"
     snap = b.snapshot(cid, BarrierOptions(target_location=target))
-    handles = [dict(h) for h in snap.write(f"{target}/v-0-1")]
+    handles = snap.write(f"{target}/v-0-1")
     snap.release()
     return handles
 
@@ -69,7 +69,7 @@ class _Run:
             source.dispose()  # the task ends; its local copy outlives it
         assert sorted(os.listdir(self.copies)) == ["chk-2"]
         self.chk = Path(self.copies) / "chk-2"
-        self.ssts = [h for h in self.handles if h["kind"] in (SHARED, SHARED_NEW)]
+        self.ssts = [h for h in self.handles if h.kind in (SHARED, SHARED_NEW)]
         assert self.ssts and (self.chk / LOCAL_COPY_META).exists()
 
 
@@ -79,7 +79,7 @@ def run(tmp_path: Path) -> _Run:
 
 
 def _restore(
-    tmp_path: Path, copies: str | None, handles: list[dict[str, Any]]
+    tmp_path: Path, copies: str | None, handles: list[StateHandle]
 ) -> tuple[RocksDBKeyedStateBackend, list[str]]:
     """A restored backend and the reasons of its local recovery misses."""
     target = _backend(tmp_path, copies)
@@ -93,7 +93,7 @@ def test_restore_from_the_local_copy_downloads_no_shared_file(
     root = f"s3://{s3_bucket}/cp"
     run = _Run(tmp_path, root)
     store = store_for(root)
-    assert all(str(h["path"]).startswith(f"{root}/job/shared/") for h in run.ssts)
+    assert all(str(h.path).startswith(f"{root}/job/shared/") for h in run.ssts)
     before = store.requests.snapshot()["get"]
     fetched, misses = _restore(tmp_path, None, run.handles)
     from_storage = store.requests.snapshot()["get"] - before
@@ -132,7 +132,7 @@ def test_an_unusable_local_copy_falls_back_to_storage(
     run: _Run, tmp_path: Path, damage: str
 ) -> None:
     handles, expected = run.handles, run.expected
-    sst = run.chk / os.path.basename(str(run.ssts[0]["path"])).rsplit("-", 1)[-1]
+    sst = run.chk / os.path.basename(str(run.ssts[0].path)).rsplit("-", 1)[-1]
     if damage == "corrupt":
         _flip_a_byte(sst)
         reason = "CRC-32"

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from snapflow.checkpointing import BarrierOptions, CheckpointKind
+from snapflow.checkpointing import BarrierOptions, CheckpointKind, StateHandle
 from snapflow.coordinator import model as coordinator_model
 from snapflow.coordinator import shared_state as coordinator_shared
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
@@ -165,30 +165,30 @@ def test_checkpoints_are_incremental_and_restore_whole(
     rocks.set_current_key(3)
     rocks.timer_service.register_event_time_timer(50)
 
-    def checkpoint(cid: int) -> list[dict[str, Any]]:
+    def checkpoint(cid: int) -> list[StateHandle]:
         target = str(tmp_path / "cp" / "job" / f"chk-{cid}")
         snap = rocks.snapshot(cid, BarrierOptions(target_location=target))
-        handles = [dict(h) for h in snap.write(os.path.join(target, "count-0-1", "v/keyed"))]
+        handles = snap.write(os.path.join(target, "count-0-1", "v/keyed"))
         snap.release()
         return handles
 
     first = checkpoint(1)
-    kinds = sorted(h["kind"] for h in first)
+    kinds = sorted(h.kind for h in first)
     assert kinds == [INCREMENTAL, SHARED_NEW, "timers"]
-    new_bytes = sum(h["size_bytes"] for h in first if h["kind"] == SHARED_NEW)
+    new_bytes = sum(h.size_bytes for h in first if h.kind == SHARED_NEW)
     # not confirmed yet: the next checkpoint uploads its files again (Flink does the same)
     again = checkpoint(2)
-    assert [h["kind"] for h in again].count(SHARED) == 0
+    assert [h.kind for h in again].count(SHARED) == 0
     rocks.notify_checkpoint_complete(2)
     count.add_many(keys[:100], [1] * 100)
     third = checkpoint(3)
-    reused = [h for h in third if h["kind"] == SHARED]
-    uploaded = [h for h in third if h["kind"] == SHARED_NEW]
-    assert reused and {h["path"] for h in reused} <= {h["path"] for h in again}
-    assert 0 < sum(h["size_bytes"] for h in uploaded) < new_bytes / 5
+    reused = [h for h in third if h.kind == SHARED]
+    uploaded = [h for h in third if h.kind == SHARED_NEW]
+    assert reused and {h.path for h in reused} <= {h.path for h in again}
+    assert 0 < sum(h.size_bytes for h in uploaded) < new_bytes / 5
     for h in [*reused, *uploaded]:
-        assert h["path"].startswith(shared_dir_for(location) + os.sep)
-        assert coordinator_shared.creator_id(h["path"]) == (3 if h in uploaded else 2)
+        assert h.path.startswith(shared_dir_for(location) + os.sep)
+        assert coordinator_shared.creator_id(h.path) == (3 if h in uploaded else 2)
     # The same key groups restore from the files as they are; another backend sees it all.
     restored = RocksDBKeyedStateBackend(MAXP, (0, MAXP - 1), local_dir=str(tmp_path))
     try:
@@ -212,13 +212,13 @@ def _subtask_backends(tmp_path: Path, parallelism: int) -> list[RocksDBKeyedStat
 
 def _checkpoint_all(
     backends: list[Any], root: Path, cid: int, savepoint: bool = False
-) -> list[dict[str, Any]]:
+) -> list[StateHandle]:
     target = str(root / "job" / f"chk-{cid}")
     kind = CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT
-    handles: list[dict[str, Any]] = []
+    handles: list[StateHandle] = []
     for i, b in enumerate(backends):
         snap = b.snapshot(cid, BarrierOptions(kind=kind, target_location=target))
-        handles += [dict(h) for h in snap.write(os.path.join(target, f"v-{i}-1", "v/keyed"))]
+        handles += snap.write(os.path.join(target, f"v-{i}-1", "v/keyed"))
         snap.release()
     return handles
 
@@ -273,7 +273,7 @@ def test_savepoints_move_between_heap_and_disk_at_another_parallelism(tmp_path: 
     for b in disks:
         b.restore(heap_handles)
     disk_handles = _checkpoint_all(disks, tmp_path / "d", 2, savepoint=True)
-    assert {h["kind"] for h in disk_handles} == {"keyed", "timers"}  # canonical, self-contained
+    assert {h.kind for h in disk_handles} == {"keyed", "timers"}  # canonical, self-contained
     back = KeyedStateBackend(MAXP, (0, MAXP - 1))
     back.restore(disk_handles)
     merged: dict[str, Any] = {}
@@ -318,7 +318,7 @@ def test_a_missing_or_corrupt_shared_file_is_named(
 ) -> None:
     rocks.get_reducing_state("count", operator.add).add_many(range(500), [1] * 500)
     handles = _checkpoint_all([rocks], tmp_path / "cp", 1)
-    victim = next(h["path"] for h in handles if h["kind"] == SHARED_NEW)
+    victim = next(h.path for h in handles if h.kind == SHARED_NEW)
     if damage == "missing":
         os.unlink(victim)
     else:
@@ -400,7 +400,7 @@ def test_each_compaction_style_checkpoints_incrementally(tmp_path: Path, style: 
     rng = random.Random(11)
     values: dict[int, int] = {}
     kinds: list[set[str]] = []
-    handles: list[dict[str, Any]] = []
+    handles: list[StateHandle] = []
     paths: list[set[str]] = []
     try:
         for cid in range(1, 7):
@@ -409,8 +409,8 @@ def test_each_compaction_style_checkpoints_incrementally(tmp_path: Path, style: 
             values.update({k: k * cid for k in keys})
             handles = _checkpoint_all([backend], tmp_path / "cp", cid)
             backend.notify_checkpoint_complete(cid)
-            kinds.append({h["kind"] for h in handles})
-            paths.append({h["path"] for h in handles if h["kind"] in (SHARED, SHARED_NEW)})
+            kinds.append({h.kind for h in handles})
+            paths.append({h.path for h in handles if h.kind in (SHARED, SHARED_NEW)})
         assert kinds[0] == {SHARED_NEW, INCREMENTAL}
         assert any(SHARED in k for k in kinds[1:]), kinds
         assert paths[0] - paths[-1], "compactions replaced the first checkpoint's files"
@@ -448,11 +448,11 @@ def test_incremental_checkpoints_stream_to_s3_and_restore(tmp_path: Path, s3_buc
         location = f"s3://{s3_bucket}/cp/job/chk-1"
         before = store.requests.snapshot()
         snap = source.snapshot(1, BarrierOptions(target_location=location))
-        handles = [dict(h) for h in snap.write(f"{location}/v-0-1")]
+        handles = snap.write(f"{location}/v-0-1")
         snap.release()
-        ssts = [h for h in handles if h["kind"] == SHARED_NEW]
+        ssts = [h for h in handles if h.kind == SHARED_NEW]
         assert ssts and all(
-            str(h["path"]).startswith(f"s3://{s3_bucket}/cp/job/shared/") for h in ssts
+            str(h.path).startswith(f"s3://{s3_bucket}/cp/job/shared/") for h in ssts
         )
         puts = store.requests.snapshot()["put"] - before["put"]
         assert puts >= len(ssts) + 1  # each SST, and the manifest
