@@ -23,6 +23,11 @@ ack) over the periodic checkpoints, and start delay and alignment the percentile
 checkpoints of the maximum over their subtasks (GetCheckpointDetails).
 ``builtin_overhead_pct`` = (off / on - 1) x 100 of the built-in count's events/s.
 
+Each variant runs ``SNAPFLOW_BENCH_REPEATS`` (default 3) interleaved pairs, on then off: one
+run of 8-15 s varies by 10-20 % on this machine, more than the overhead to measure.
+``*_events_per_s`` (and ``_off``, and the overhead from them) are the medians of the repeats;
+the checkpoint percentiles are over the periodic checkpoints of every repeat together.
+
 Each run checks that the newest counts of the sinks sum to the records generated (a run that
 does not is reported and fails the benchmark). Sizes: ``SNAPFLOW_BENCH_RECORD_RECORDS`` (default
 16 M) and ``SNAPFLOW_BENCH_BATCH_RECORDS`` (default 160 M; the batch and built-in variants).
@@ -39,6 +44,7 @@ import contextlib
 import glob
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -70,6 +76,7 @@ RUN_TIMEOUT_S = 180.0
 VARIANTS = ("record", "batch", "builtin")
 RUN_OPTIONS: dict[str, Any] = json.loads(os.environ.get("SNAPFLOW_BENCH_RUN_OPTIONS") or "{}")
 WITH_OFF = os.environ.get("SNAPFLOW_BENCH_OFF", "1") != "0"
+REPEATS = max(1, int(os.environ.get("SNAPFLOW_BENCH_REPEATS", "3")))
 RESULTS = os.environ.get("SNAPFLOW_BENCH_RESULTS") or "keyed_count"
 
 TARGET_RECORD_P99_MS = 250.0
@@ -171,11 +178,17 @@ def _run(spark: Any, tmp: Path, variant: str, records: int, on: bool) -> Run:
     return run
 
 
-def _metrics(runs: dict[str, Run]) -> dict[str, float]:
+def _metrics(runs: dict[str, list[Run]]) -> dict[str, float]:
     m: dict[str, float] = {}
     for variant in VARIANTS:
-        on, off = runs.get(f"{variant}-on"), runs.get(f"{variant}-off")
-        if on is not None:
+        ons, offs = runs.get(f"{variant}-on", []), runs.get(f"{variant}-off", [])
+        if ons:
+            on = Run(variant, True, ons[0].records)
+            for r in ons:  # every repeat's checkpoints together
+                on.durations_ms += r.durations_ms
+                on.start_delays_ms += r.start_delays_ms
+                on.alignments_ms += r.alignments_ms
+            on.events_per_s = statistics.median(r.events_per_s for r in ons)
             m[f"{variant}_events_per_s"] = round(on.events_per_s)
             m[f"{variant}_checkpoint_p50_ms"] = on.q(on.durations_ms, 50)
             m[f"{variant}_checkpoint_p99_ms"] = on.q(on.durations_ms, 99)
@@ -185,10 +198,13 @@ def _metrics(runs: dict[str, Run]) -> dict[str, float]:
             m[f"{variant}_alignment_p50_ms"] = on.q(on.alignments_ms, 50)
             m[f"{variant}_alignment_p99_ms"] = on.q(on.alignments_ms, 99)
             m[f"{variant}_checkpoints"] = float(len(on.durations_ms))
-        if off is not None:
-            m[f"{variant}_events_per_s_off"] = round(off.events_per_s)
-        if on is not None and off is not None and on.events_per_s > 0:
-            m[f"{variant}_overhead_pct"] = round((off.events_per_s / on.events_per_s - 1) * 100, 2)
+        if offs:
+            m[f"{variant}_events_per_s_off"] = round(
+                statistics.median(r.events_per_s for r in offs)
+            )
+        if ons and offs and m[f"{variant}_events_per_s"] > 0:
+            ratio = m[f"{variant}_events_per_s_off"] / m[f"{variant}_events_per_s"]
+            m[f"{variant}_overhead_pct"] = round((ratio - 1) * 100, 2)
     return {k: (round(v, 1) if isinstance(v, float) and v == v else v) for k, v in m.items()}
 
 
@@ -205,14 +221,14 @@ def main() -> int:
         return 2
     began = time.monotonic()
     load_before = os.getloadavg()
-    runs: dict[str, Run] = {}
+    runs: dict[str, list[Run]] = {}
     errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="snapflow-keyed-count-") as tmp_name, _spark() as spark:
         tmp = Path(tmp_name)
         _run(spark, tmp, "record", WARMUP_RECORDS, True)  # Python workers, imports, the JVM
         for variant in variants:
             records = RECORD_RECORDS if variant == "record" else BATCH_RECORDS
-            for on in (True, False) if WITH_OFF else (True,):
+            for on in [o for _ in range(REPEATS) for o in ((True, False) if WITH_OFF else (True,))]:
                 try:
                     run = _run(spark, tmp, variant, records, on)
                 except Exception as e:  # reported, the other runs go on
@@ -221,7 +237,7 @@ def main() -> int:
                     )
                     console.print(f"[red]{errors[-1]}[/red]")
                     continue
-                runs[run.name] = run
+                runs.setdefault(run.name, []).append(run)
                 console.print(
                     f"[dim]{run.name}: {run.events_per_s:,.0f} events/s over {run.measured_s:.1f} s "
                     f"(job {run.job_s:.1f} s), checkpoints {len(run.durations_ms)} "
@@ -238,7 +254,7 @@ def main() -> int:
         "start delay p50/p99", "alignment p50/p99", "exactly once",
     ):  # fmt: skip
         table.add_column(column, justify="right")
-    for run in runs.values():
+    for run in (r for repeats in runs.values() for r in repeats):
         table.add_row(
             run.name, f"{run.records:,}", f"{run.events_per_s:,.0f}", str(len(run.durations_ms)),
             str(run.failed_checkpoints), f"{run.q(run.durations_ms, 50):.0f}",
@@ -270,30 +286,34 @@ def main() -> int:
             "source_batch_size": BATCH_SIZE,
             "run_options": RUN_OPTIONS,
             "record_records": RECORD_RECORDS,
+            "repeats": REPEATS,
             "batch_records": BATCH_RECORDS,
             "total_s": round(time.monotonic() - began, 1),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
         },
         runs={
-            name: {
-                "records": r.records,
-                "events_per_s": r.events_per_s,
-                "measured_s": r.measured_s,
-                "job_s": r.job_s,
-                "exactly_once": r.exactly_once,
-                "failed_checkpoints": r.failed_checkpoints,
-                "checkpoint_durations_ms": r.durations_ms,
-                "start_delays_ms": r.start_delays_ms,
-                "alignments_ms": r.alignments_ms,
-                "coordinator_summary_ms": r.summary,
-            }
-            for name, r in runs.items()
+            name: [
+                {
+                    "records": r.records,
+                    "events_per_s": r.events_per_s,
+                    "measured_s": r.measured_s,
+                    "job_s": r.job_s,
+                    "exactly_once": r.exactly_once,
+                    "failed_checkpoints": r.failed_checkpoints,
+                    "checkpoint_durations_ms": r.durations_ms,
+                    "start_delays_ms": r.start_delays_ms,
+                    "alignments_ms": r.alignments_ms,
+                    "coordinator_summary_ms": r.summary,
+                }
+                for r in repeats
+            ]
+            for name, repeats in runs.items()
         },
         errors=errors,
     )
     console.print(f"written to {path}")
-    if errors or not all(r.exactly_once for r in runs.values()):
+    if errors or not all(r.exactly_once for repeats in runs.values() for r in repeats):
         console.print("[red]a run failed or was not exactly once[/red]")
         return 1
     return 0
