@@ -189,8 +189,14 @@ class JobManager:
         restore: cpb.RestoreSettings,
     ) -> JobRunner:
         self.check_not_fenced()
-        self.storage_for(config)  # a bad storage location fails here, before anything is stored
         existing = self.jobs.get(job_id)
+        if not config.storage_uri:
+            # The job's record names its storage: a later coordinator with another
+            # storage_root (a changed setting, a standby configured apart) still finds its
+            # checkpoints. A resubmitted job keeps the storage it had.
+            recorded = existing.record.checkpoint_config.storage_uri if existing else ""
+            config = replace(config, storage_uri=recorded or self.storage_for(config).root)
+        self.storage_for(config)  # a bad storage location fails here, before anything is stored
         restore_kind = restore.WhichOneof("source")
         if existing is not None:
             if not (

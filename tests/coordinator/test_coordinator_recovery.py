@@ -11,6 +11,7 @@ import grpc
 import pytest
 import redis
 from kit.coordinator import running_coordinator, submit, two_vertex_graph
+from kit.coordinator_env import fresh_namespace
 from kit.polling import holds_for_async, wait_until_async
 
 from snapflow.coordinator.model import CheckpointKind, PendingCheckpointRecord
@@ -362,5 +363,53 @@ def test_resubmission_restores_latest_including_stop_savepoint_or_a_chosen_check
                 assert agents[0].restores[("src", 0)].checkpoint_id == 5
             finally:
                 await _stop_all(agents)
+
+    asyncio.run(main())
+
+
+def test_a_job_keeps_its_storage_when_the_coordinator_storage_root_changes(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A job submitted without ``storage_uri`` records the coordinator's ``storage_root``: a
+    coordinator started later with another root restores it from the first root, and its
+    next checkpoints go there too."""
+    first_root, second_root = tmp_path / "first", tmp_path / "second"
+    namespace = fresh_namespace()
+
+    async def main() -> None:
+        async with running_coordinator(
+            redis_url, str(first_root), redis_namespace=namespace
+        ) as first:
+            job_id = await submit(first.stub)
+            info = await first.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+            assert info.checkpoint_config.storage_uri == os.path.realpath(first_root)
+            agents = await _start_agents(first.address, job_id)
+            try:
+                for a in agents:
+                    await a.register_all()
+                done = await first.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                )
+                assert done.checkpoint_id == 1
+            finally:
+                await _stop_all(agents)
+        async with running_coordinator(
+            redis_url, str(second_root), redis_namespace=namespace
+        ) as second:
+            info = await second.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
+            assert info.latest_completed_checkpoint_id == 1
+            agents = await _start_agents(second.address, job_id)
+            try:
+                for a in agents:
+                    await a.register_all()
+                assert agents[0].restores[("src", 0)].checkpoint_id == 1
+                done = await second.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job_id), timeout=10
+                )
+                assert done.checkpoint_id == 2
+            finally:
+                await _stop_all(agents)
+            assert (first_root / job_id / "chk-2" / "_metadata").is_file()
+            assert not (second_root / job_id).exists()
 
     asyncio.run(main())
