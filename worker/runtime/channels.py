@@ -76,6 +76,7 @@ What unaligned checkpoints may rely on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -179,6 +180,8 @@ class OutputChannel:
         self._queue: deque[tuple[Frame, Any]] = deque()
         self._queued_data = 0
         self._queued_rows = 0
+        self._last_frame_rows = 1
+        """Rows of the last data frame sent: :meth:`has_room`'s estimate of the next one."""
         self._barrier_waiters: dict[int, asyncio.Future[None]] = {}
         self._credits = 0
         self._closing = False
@@ -244,6 +247,7 @@ class OutputChannel:
                 if type(f) is DataFrame:
                     self._queued_data += 1
                     self._queued_rows += f.batch.num_rows
+                    self._last_frame_rows = f.batch.num_rows
         self._kick()
         if not self._may_send_more():
             await self._wait_until(self._may_send_more)
@@ -256,6 +260,25 @@ class OutputChannel:
             raise ValueError(f"send_event takes events other than end of partition, not {frame!r}")
         self._queue.extend(self._prepare(frame))
         self._kick()
+
+    def has_room(self) -> bool:
+        """Whether a data frame like the last one would be handed over at once (nothing queued
+        at the producer, credit, and the debloated budget leaves room for it), or the channel
+        failed (the next ``send`` raises). Without debloating: what ``send`` waits for."""
+        if self._failure is not None:
+            return True
+        if self.debloater.budget().max_rows is None:
+            return self._may_send_more()
+        return (
+            not self._queued_data
+            and self._credits > 0
+            and self.debloater.may_hand_over(self._last_frame_rows)
+        )
+
+    async def wait_for_room(self) -> None:
+        """Until :meth:`has_room` (returns at once if the channel fails)."""
+        with contextlib.suppress(ChannelError):
+            await self._wait_until(self.has_room)
 
     def _may_send_more(self) -> bool:
         """``send`` returns once at most ``output_queue`` data frames are queued and, with
@@ -391,8 +414,9 @@ class OutputChannel:
         if n < 0:
             raise ValueError(f"negative credit {n}")
         self._credits += n
-        if self.debloater.on_credit(n, time.monotonic_ns()) is not None and self._waiters:
-            _wake(self._waiters)  # a new budget: a waiting send may go on
+        self.debloater.on_credit(n, time.monotonic_ns())
+        if self._waiters:
+            _wake(self._waiters)  # a new budget or credit: a waiting send or source may go on
         if self._queue:
             self._kick()
 

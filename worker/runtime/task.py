@@ -526,6 +526,8 @@ class Subtask:
                     return
                 await self._completed.wait()
                 continue
+            if not await self._output_has_room():
+                continue  # a trigger came first (or a while passed): the top takes it
             polled = await self._user(self._poll_source, self._source_poll_records())
             if polled is None:
                 return
@@ -540,6 +542,30 @@ class Subtask:
             if watermark is not None and watermark > self._watermark:
                 await self._advance_watermark(watermark)
             await asyncio.sleep(0)
+
+    async def _output_has_room(self) -> bool:
+        """Poll the source only when every output channel would hand its next frame over at
+        once (``OutputChannel.has_room``): a batch polled into full channels would wait at the
+        producer, and a barrier injected meanwhile would queue behind it as well as behind the
+        frames the consumers hold (Flink's sources likewise emit only while their output is
+        available). True: poll; False: a trigger is pending or ``BACKPRESSURE_POLL_S`` passed."""
+        channels = [c for edge in self.outputs for c in edge.channels]
+        blocked = next((c for c in channels if not c.has_room()), None)
+        if blocked is None:
+            return True
+        if not self._triggers.empty():
+            return False
+        room = asyncio.ensure_future(blocked.wait_for_room())
+        trigger = asyncio.ensure_future(self._wait_trigger())
+        try:
+            await asyncio.wait(
+                [room, trigger], timeout=BACKPRESSURE_POLL_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in (room, trigger):
+                waiter.cancel()
+            await asyncio.gather(room, trigger, return_exceptions=True)
+        return all(c.has_room() for c in channels) and self._triggers.empty()
 
     async def _wait_trigger(self) -> None:
         item = await self._triggers.get()

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from kit.channels import run
 
-from snapflow.worker.runtime.channels import InputGate, LocalChannel
+from snapflow.worker.runtime.channels import ChannelFailedError, InputGate, LocalChannel
 from snapflow.worker.runtime.debloat import (
     UNBOUNDED,
     Budget,
@@ -184,5 +184,51 @@ def test_a_debloated_channel_splits_batches_and_bounds_what_it_holds() -> None:
         assert min(frames) < 512, "no batch was split"
         # per-row cost: the frames settle near a quarter of 20 ms worth, they do not collapse
         assert min(frames[-10:]) >= 64, frames
+
+    run(main())
+
+
+def test_a_producer_that_waits_for_room_never_queues_behind_the_consumer() -> None:
+    """``has_room``/``wait_for_room`` (what a source checks before it polls): once the budget
+    binds, a frame sent when the channel has room is handed over at once, so nothing waits at
+    the producer ahead of a later barrier; a failed channel has room (the send raises)."""
+    settings = DebloatSettings(target_ms=20, period_ms=5, samples=1, min_frame_rows=16)
+
+    async def main() -> None:
+        ch = LocalChannel(4, output_queue=2, name="c", debloat=settings)
+        gate = InputGate([ch.input])
+
+        async def consume() -> None:
+            while (item := await gate.next()) is not None:
+                _, frame = item
+                if isinstance(frame, DataFrame):
+                    await asyncio.sleep(frame.batch.num_rows / 50_000)  # 50,000 rows/s
+
+        consumer = asyncio.create_task(consume())
+        out = ch.output
+        sent = bound = 0
+        for _ in range(40):
+            await out.wait_for_room()
+            assert out.has_room()
+            await out.send(_rows(sent, 512))
+            sent += 512
+            if out.budget.max_rows is not None:
+                bound += 1
+                assert out.queued_data == 0, "a frame sent with room waited at the producer"
+        assert bound > 10, "the budget never bound"
+        await out.close()
+        await consumer
+
+        failed = LocalChannel(1, output_queue=0, name="f", debloat=settings)
+        await failed.output.send(_rows(0, 512))  # takes the only credit
+        blocked = asyncio.create_task(failed.output.send(_rows(512, 512)))  # no credit
+        await asyncio.sleep(0)
+        assert not blocked.done() and not failed.output.has_room()
+        waiter = asyncio.create_task(failed.output.wait_for_room())
+        failed.output.abort("test")
+        await asyncio.wait_for(waiter, 5)  # returns: the next send raises instead
+        assert failed.output.has_room()
+        with pytest.raises(ChannelFailedError):
+            await blocked
 
     run(main())
