@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kit.coordinator import running_coordinator, submit, two_vertex_graph
+from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import ack_request, fresh_namespace, write_file
 
 from snapflow import wire
@@ -49,6 +49,22 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+async def _job_with_agent(
+    stack: contextlib.AsyncExitStack, redis_url: str, root: Path, namespace: str, retained: int
+) -> tuple[Running, str, SimulatedAgent]:
+    """A coordinator on ``root``, a two-vertex job retaining ``retained`` checkpoints and one
+    simulated agent with its tasks registered (all closed with ``stack``)."""
+    a = await stack.enter_async_context(
+        running_coordinator(redis_url, str(root), redis_namespace=namespace)
+    )
+    job_id = await submit(a.stub, two_vertex_graph(1, 1), retained=retained)
+    agent = SimulatedAgent(a.address, job_id, TASKS)
+    await agent.start()
+    stack.push_async_callback(agent.stop)
+    await agent.register_all()
+    return a, job_id, agent
+
+
 def test_a_stale_coordinator_deletes_no_file_of_the_current_epoch(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -56,14 +72,7 @@ def test_a_stale_coordinator_deletes_no_file_of_the_current_epoch(
         namespace = fresh_namespace()
         root = tmp_path / "cp"
         async with contextlib.AsyncExitStack() as stack:
-            a = await stack.enter_async_context(
-                running_coordinator(redis_server.url, str(root), redis_namespace=namespace)
-            )
-            job_id = await submit(a.stub, two_vertex_graph(1, 1), retained=2)
-            old = SimulatedAgent(a.address, job_id, TASKS)
-            await old.start()
-            stack.push_async_callback(old.stop)
-            await old.register_all()
+            a, job_id, old = await _job_with_agent(stack, redis_server.url, root, namespace, 2)
             first = await a.stub.TriggerCheckpoint(
                 cpb.TriggerCheckpointRequest(job_id=job_id), timeout=T
             )
@@ -188,14 +197,7 @@ def test_a_lost_commit_reply_never_deletes_the_committed_checkpoint(
         namespace = fresh_namespace()
         root = tmp_path / "cp"
         async with contextlib.AsyncExitStack() as stack:
-            a = await stack.enter_async_context(
-                running_coordinator(redis_server.url, str(root), redis_namespace=namespace)
-            )
-            job_id = await submit(a.stub, two_vertex_graph(1, 1), retained=3)
-            agent = SimulatedAgent(a.address, job_id, TASKS)
-            await agent.start()
-            stack.push_async_callback(agent.stop)
-            await agent.register_all()
+            a, job_id, agent = await _job_with_agent(stack, redis_server.url, root, namespace, 3)
             for _ in range(2):
                 done = await a.stub.TriggerCheckpoint(
                     cpb.TriggerCheckpointRequest(job_id=job_id), timeout=T

@@ -538,6 +538,12 @@ class Harness:
         states = (OperatorSubtaskState(f"{attempt.vertex_id}-op", (StateHandle(path, 5),)),)
         return self.runner.acknowledge(attempt, checkpoint_id, states, SubtaskMetrics())
 
+    async def trigger(self, checkpoint_id: int) -> asyncio.Task[CompletedCheckpoint]:
+        """Start a user checkpoint and wait until its trigger RPC (``checkpoint_id``) went out."""
+        task = asyncio.create_task(self.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
+        await self.triggered(checkpoint_id)
+        return task
+
     async def triggered(self, checkpoint_id: int) -> None:
         """Wait for the trigger RPC of ``checkpoint_id`` (its id is allocated in Redis first)."""
         await wait_until_async(
@@ -582,8 +588,7 @@ def test_runner_triggers_collects_acks_and_notifies_completion(
             src, map_ = await h.deploy()
             assert (src, map_) == (ExecutionAttempt("src", 0, 1), ExecutionAttempt("map", 0, 1))
             assert h.agents.epoch() == await h.store.current_epoch()
-            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
-            await h.triggered(1)
+            trigger = await h.trigger(1)
             assert h.agents.calls == [("trigger", A, 1, [src])]  # the sources only
             # Recorded in Redis before the trigger RPC was sent.
             assert [p.checkpoint_id for p in await h.store.list_pending(JOB)] == [1]
@@ -616,8 +621,7 @@ def test_runner_fails_a_silent_agents_tasks_and_the_restart_restores(
             redis_url, tmp_path, heartbeat_interval_s=0.01, heartbeat_timeout_s=10.0
         ) as h:
             src, map_ = await h.deploy()  # both agents heard from at 100 s
-            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
-            await h.triggered(1)
+            trigger = await h.trigger(1)
             h.ack(src, 1)
             h.ack(map_, 1)
             checkpoint_1 = await trigger
@@ -670,8 +674,7 @@ def test_runner_aborts_a_declined_checkpoint_and_notifies_the_tasks(
     async def body() -> None:
         async with job_runner(redis_url, tmp_path) as h:
             src, map_ = await h.deploy()
-            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
-            await h.triggered(1)
+            trigger = await h.trigger(1)
             assert h.ack(src, 1) is AckResult.SUCCESS
             h.runner.decline(map_, 1, DeclineReason.SNAPSHOT_FAILED, "disk full")
             with pytest.raises(CheckpointFailedError) as failed:
@@ -698,8 +701,7 @@ def test_runner_fails_the_job_on_a_decline_beyond_the_tolerable_failures(
     async def body() -> None:
         async with job_runner(redis_url, tmp_path, CheckpointConfig(tolerable_failures=0)) as h:
             src, map_ = await h.deploy()
-            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
-            await h.triggered(1)
+            trigger = await h.trigger(1)
             h.runner.decline(src, 1, DeclineReason.IO_ERROR, "disk gone")
             with pytest.raises(CheckpointFailedError):
                 await trigger
@@ -725,8 +727,7 @@ def test_runner_aborts_a_checkpoint_whose_trigger_rpc_failed_without_counting_it
     async def body() -> None:
         async with job_runner(redis_url, tmp_path, CheckpointConfig(tolerable_failures=0)) as h:
             src, map_ = await h.deploy()
-            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
-            await h.triggered(1)
+            trigger = await h.trigger(1)
             h.agents.trigger_failed(src, 1, f"trigger RPC to {A} failed: UNAVAILABLE")
             with pytest.raises(CheckpointFailedError) as failed:
                 await trigger
@@ -737,8 +738,7 @@ def test_runner_aborts_a_checkpoint_whose_trigger_rpc_failed_without_counting_it
                 ("aborted", A, 1, [src], "TASK_NOT_READY"),
             ]
             # Not counted: the job runs on and the next checkpoint completes.
-            trigger = asyncio.create_task(h.runner.trigger(CheckpointKind.CHECKPOINT, "", 10))
-            await h.triggered(2)
+            trigger = await h.trigger(2)
             h.ack(src, 2)
             h.ack(map_, 2)
             assert (await trigger).checkpoint_id == 2

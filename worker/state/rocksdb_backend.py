@@ -537,13 +537,10 @@ class RocksReducingState(_RocksStateMixin, ReducingState[Any]):
             cache[k] = new
             append(new)
         if misses:
-            loads = pickle.loads
-            raws = cast(list[bytes | None], b._db.get(cast(Any, [dbkeys[i] for i in misses])))
-            for i, raw in zip(misses, raws, strict=True):
+            b._prefetch([dbkeys[i] for i in misses])  # one multi-get into the cache
+            for i in misses:  # in order: a repeated key sees its earlier fold
                 k, v = dbkeys[i], vals[i]
-                old = cache.get(k, miss)  # a repeated key sees its earlier fold
-                if old is miss:
-                    old = absent if raw is None else loads(raw)
+                old = cache[k]
                 new = v if old is absent else reduce_fn(old, v)
                 cache[k] = new
                 out[i] = new
