@@ -30,7 +30,7 @@ the checkpoint percentiles are over the periodic checkpoints of every repeat tog
 
 Each run checks that the newest counts of the sinks sum to the records generated (a run that
 does not is reported and fails the benchmark). Sizes: ``SNAPFLOW_BENCH_RECORD_RECORDS`` (default
-16 M) and ``SNAPFLOW_BENCH_BATCH_RECORDS`` (default 160 M; the batch and built-in variants).
+32 M) and ``SNAPFLOW_BENCH_BATCH_RECORDS`` (default 160 M; the batch and built-in variants).
 ``SNAPFLOW_BENCH_VARIANTS`` (comma-separated) runs a subset. For experiments:
 ``SNAPFLOW_BENCH_RUN_OPTIONS``, a JSON object of run options for every run (``RunOptions`` of
 ``snapflow.spark_bridge.driver``, e.g. ``{"task_thread": true, "debloat_target_ms": 50}``);
@@ -69,7 +69,7 @@ from snapflow.spark_bridge.driver import CoordinatorClient
 PARALLELISM = 2
 INTERVAL_MS = 1000
 BATCH_SIZE = 65_536
-RECORD_RECORDS = int(os.environ.get("SNAPFLOW_BENCH_RECORD_RECORDS", 16_000_000))
+RECORD_RECORDS = int(os.environ.get("SNAPFLOW_BENCH_RECORD_RECORDS", 32_000_000))
 BATCH_RECORDS = int(os.environ.get("SNAPFLOW_BENCH_BATCH_RECORDS", 160_000_000))
 WARMUP_RECORDS = 2_000_000
 RUN_TIMEOUT_S = 180.0

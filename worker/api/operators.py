@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import operator as _op
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, cast
 
 import pyarrow as pa
@@ -32,13 +32,23 @@ from snapflow.worker.api.functions import (
     open_function,
     runtime_context,
 )
-from snapflow.worker.runtime.operator import Operator, OperatorContext, fire_timers
+from snapflow.worker.runtime.operator import (
+    Operator,
+    OperatorContext,
+    fire_timers,
+    run_steps,
+)
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.backend import (
     AggregatingState,
     ReducingState,
     aggregate_batch,
 )
+
+
+STEP_ROWS = 2048
+"""Rows (of whole keys) between two steps of :meth:`KeyedProcess.process_batch_steps`: a few
+milliseconds of a Python record function here, below a task's loop slice."""
 
 
 class _Arange:
@@ -470,6 +480,38 @@ RowsFn = Callable[[Any, list[dict[str, Any]], KeyedContext], Iterable[dict[str, 
 TimerFn = Callable[[int, Any, KeyedContext], Iterable[dict[str, Any]] | None]
 
 
+def _rows_by_key(
+    batch: pa.RecordBatch, keys: pa.Array, key_field: str, max_parallelism: int
+) -> Iterator[tuple[Any, int, list[dict[str, Any]]]]:
+    """``(key, key group, rows)`` per distinct key of ``batch``: keys in first-occurrence
+    order, rows in arrival order. Grouped by Arrow (a dictionary encoding, whose codes follow
+    first occurrence, and a stable sort of the codes), so Python touches every row once only,
+    to build its dict."""
+    if keys.null_count or pa.types.is_floating(keys.type) or pa.types.is_dictionary(keys.type):
+        # Python's equality decides (0.0 == -0.0; one key per decoded value); null keys are
+        # refused by key_groups
+        by_key: dict[Any, tuple[int, list[dict[str, Any]]]] = {}
+        groups = kgs.key_groups(keys, max_parallelism).to_pylist()
+        for row, g in zip(batch.to_pylist(), groups, strict=True):
+            entry = by_key.get(row[key_field])
+            if entry is None:
+                by_key[row[key_field]] = (g, [row])
+            else:
+                entry[1].append(row)
+        for key, (g, rows) in by_key.items():
+            yield key, g, rows
+        return
+    encoded = pc.dictionary_encode(keys)
+    codes, distinct = encoded.indices, encoded.dictionary
+    counts = pc.value_counts(codes).field("counts").to_pylist()  # in code order
+    rows = batch.take(pc.sort_indices(codes)).to_pylist()
+    groups = kgs.key_groups(distinct, max_parallelism).to_pylist()
+    start = 0
+    for key, g, n in zip(distinct.to_pylist(), groups, counts, strict=True):
+        yield key, g, rows[start : start + n]
+        start += n
+
+
 class KeyedProcess(Operator):
     """Record-at-a-time keyed processing (Flink's ``KeyedProcessFunction``).
 
@@ -516,24 +558,29 @@ class KeyedProcess(Operator):
             close_function(self.on_timer)
 
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return run_steps(self.process_batch_steps(batch))
+
+    def process_batch_steps(
+        self, batch: pa.RecordBatch
+    ) -> Generator[None, None, list[pa.RecordBatch]]:
+        """A step per about :data:`STEP_ROWS` rows, between two keys: ``fn`` is still called
+        once per key and batch (smaller batches would call it more often), and a task on its
+        agent's loop can give the loop a turn between keys."""
         if not batch.num_rows:
             return []
         keys = _key_column(batch, self.key_field, self.name)
-        groups = kgs.key_groups(keys, self._backend.max_parallelism).to_pylist()
-        by_key: dict[Any, tuple[int, list[dict[str, Any]]]] = {}
-        for row, g in zip(batch.to_pylist(), groups, strict=True):
-            entry = by_key.get(row[self.key_field])
-            if entry is None:
-                by_key[row[self.key_field]] = (g, [row])
-            else:
-                entry[1].append(row)
         out: list[dict[str, Any]] = []
         backend, kctx, fn = self._backend, self._kctx, self.fn
-        for key, (g, rows) in by_key.items():
+        since_step = 0
+        for key, g, rows in _rows_by_key(batch, keys, self.key_field, backend.max_parallelism):
             backend.set_current_key(key, g)
             produced = fn(key, rows, kctx)
             if produced is not None:
                 out.extend(produced)
+            since_step += len(rows)
+            if since_step >= STEP_ROWS:
+                since_step = 0
+                yield
         return _one([self._encoder.encode(out)])
 
     def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:

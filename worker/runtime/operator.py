@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,19 @@ class Operator:
 
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         return [batch] if batch.num_rows else []
+
+    def process_batch_steps(
+        self, batch: pa.RecordBatch
+    ) -> Generator[None, None, list[pa.RecordBatch]]:
+        """``process_batch`` in steps: a generator that yields ``None`` between two steps and
+        returns what ``process_batch`` would. A task running operators on its agent's loop gives
+        the loop a turn at a step when a slice of time has passed, so an operator that takes
+        long per batch (a record function over tens of thousands of rows) does not hold up the
+        agent's triggers, credits and acks for the whole batch. Nothing else touches the
+        operator between two steps: the task snapshots, and notices reach operators, only
+        between two batches. The default is one step."""
+        return self.process_batch(batch)
+        yield  # unreachable: makes this a generator
 
     def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
         return []
@@ -217,6 +230,17 @@ class Chain:
         """Run ``batch`` through the chain (from operator 1 when the head is a source)."""
         return self._push((batch,), 1 if self.is_source else 0)
 
+    def process_batch_steps(
+        self, batch: pa.RecordBatch
+    ) -> Generator[None, None, list[pa.RecordBatch]]:
+        """:meth:`process_batch` in the steps of the first operator it reaches
+        (:meth:`Operator.process_batch_steps`); the rest of the chain runs in the last step."""
+        start = 1 if self.is_source else 0
+        if start >= len(self.operators) or not batch.num_rows:
+            return self._push((batch,), start)
+        out = yield from self.operators[start].process_batch_steps(batch)
+        return self._push(out, start + 1)
+
     def poll_batch(self, max_records: int) -> list[pa.RecordBatch] | None:
         """Source chains: poll the head and run the batch through the rest. ``None`` when the
         source is finished, ``[]`` when nothing came (or everything was filtered out)."""
@@ -271,6 +295,16 @@ class Chain:
                     error = e
         if error is not None:
             raise error
+
+
+def run_steps(steps: Generator[None, None, list[pa.RecordBatch]]) -> list[pa.RecordBatch]:
+    """Run the steps of a ``process_batch_steps`` generator to the end; what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            out: list[pa.RecordBatch] = done.value
+            return out
 
 
 # backend -> {owner operator id: timers fired but not yet taken by their operator}

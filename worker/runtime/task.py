@@ -97,6 +97,10 @@ T = TypeVar("T")
 
 SOURCE_BATCH_RECORDS = 65_536
 BACKPRESSURE_POLL_S = 0.005  # how often a task blocked on output looks for priority events
+LOOP_SLICE_S = 0.005
+"""Operators on the loop: the longest a batch runs before the task gives the loop a turn, at
+the operator's next step (``Operator.process_batch_steps``). The interpreter's switch interval,
+the longest a task thread would hold the loop off with Python code too."""
 CLOSE_TIMEOUT_S = 10.0
 """How long a finishing or cancelled task waits for its task thread to close the operators (a
 user function stuck forever must not keep the agent from going on)."""
@@ -257,6 +261,8 @@ class Subtask:
             else None
         )
         self._triggers: asyncio.Queue[tuple[int, int, BarrierOptions]] = asyncio.Queue()
+        self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
+        """Notices posted while a batch is between two steps on the loop (``_post``)."""
         self._pending: dict[int, _PendingSnapshot] = {}
         self._persisting: dict[int, int] = {}  # input channel -> checkpoint id
         self._async_parts: set[asyncio.Task[None]] = set()
@@ -402,10 +408,36 @@ class Subtask:
         return await self._thread.call(fn, *args)
 
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self._thread is None:
-            fn(*args)
-        else:
+        if self._thread is not None:
             self._thread.post(fn, *args)
+        elif self._deferred is not None:
+            self._deferred.append((fn, args))  # a batch is between two steps: after it
+        else:
+            fn(*args)
+
+    async def _process_in_steps(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """Operators on the loop: run ``batch`` through the chain, giving the loop a turn at
+        the first step after every ``LOOP_SLICE_S``. Meanwhile only other coroutines run; this
+        task's mailbox waits, so no snapshot splits the batch, and notices posted meanwhile
+        run after it (as on the task thread, between two calls)."""
+        steps = self.chain.process_batch_steps(batch)
+        deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._deferred = deferred
+        try:
+            turn_at = time.perf_counter() + LOOP_SLICE_S
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    out: list[pa.RecordBatch] = done.value
+                    return out
+                if time.perf_counter() >= turn_at:
+                    await asyncio.sleep(0)
+                    turn_at = time.perf_counter() + LOOP_SLICE_S
+        finally:
+            self._deferred = None
+            for fn, args in deferred:
+                fn(*args)
 
     async def _close_operators(self) -> None:
         thread = self._thread
@@ -659,13 +691,15 @@ class Subtask:
                             self._alignment_bytes.get(cid, 0) + batch.nbytes
                         )
                 self.records_in += batch.num_rows
-                await self._emit(await self._user(self.chain.process_batch, batch))
                 if self._thread is None:
+                    await self._emit(await self._process_in_steps(batch))
                     # Operators ran on the loop: give it a turn after every batch, as a source
                     # does after every poll. The gate returns buffered frames without waiting,
                     # so without this a backlogged task would process all of them in one turn
                     # of the loop, and triggers, credits, acks and heartbeats would wait.
                     await asyncio.sleep(0)
+                else:
+                    await self._emit(await self._thread.call(self.chain.process_batch, batch))
             elif isinstance(frame, BarrierFrame):
                 await self._execute(
                     handler.on_barrier(channel, barrier_from_frame(frame), now_ms())

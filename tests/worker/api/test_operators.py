@@ -13,6 +13,7 @@ from pyspark import cloudpickle
 
 from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MAX_WATERMARK
+from snapflow.worker.api import operators as operators_module
 from snapflow.worker.api.operators import (
     Aggregate,
     AggregateFunction,
@@ -333,6 +334,62 @@ def _session_timer(ts: int, key: Any, ctx: KeyedContext) -> list[dict[str, Any]]
     items.clear()
     assert ctx.timestamp == ts and ctx.current_key == key
     return out
+
+
+def test_keyed_process_steps_between_whole_keys_and_returns_what_process_batch_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(operators_module, "STEP_ROWS", 3)
+    calls: list[Any] = []
+
+    def fn(key: Any, rows_: list[dict[str, Any]], ctx: KeyedContext) -> list[dict[str, Any]]:
+        calls.append(key)
+        return [{"key": key, "n": len(rows_)}]
+
+    keys = [1, 1, 2, 3, 3, 3, 4, 1, 5]
+    stepped = opened(KeyedProcess("key", fn), keyed_ctx())
+    steps = stepped.process_batch_steps(kv_batch(keys, list(range(len(keys)))))
+    at_steps: list[list[Any]] = []
+    with pytest.raises(StopIteration) as done:
+        while True:
+            next(steps)
+            at_steps.append(list(calls))
+    # keys 1 (3 rows) | 2, 3 (1 + 3) | 4, 5 (1 + 1, the end): a step once 3 rows were seen
+    assert at_steps == [[1], [1, 2, 3]]
+    whole = opened(KeyedProcess("key", fn), keyed_ctx())
+    assert rows(done.value.value) == rows(whole.process_batch(kv_batch(keys, [0] * len(keys))))
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["b", "a", "b", "c", "a", "b"],  # strings: grouped by Arrow
+        [5, -1, 5, 7, -1, 5],  # integers: grouped by Arrow
+        [0.5, -0.0, 0.5, 0.0, -0.0, 0.5],  # floats: grouped by Python (0.0 == -0.0)
+        pa.array(["b", "a", "b", "c", "a", "b"]).dictionary_encode(),  # decoded, by Python
+    ],
+    ids=["string", "int", "float", "dictionary"],
+)
+def test_keyed_process_groups_by_first_occurrence_in_arrival_order(keys: Any) -> None:
+    seen: list[tuple[Any, list[int], int | None]] = []
+
+    def fn(key: Any, rows_: list[dict[str, Any]], ctx: KeyedContext) -> None:
+        seen.append((key, [r["value"] for r in rows_], ctx.current_key_group))
+
+    op = opened(KeyedProcess("key", fn), keyed_ctx())
+    op.process_batch(pa.RecordBatch.from_pydict({"key": keys, "value": list(range(6))}))
+    python_keys = keys.to_pylist() if isinstance(keys, pa.Array) else keys
+    distinct = list(dict.fromkeys(python_keys))  # first occurrence, Python equality
+    assert [k for k, _, _ in seen] == distinct
+    for key, values, group in seen:
+        assert values == [i for i, k in enumerate(python_keys) if k == key]
+        assert group == kgs.key_group_for_key(key, 128)
+
+
+def test_keyed_process_refuses_null_keys() -> None:
+    op = opened(KeyedProcess("key", lambda key, rows_, ctx: None), keyed_ctx())
+    with pytest.raises(InvalidArgumentError, match="null"):
+        op.process_batch(pa.RecordBatch.from_pydict({"key": [1, None], "value": [0, 1]}))
 
 
 def test_keyed_process_state_and_timers() -> None:
