@@ -45,7 +45,6 @@ from snapflow.worker.state.backend import (
     aggregate_batch,
 )
 
-
 STEP_ROWS = 2048
 """Rows (of whole keys) between two steps of :meth:`KeyedProcess.process_batch_steps`: a few
 milliseconds of a Python record function here, below a task's loop slice."""
