@@ -112,19 +112,23 @@ TARGET_UNALIGNED_FACTOR = 3.0
 
 SLOW = (0,)  # the sink subtasks that sleep in the main backpressure runs: one of the two
 BP_RUNS = (  # key, mode, aligned timeout ms, sink sleep per batch, sleeping sink subtasks,
-    # task thread (``snapflow worker --task-thread``: the sleeping sink no longer blocks its
-    # agent's loop, the design of docs/worker.md for user code that blocks)
-    ("aligned", "aligned", 0, BP_SLEEP_S, SLOW, False),
-    ("unaligned", "unaligned", 0, BP_SLEEP_S, SLOW, False),
-    ("aligned_timeout", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, False),
-    ("aligned_2x", "aligned", 0, 2 * BP_SLEEP_S, SLOW, False),
-    ("unaligned_2x", "unaligned", 0, 2 * BP_SLEEP_S, SLOW, False),
-    ("aligned_all_slow", "aligned", 0, BP_SLEEP_S, None, False),
-    ("unaligned_all_slow", "unaligned", 0, BP_SLEEP_S, None, False),
-    ("aligned_tt", "aligned", 0, BP_SLEEP_S, SLOW, True),
-    ("unaligned_tt", "unaligned", 0, BP_SLEEP_S, SLOW, True),
-    ("aligned_timeout_tt", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, True),
+    # where operators run: "auto" (the default: on the agent's loop, and a subtask whose calls
+    # block moves to a task thread; the sleeping sink does), "thread" (``snapflow worker
+    # --task-thread``: every subtask on a task thread), "loop" (``--no-adaptive-task-thread``:
+    # the sleeping sink blocks its agent's loop; the design before docs/worker.md's)
+    ("aligned", "aligned", 0, BP_SLEEP_S, SLOW, "auto"),
+    ("unaligned", "unaligned", 0, BP_SLEEP_S, SLOW, "auto"),
+    ("aligned_timeout", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, "auto"),
+    ("aligned_2x", "aligned", 0, 2 * BP_SLEEP_S, SLOW, "auto"),
+    ("unaligned_2x", "unaligned", 0, 2 * BP_SLEEP_S, SLOW, "auto"),
+    ("aligned_all_slow", "aligned", 0, BP_SLEEP_S, None, "auto"),
+    ("unaligned_all_slow", "unaligned", 0, BP_SLEEP_S, None, "auto"),
+    ("aligned_tt", "aligned", 0, BP_SLEEP_S, SLOW, "thread"),
+    ("unaligned_tt", "unaligned", 0, BP_SLEEP_S, SLOW, "thread"),
+    ("aligned_timeout_tt", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, "thread"),
+    ("unaligned_loop", "unaligned", 0, BP_SLEEP_S, SLOW, "loop"),
 )
+PLACEMENT_FLAGS = {"auto": [], "thread": ["--task-thread"], "loop": ["--no-adaptive-task-thread"]}
 
 
 @dataclass
@@ -141,7 +145,7 @@ class RunSpec:
     sink_sleep_s: float = 0.0
     sleeping_subtasks: tuple[int, ...] | None = None  # None: every sink subtask sleeps
     details: bool = False  # fetch every checkpoint's per-subtask details
-    task_thread: bool = False  # the workers run with --task-thread
+    placement: str = "auto"  # where operators run (PLACEMENT_FLAGS)
     timeout_s: float = 60.0
 
 
@@ -304,7 +308,7 @@ def _config(spec: RunSpec) -> pb.CheckpointConfig:
 
 
 def _start_worker(
-    address: str, job_id: str, slot: int, log_path: Path, task_thread: bool = False
+    address: str, job_id: str, slot: int, log_path: Path, placement: str = "auto"
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -317,7 +321,7 @@ def _start_worker(
             [
                 sys.executable, "-m", "snapflow.cli", "worker", "--coordinator", address,
                 "--job", job_id, "--slot", str(slot), "--slots", str(PARALLELISM),
-                "--log-level", "warning", *(["--task-thread"] if task_thread else []),
+                "--log-level", "warning", *PLACEMENT_FLAGS[placement],
             ],
             cwd=ROOT,
             env=env,
@@ -534,7 +538,7 @@ async def run_job(
     collector = asyncio.create_task(collect())
     try:
         for slot in range(PARALLELISM):
-            workers.append(_start_worker(address, job_id, slot, logs[slot], spec.task_thread))
+            workers.append(_start_worker(address, job_id, slot, logs[slot], spec.placement))
         spawn(final_checkpoint())
         deadline = time.monotonic() + spec.timeout_s
         while not terminal.is_set():
@@ -715,7 +719,7 @@ async def _run_all(runner: Runner, repeats: int) -> dict[str, Any]:
                 timeout_s=_timeout(un, UNLOADED_RATE),
             )  # fmt: skip
             out["unloaded"].append(await runner.run(stub, spec))
-        for key, mode, timeout_ms, sleep_s, slow, task_thread in BP_RUNS:
+        for key, mode, timeout_ms, sleep_s, slow, placement in BP_RUNS:
             # a slow sink subtask takes about half a source batch per sleep, and holds back
             # the sources (they feed both count subtasks): about a source batch per sleep
             drain_rate = BP_BATCH / sleep_s * 0.6
@@ -725,7 +729,7 @@ async def _run_all(runner: Runner, repeats: int) -> dict[str, Any]:
                 RunSpec(
                     f"bp-{key.replace('_', '-')}", total, 100, mode=mode,
                     aligned_checkpoint_timeout_ms=timeout_ms, batch_size=BP_BATCH, sink_sleep_s=sleep_s,
-                    sleeping_subtasks=slow, details=True, task_thread=task_thread,
+                    sleeping_subtasks=slow, details=True, placement=placement,
                     timeout_s=_timeout(total, drain_rate * 0.5),
                 ),
             )  # fmt: skip
@@ -867,8 +871,8 @@ def _label(s: RunSpec) -> str:
     if s.sink_sleep_s:
         who = "all" if s.sleeping_subtasks is None else ",".join(map(str, s.sleeping_subtasks))
         parts.append(f"sink[{who}] {s.sink_sleep_s * 1000:.0f}ms/b")
-    if s.task_thread:
-        parts.append("task thread")
+    if s.placement != "auto":
+        parts.append({"thread": "task thread", "loop": "on the loop"}[s.placement])
     return " ".join(parts)
 
 
@@ -1064,8 +1068,10 @@ def main() -> int:
             f"unloaded: sources at {UNLOADED_RATE} records/s in {UNLOADED_MIN_BATCH_MS:g} ms "
             f"batches, interval 100 ms, aligned; lowest p99 of {UNLOADED_REPEATS} runs",
             "backpressure": f"ThrottledSink: sink subtask 0 (both for *_all_slow) sleeps "
-            f"{BP_SLEEP_S * 1000:g} ms per batch (2x: {2 * BP_SLEEP_S * 1000:g} ms), blocking its "
-            f"agent's event loop (*_tt: on its task thread, --task-thread); source batches of {BP_BATCH}; interval 100 ms; aligned "
+            f"{BP_SLEEP_S * 1000:g} ms per batch (2x: {2 * BP_SLEEP_S * 1000:g} ms); by default "
+            "its subtask moves to a task thread once its calls are seen to block (*_tt: every "
+            "subtask on a task thread, --task-thread; *_loop: on the agent's event loop, which "
+            f"it blocks, --no-adaptive-task-thread); source batches of {BP_BATCH}; interval 100 ms; aligned "
             f"timeout {BP_TIMEOUT_MS} ms",
             "agent_peak_rss_mb": "max over agents and runs of ru_maxrss (os.wait4 on the "
             "worker process)",

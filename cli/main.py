@@ -1273,6 +1273,13 @@ def _add_worker(sub: Any) -> None:
         help="run each subtask's operators on a thread of its own, so checkpoints never wait "
         "for user code (helps sinks and functions that block; slows CPU-bound Python functions)",
     )
+    dataplane.add_argument(
+        "--no-adaptive-task-thread",
+        dest="adaptive_task_thread",
+        action="store_false",
+        help="keep operators on the agent's loop even when their calls block (by default a "
+        "subtask whose calls spend most of their time blocked moves to a task thread)",
+    )
     _add_security_flags(
         p.add_argument_group("security (docs/security.md)"),
         (*CLIENT_SECURITY_FLAGS, "tls_client_ca_file", "auth_tokens_file", "auth_identities"),
@@ -1361,6 +1368,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     target = args.debloat_target_ms
     dataplane = DataplaneSettings(
         task_thread=args.task_thread,
+        adaptive_task_thread=args.adaptive_task_thread,
         **({} if target is None else {"debloat_target_ms": target}),
     )
 

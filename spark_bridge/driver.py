@@ -166,10 +166,17 @@ class RunOptions:
     """Run every subtask's operators on a task thread of its own, so checkpoints never wait
     for user code; helps sinks and functions that block, slows CPU-bound Python functions
     (docs/worker.md, "The task thread")."""
+    adaptive_task_thread: bool = True
+    """Without ``task_thread``: a subtask's operators move from the agent's loop to a task
+    thread once their calls are found to block (``DataplaneSettings.adaptive_task_thread``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.task_thread, bool):
             raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
+        if not isinstance(self.adaptive_task_thread, bool):
+            raise InvalidArgumentError(
+                f"adaptive_task_thread must be a bool, got {self.adaptive_task_thread!r}"
+            )
         t = self.debloat_target_ms
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
             raise InvalidArgumentError(
@@ -584,6 +591,7 @@ class JobHandle:
             security=agent_security(self._client.security),
             debloat_target_ms=o.debloat_target_ms,
             task_thread=o.task_thread,
+            adaptive_task_thread=o.adaptive_task_thread,
             launch=self._stage_attempts,
         )
         rdd = (

@@ -39,6 +39,8 @@ class SlotConfig:
     """The agents' buffer-debloat target (``DataplaneSettings``); None: the agent's default."""
     task_thread: bool = False
     """Operators on a task thread of their own (``DataplaneSettings.task_thread``)."""
+    adaptive_task_thread: bool = True
+    """Operators that block move to a task thread (``DataplaneSettings.adaptive_task_thread``)."""
     launch: int = 0
     """The driver's stage submission number (1, 2, ...): the coordinator refuses the agents of
     a submission older than the deployment's (``Agent(launch=...)``)."""
@@ -55,7 +57,9 @@ def _agent(config: SlotConfig, slot: int, host: str) -> Agent:
     """The slot's agent, with the run's settings."""
     from snapflow.worker.runtime.agent import Agent, DataplaneSettings
 
-    dataplane = DataplaneSettings(task_thread=config.task_thread)
+    dataplane = DataplaneSettings(
+        task_thread=config.task_thread, adaptive_task_thread=config.adaptive_task_thread
+    )
     if config.debloat_target_ms is not None:
         dataplane = dataclasses.replace(dataplane, debloat_target_ms=config.debloat_target_ms)
     return Agent(

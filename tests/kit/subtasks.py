@@ -12,6 +12,7 @@ from snapflow.worker.runtime.channels import InputGate, LocalChannel
 from snapflow.worker.runtime.frames import Frame
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
+from snapflow.worker.runtime.placement import PlacementSettings
 from snapflow.worker.runtime.task import OutputEdge, RestoreData, SnapshotReport, Subtask
 
 
@@ -41,6 +42,7 @@ def harness(
     output_credits: int = 16,
     output_queue: int = 64,
     restore: RestoreData | None = None,
+    placement: PlacementSettings | None = None,
 ) -> Harness:
     """An opened aligned subtask ``v#0@1`` of job ``job`` chaining ``operators``; every ack
     notifies the checkpoint complete at once (which lets the task finish after its snapshot).
@@ -72,6 +74,7 @@ def harness(
         restore=restore or RestoreData(),
         ack=ack,
         decline=decline,
+        placement=placement,
     )
     h = Harness(task, inputs, output)
     task.open()

@@ -74,6 +74,7 @@ from snapflow.worker.runtime.partitioners import (
     Partitioner,
     RebalancePartitioner,
 )
+from snapflow.worker.runtime.placement import PlacementSettings
 from snapflow.worker.runtime.task import (
     AckFn,
     DeclineFn,
@@ -115,6 +116,11 @@ class DataplaneSettings:
     a CPU-bound Python function then contends with the agent's loop for the GIL (measured:
     about half the record-function throughput); on for sinks or functions that block or
     release the GIL (I/O, sleeps, Arrow kernels)."""
+    adaptive_task_thread: bool = True
+    """Without ``task_thread``: operators start on the loop and a subtask's move to a task
+    thread of their own once their calls are found to block (wall time well above CPU time,
+    ``worker/runtime/placement.py``), so a sink that blocks stops holding up the loop while a
+    CPU-bound function keeps the loop's throughput. False: they stay on the loop."""
 
     def __post_init__(self) -> None:
         t = self.debloat_target_ms
@@ -124,6 +130,10 @@ class DataplaneSettings:
             )
         if not isinstance(self.task_thread, bool):
             raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
+        if not isinstance(self.adaptive_task_thread, bool):
+            raise InvalidArgumentError(
+                f"adaptive_task_thread must be a bool, got {self.adaptive_task_thread!r}"
+            )
 
     @property
     def debloat(self) -> DebloatSettings:
@@ -456,6 +466,7 @@ class Agent:
                 periodic_checkpoints=info.checkpoint_config.interval_ms > 0,
                 state_backend=self._state_backend,
                 task_thread=self.dataplane.task_thread,
+                placement=PlacementSettings() if self.dataplane.adaptive_task_thread else None,
                 request_final_checkpoint=(
                     self._request_checkpoint if self.final_checkpoint_without_interval else None
                 ),

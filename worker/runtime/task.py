@@ -83,6 +83,7 @@ from snapflow.worker.runtime.frames import (
 from snapflow.worker.runtime.mailbox import TaskThread
 from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext, SourceOperator
 from snapflow.worker.runtime.partitioners import BroadcastPartitioner, Partitioner
+from snapflow.worker.runtime.placement import Placement, PlacementSettings
 from snapflow.worker.state.backend import (
     KeyedStateBackend,
     MergedStateObject,
@@ -214,6 +215,7 @@ class Subtask:
         periodic_checkpoints: bool = True,
         request_final_checkpoint: Callable[[], Awaitable[None]] | None = None,
         task_thread: bool = False,
+        placement: PlacementSettings | None = None,
         state_backend: StateBackendConfig | str | None = None,
     ) -> None:
         self.job_id = job_id
@@ -247,6 +249,11 @@ class Subtask:
         Off by default: with a CPU-bound Python function the thread and the loop contend for
         the GIL, which cost the keyed-count benchmark about 45 % of its record-function
         throughput (docs/worker.md, "The task thread"); it pays off for sinks that block."""
+        self._placement: Placement | None = (
+            Placement(placement) if placement is not None and not task_thread else None
+        )
+        """Operators on the loop move to a task thread once their calls block
+        (``worker/runtime/placement.py``); None: they stay where ``task_thread`` put them."""
         self.source: SourceOperator | None = (
             self.operators[0]
             if self.operators and isinstance(self.operators[0], SourceOperator)
@@ -287,6 +294,11 @@ class Subtask:
     def task_thread(self) -> bool:
         """Whether operators run on the subtask's task thread (else on the agent's loop)."""
         return self._thread is not None
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether operators on the loop move to a task thread once their calls block."""
+        return self._placement is not None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -423,21 +435,53 @@ class Subtask:
         steps = self.chain.process_batch_steps(batch)
         deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._deferred = deferred
+        wall_ns = cpu_ns = 0
+        slice_ns = int(LOOP_SLICE_S * 1e9)
         try:
-            turn_at = time.perf_counter() + LOOP_SLICE_S
+            turn_at = time.perf_counter_ns() + slice_ns
             while True:
+                started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
                 try:
                     next(steps)
                 except StopIteration as done:
                     out: list[pa.RecordBatch] = done.value
                     return out
-                if time.perf_counter() >= turn_at:
+                finally:
+                    now = time.perf_counter_ns()
+                    wall_ns += now - started
+                    cpu_ns += time.thread_time_ns() - cpu_started
+                if now >= turn_at:
                     await asyncio.sleep(0)
-                    turn_at = time.perf_counter() + LOOP_SLICE_S
+                    turn_at = time.perf_counter_ns() + slice_ns
         finally:
             self._deferred = None
             for fn, args in deferred:
                 fn(*args)
+            self._measured(wall_ns, cpu_ns)
+
+    def _measured(self, wall_ns: int, cpu_ns: int) -> None:
+        """A call of operators on the loop took this long: move them to a task thread when
+        their calls block (``Placement``)."""
+        if self._placement is None or self._thread is not None:
+            return
+        move = self._placement.on_call(wall_ns, cpu_ns)
+        if move is not None:
+            self._thread = TaskThread(self.name)
+            self._log.info(
+                "task.moved_to_thread",
+                calls=move.calls,
+                wall_ms=round(move.wall_ms, 1),
+                blocked_ms=round(move.blocked_ms, 1),
+            )
+
+    def _poll_on_loop(
+        self, max_records: int
+    ) -> tuple[int, list[pa.RecordBatch], int | None] | None:
+        started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
+        try:
+            return self._poll_source(max_records)
+        finally:
+            self._measured(time.perf_counter_ns() - started, time.thread_time_ns() - cpu_started)
 
     async def _close_operators(self) -> None:
         thread = self._thread
@@ -560,7 +604,10 @@ class Subtask:
                 continue
             if not await self._output_has_room():
                 continue  # a trigger came first (or a while passed): the top takes it
-            polled = await self._user(self._poll_source, self._source_poll_records())
+            if self._thread is None:
+                polled = self._poll_on_loop(self._source_poll_records())
+            else:
+                polled = await self._thread.call(self._poll_source, self._source_poll_records())
             if polled is None:
                 return
             rows, out, watermark = polled

@@ -35,7 +35,12 @@ def _source() -> GeneratorSource:
 
 
 @pytest.mark.parametrize(
-    "settings", [DataplaneSettings(debloat_target_ms=40, task_thread=True), DataplaneSettings()]
+    "settings",
+    [
+        DataplaneSettings(debloat_target_ms=40, task_thread=True),
+        DataplaneSettings(),
+        DataplaneSettings(adaptive_task_thread=False),
+    ],
 )
 def test_settings_reach_every_subtask_and_output_channel(
     redis_url: str, tmp_path: Path, settings: DataplaneSettings
@@ -44,7 +49,7 @@ def test_settings_reach_every_subtask_and_output_channel(
     operators where the settings say, every output channel debloats with their target, and the
     job is exactly once."""
     out = tmp_path / "out"
-    seen: dict[str, tuple[bool, list[tuple[str, int]]]] = {}
+    seen: dict[str, tuple[tuple[bool, bool], list[tuple[str, int]]]] = {}
 
     async def main() -> None:
         async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
@@ -70,7 +75,7 @@ def test_settings_reach_every_subtask_and_output_channel(
                         task = hosted.task
                         assert task is not None
                         seen[task.name] = (
-                            task.task_thread,
+                            (task.task_thread, task.adaptive),
                             [
                                 (type(ch).__name__, ch.debloater.settings.target_ms)
                                 for edge in task.outputs
@@ -87,7 +92,10 @@ def test_settings_reach_every_subtask_and_output_channel(
 
     asyncio.run(main())
     assert len(seen) == 4
-    assert {thread for thread, _ in seen.values()} == {settings.task_thread}
+    # the counts are CPU-bound and the sink's writes short: no subtask moves to a thread
+    assert {where for where, _ in seen.values()} == {
+        (settings.task_thread, settings.adaptive_task_thread and not settings.task_thread)
+    }
     outputs = [ch for name, (_, chs) in seen.items() if name.startswith("source") for ch in chs]
     # each source subtask feeds the count subtask in its own agent and the one in the other
     assert sorted(kind for kind, _ in outputs) == sorted(
@@ -107,6 +115,9 @@ def test_defaults_and_bad_values() -> None:
             DataplaneSettings(debloat_target_ms=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="task_thread must be a bool"):
         DataplaneSettings(task_thread=1)  # type: ignore[arg-type]
+    assert DataplaneSettings().adaptive_task_thread
+    with pytest.raises(InvalidArgumentError, match="adaptive_task_thread must be a bool"):
+        DataplaneSettings(adaptive_task_thread="no")  # type: ignore[arg-type]
 
 
 def test_worker_flags() -> None:
@@ -115,6 +126,9 @@ def test_worker_flags() -> None:
     assert args.debloat_target_ms is None and args.task_thread is False
     args = parser.parse_args(["worker", "--job", "j", "--debloat-target-ms", "0", "--task-thread"])
     assert args.debloat_target_ms == 0 and args.task_thread is True
+    assert args.adaptive_task_thread is True
+    args = parser.parse_args(["worker", "--job", "j", "--no-adaptive-task-thread"])
+    assert args.adaptive_task_thread is False
     with pytest.raises(SystemExit):
         parser.parse_args(["worker", "--job", "j", "--debloat-target-ms", "-5"])
 
@@ -131,9 +145,12 @@ def test_spark_run_options_reach_the_slot_agents() -> None:
         startup_barrier=False,
         debloat_target_ms=25,
         task_thread=True,
+        adaptive_task_thread=False,
     )
     agent = _agent(config, 1, "127.0.0.1")
-    assert agent.dataplane == DataplaneSettings(debloat_target_ms=25, task_thread=True)
+    assert agent.dataplane == DataplaneSettings(
+        debloat_target_ms=25, task_thread=True, adaptive_task_thread=False
+    )
     default = _agent(SlotConfig("127.0.0.1:1", "0" * 32, 2, None, 1024, "warning", False), 0, "h")
     assert default.dataplane == DataplaneSettings()
     assert RunOptions().debloat_target_ms is None and RunOptions().task_thread is False
@@ -141,3 +158,6 @@ def test_spark_run_options_reach_the_slot_agents() -> None:
         RunOptions(debloat_target_ms=-1)
     with pytest.raises(InvalidArgumentError, match="task_thread"):
         RunOptions(task_thread="yes")  # type: ignore[arg-type]
+    assert RunOptions().adaptive_task_thread is True
+    with pytest.raises(InvalidArgumentError, match="adaptive_task_thread"):
+        RunOptions(adaptive_task_thread=None)  # type: ignore[arg-type]

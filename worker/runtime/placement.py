@@ -1,0 +1,108 @@
+"""Where a subtask's operators run: on its agent's loop, or on a task thread of their own
+(``worker/runtime/mailbox.py``). A pure core: measured calls in, a move out.
+
+Why adaptive: a task thread keeps the agent's loop (triggers, barriers, credits, acks,
+heartbeats) free while user code runs, but only user code that *releases* the GIL (a sink
+blocking on I/O, a sleep, Arrow kernels) lets the loop run meanwhile. A CPU-bound Python
+function holds the GIL, so on a thread it delays the loop by the interpreter's switch interval
+(5 ms) at every step anyway, and the two threads' contention for the GIL cost the record
+function of the keyed-count benchmark about half its throughput (docs/worker.md, "The task
+thread"). On the loop, such a function runs a batch in steps and gives the loop a turn every
+``LOOP_SLICE_S`` (5 ms, ``worker/runtime/task.py``): the same responsiveness, no contention.
+Code that blocks cannot be stepped: a sink sleeping 10 ms per batch holds the whole loop for
+10 ms. So operators start on the loop and move to a task thread once their calls are found
+to block: over a window of calls, the wall time exceeds the calling thread's CPU time by a
+large share and by milliseconds per call.
+
+The move is one way: operators that blocked once may block again, and moving back and forth
+would reorder nothing but cost a decision per window for no gain. It happens between two
+calls (the subtask's coroutine is the only caller), so no call runs on both.
+
+Time is measured by the shell (``time.perf_counter_ns`` and ``time.thread_time_ns`` around each
+call on the loop thread) and handed in; CPU time that another process or thread took (a loaded
+machine, GIL waits) also shows as wall time without CPU time, hence the high thresholds: a
+CPU-bound function on a machine loaded four-fold still gets about half its wall time as CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from snapflow.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    """When operators on the loop move to a task thread."""
+
+    window_calls: int = 16
+    """Calls measured per decision; the sums of a window decide."""
+    blocked_share: float = 0.75
+    """Move when the calls of a window spent at least this share of their wall time off the
+    CPU (blocked: sleeping, waiting for I/O or a lock, or the GIL)."""
+    min_blocked_ms: float = 2.0
+    """... and at least this much blocked time per call on average: short calls whose timer
+    jitter is a large share of them do not count."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window_calls, int) or self.window_calls < 1:
+            raise InvalidArgumentError(
+                f"window_calls must be an integer >= 1, got {self.window_calls!r}"
+            )
+        if not 0.0 < self.blocked_share <= 1.0:
+            raise InvalidArgumentError(
+                f"blocked_share must be in (0, 1], got {self.blocked_share!r}"
+            )
+        if self.min_blocked_ms < 0:
+            raise InvalidArgumentError(f"min_blocked_ms must be >= 0, got {self.min_blocked_ms!r}")
+
+
+@dataclass(frozen=True)
+class MoveToTaskThread:
+    """Run the operators on a task thread from the next call on."""
+
+    wall_ms: float
+    """Wall time of the window's calls."""
+    blocked_ms: float
+    """Of it, time off the CPU."""
+    calls: int
+
+
+class Placement:
+    """Decides, from measured calls, when operators on the loop move to a task thread."""
+
+    def __init__(self, settings: PlacementSettings | None = None) -> None:
+        self.settings = settings or PlacementSettings()
+        self.on_thread = False
+        self._calls = 0
+        self._wall_ns = 0
+        self._cpu_ns = 0
+
+    def on_call(self, wall_ns: int, cpu_ns: int) -> MoveToTaskThread | None:
+        """A call on the loop took ``wall_ns`` of wall time, ``cpu_ns`` of it on the CPU of the
+        calling thread. The move, when this call completes a window of blocking calls."""
+        if wall_ns < 0 or cpu_ns < 0:
+            raise InvalidArgumentError(f"times must be >= 0, got {wall_ns!r}, {cpu_ns!r}")
+        if self.on_thread:
+            return None
+        self._calls += 1
+        self._wall_ns += wall_ns
+        self._cpu_ns += min(cpu_ns, wall_ns)  # clocks of different resolution
+        if self._calls < self.settings.window_calls:
+            self.validate_state()
+            return None
+        calls, wall, blocked = self._calls, self._wall_ns, self._wall_ns - self._cpu_ns
+        self._calls = self._wall_ns = self._cpu_ns = 0
+        s = self.settings
+        if wall and blocked >= s.blocked_share * wall and blocked >= s.min_blocked_ms * 1e6 * calls:
+            self.on_thread = True
+            self.validate_state()
+            return MoveToTaskThread(wall_ms=wall / 1e6, blocked_ms=blocked / 1e6, calls=calls)
+        self.validate_state()
+        return None
+
+    def validate_state(self) -> None:
+        """Invariants (tests call this after every event)."""
+        assert 0 <= self._calls < self.settings.window_calls
+        assert 0 <= self._cpu_ns <= self._wall_ns
+        assert not (self.on_thread and self._calls), "nothing is measured once on the thread"
