@@ -13,10 +13,10 @@ on ``sys.path``.
   (one C-level ``dict.update`` per batch) and discards the rows. On ``close`` it writes its
   counters to ``<stats_dir>/sink-<subtask>.json``; the sum of the newest counts over both sinks
   must equal the number of source records (the benchmark checks it).
-* :class:`ThrottledSink`: a :class:`DiscardingSink` that sleeps ``sleep_s`` per batch. The
-  sleep blocks the agent's event loop, so it stalls everything that agent hosts (its source
-  subtask and its gRPC servicing too): the backpressure of a slow sink that shares a process
-  with its producers, which is what a CPU-bound Python sink does.
+* :class:`ThrottledSink`: a :class:`DiscardingSink` that sleeps ``sleep_s`` per batch: a
+  slow sink that blocks (on I/O, say). On the agent's event loop the sleep stalls everything
+  that agent hosts (its source subtask and its gRPC servicing too); by default its subtask
+  moves to a task thread once its calls are seen to block.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class DiscardingSink(Operator):
 
 
 class ThrottledSink(DiscardingSink):
-    """A :class:`DiscardingSink` that sleeps ``sleep_s`` per batch, blocking its agent.
+    """A :class:`DiscardingSink` that sleeps ``sleep_s`` per batch, blocking its thread.
 
     ``subtasks``: the subtask indexes that sleep (None: all)."""
 

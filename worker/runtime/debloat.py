@@ -118,7 +118,9 @@ class ChannelDebloater:
 
     Events: :meth:`on_handed_over` (a data frame of ``rows`` went to the consumer) and
     :meth:`on_credit` (``n`` credits came back: the ``n`` oldest outstanding frames were taken).
-    :meth:`budget` is the current bound (``UNBOUNDED`` until the first sample, or when off).
+    :meth:`budget` is the current bound: the smallest (two minimum frames) until the first
+    sample, so a job that starts does not queue its whole credit ahead of its first barrier;
+    ``UNBOUNDED`` when off.
     """
 
     def __init__(self, settings: DebloatSettings) -> None:
@@ -129,7 +131,7 @@ class ChannelDebloater:
         self._period_start_ns: int | None = None
         self._period_rows = 0
         self._rate: float | None = None  # rows/s, smoothed
-        self._budget = UNBOUNDED
+        self._budget = self._initial()
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -155,8 +157,10 @@ class ChannelDebloater:
     def check_invariants(self) -> None:
         assert self._outstanding_rows == sum(self._outstanding) >= 0
         b = self._budget
-        if self._rate is None or not self.settings.enabled:
+        if not self.settings.enabled:
             assert b == UNBOUNDED
+        elif self._rate is None:
+            assert b == self._initial()
         else:
             assert b.max_rows is not None
             assert b.max_rows >= 2 * self.settings.min_frame_rows
@@ -218,6 +222,9 @@ class ChannelDebloater:
             return None
         self._budget = budget
         return budget
+
+    def _initial(self) -> Budget:
+        return self._derive(0.0) if self.settings.enabled else UNBOUNDED
 
     def _derive(self, rate: float) -> Budget:
         s = self.settings

@@ -11,8 +11,8 @@ thread"). On the loop, such a function runs a batch in steps and gives the loop 
 ``LOOP_SLICE_S`` (5 ms, ``worker/runtime/task.py``): the same responsiveness, no contention.
 Code that blocks cannot be stepped: a sink sleeping 10 ms per batch holds the whole loop for
 10 ms. So operators start on the loop and move to a task thread once their calls are found
-to block: over a window of calls, the wall time exceeds the calling thread's CPU time by a
-large share and by milliseconds per call.
+to block: over a window of calls (16, or fewer once they took 20 ms), the wall time exceeds
+the calling thread's CPU time by a large share and by milliseconds per call.
 
 The move is one way: operators that blocked once may block again, and moving back and forth
 would reorder nothing but cost a decision per window for no gain. It happens between two
@@ -36,7 +36,10 @@ class PlacementSettings:
     """When operators on the loop move to a task thread."""
 
     window_calls: int = 16
-    """Calls measured per decision; the sums of a window decide."""
+    """A window of calls ends after this many calls ..."""
+    window_ms: float = 20.0
+    """... or once its calls (at least two) took this much wall time, so operators that block
+    for long move after a few calls; the sums of a window decide."""
     blocked_share: float = 0.75
     """Move when the calls of a window spent at least this share of their wall time off the
     CPU (blocked: sleeping, waiting for I/O or a lock, or the GIL)."""
@@ -53,6 +56,8 @@ class PlacementSettings:
             raise InvalidArgumentError(
                 f"blocked_share must be in (0, 1], got {self.blocked_share!r}"
             )
+        if self.window_ms < 0:
+            raise InvalidArgumentError(f"window_ms must be >= 0, got {self.window_ms!r}")
         if self.min_blocked_ms < 0:
             raise InvalidArgumentError(f"min_blocked_ms must be >= 0, got {self.min_blocked_ms!r}")
 
@@ -88,12 +93,12 @@ class Placement:
         self._calls += 1
         self._wall_ns += wall_ns
         self._cpu_ns += min(cpu_ns, wall_ns)  # clocks of different resolution
-        if self._calls < self.settings.window_calls:
+        s = self.settings
+        if self._calls < s.window_calls and (self._calls < 2 or self._wall_ns < s.window_ms * 1e6):
             self.validate_state()
             return None
         calls, wall, blocked = self._calls, self._wall_ns, self._wall_ns - self._cpu_ns
         self._calls = self._wall_ns = self._cpu_ns = 0
-        s = self.settings
         if wall and blocked >= s.blocked_share * wall and blocked >= s.min_blocked_ms * 1e6 * calls:
             self.on_thread = True
             self.validate_state()
@@ -104,5 +109,6 @@ class Placement:
     def validate_state(self) -> None:
         """Invariants (tests call this after every event)."""
         assert 0 <= self._calls < self.settings.window_calls
+        assert self._calls < 2 or self._wall_ns < self.settings.window_ms * 1e6
         assert 0 <= self._cpu_ns <= self._wall_ns
         assert not (self.on_thread and self._calls), "nothing is measured once on the thread"

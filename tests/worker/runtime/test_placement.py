@@ -28,12 +28,27 @@ def feed(p: Placement, calls: list[tuple[float, float]]) -> list[MoveToTaskThrea
 
 
 def test_a_sleeping_sink_moves_after_one_window() -> None:
-    p = Placement(PlacementSettings(window_calls=4))
+    p = Placement(PlacementSettings(window_calls=4, window_ms=1000.0))
     actions = feed(p, [(10.0, 0.2)] * 4)
     assert actions[:3] == [None, None, None]
     assert actions[3] == MoveToTaskThread(wall_ms=40.0, blocked_ms=39.2, calls=4)
     assert p.on_thread
     assert feed(p, [(10.0, 0.2)] * 8) == [None] * 8  # one way: nothing more to decide
+
+
+def test_a_window_ends_early_once_at_least_two_calls_took_window_ms() -> None:
+    p = Placement(PlacementSettings(window_calls=16, window_ms=20.0))
+    # one long call is not a window; the second ends it: 10 + 12 ms >= 20 ms
+    actions = feed(p, [(10.0, 0.5), (12.0, 0.5)])
+    assert actions == [None, MoveToTaskThread(wall_ms=22.0, blocked_ms=21.0, calls=2)]
+    # a long call that does not block ends its window too, and the next window starts afresh
+    q = Placement(PlacementSettings(window_calls=16, window_ms=20.0))
+    assert feed(q, [(30.0, 30.0), (1.0, 1.0), (10.0, 0.0), (15.0, 0.0)]) == [
+        None,
+        None,
+        None,
+        MoveToTaskThread(wall_ms=25.0, blocked_ms=25.0, calls=2),
+    ]
 
 
 def test_a_cpu_bound_function_stays_on_the_loop_also_on_a_loaded_machine() -> None:
@@ -64,7 +79,13 @@ def test_cpu_time_above_wall_time_counts_as_no_blocking() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"window_calls": 0}, {"blocked_share": 0.0}, {"blocked_share": 1.5}, {"min_blocked_ms": -1}],
+    [
+        {"window_calls": 0},
+        {"window_ms": -1.0},
+        {"blocked_share": 0.0},
+        {"blocked_share": 1.5},
+        {"min_blocked_ms": -1},
+    ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(InvalidArgumentError):

@@ -23,6 +23,7 @@ from kit.subtasks import batch, harness
 from snapflow.checkpointing import BarrierOptions, CheckpointMode, DeclineReason
 from snapflow.worker.connectors.split_sources import SequenceSource
 from snapflow.worker.runtime.channels import InputGate, LocalChannel
+from snapflow.worker.runtime.debloat import DEBLOAT_OFF
 from snapflow.worker.runtime.frames import BarrierFrame, DataFrame
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
@@ -54,7 +55,9 @@ class Pair:
         self.release = threading.Event()
         self.entered = threading.Event()
         self.sink_op = BlockingSink(self.release, self.entered)
-        self.channel = LocalChannel(2, output_queue=1, name="src->sink")
+        # count bounds only: the stuck sink takes no frame, so a debloated channel would never
+        # measure it and hold just one frame; these tests need data queued at the producer
+        self.channel = LocalChannel(2, output_queue=1, name="src->sink", debloat=DEBLOAT_OFF)
         self.acks: dict[str, list[SnapshotReport]] = {"source": [], "sink": []}
         self.declines: list[tuple[int, DeclineReason, str]] = []
         self.tmp = tmp
