@@ -30,11 +30,11 @@ record API
     checkpoints off.
 checkpoint durations
     ``end_to_end_duration_ms`` (trigger to completion, as the coordinator measures it) of the
-    steady state, from the job's checkpoint events: not the checkpoints triggered after every
-    source ended, which are aligned in every mode and wait for the whole backlog, nor the job's
-    first, taken while it starts up (kept as ``first_checkpoint_ms`` in each run's row;
-    GetCheckpointStats' quantiles over every checkpoint as ``coordinator_end_to_end_ms``);
-    per-subtask start delay and alignment from GetCheckpointDetails.
+    checkpoints triggered while every source ran, from the job's checkpoint events: not those
+    triggered after a source ended (its barriers are aligned in every mode and wait for the
+    whole backlog; GetCheckpointStats' quantiles over every checkpoint are kept as
+    ``coordinator_end_to_end_ms`` in each run's row); per-subtask start delay and alignment
+    from GetCheckpointDetails.
     "Unloaded": dedicated runs, sources limited to ``UNLOADED_RATE`` records/s in batches of
     10 ms worth of records, interval 100 ms, aligned; the run with the lowest p99 is reported.
 backpressure
@@ -180,9 +180,7 @@ class RunResult:
     final_checkpoint_id: int = 0
     final_trigger_error: str = ""
     sources_ended_ms: float = 0.0
-    """When every source split was exhausted (the markers seen); 0: not seen."""
-    first_ms: float | None = None
-    """The job's first checkpoint (not in ``quantiles``: the job was starting up)."""
+    """When the first source split was exhausted (its marker seen); 0: not seen."""
     coordinator_quantiles: dict[str, float] = field(default_factory=dict)
     """GetCheckpointStats' quantiles: every completed checkpoint, the ones after the end too."""
 
@@ -238,7 +236,6 @@ class RunResult:
             "verified": self.verified,
             "sink_rows": self.sink_rows,
             "end_to_end_ms": self.quantiles,
-            "first_checkpoint_ms": self.first_ms,
             "coordinator_end_to_end_ms": self.coordinator_quantiles,
             "checkpoints_failed_reasons": sorted({c["failure_reason"] for c in self.failed}),
             "alignment_p99_ms": self.alignment_p99(),
@@ -533,8 +530,11 @@ async def run_job(
         while not all(m.exists() for m in markers):
             if terminal.is_set():
                 return
+            if not result.sources_ended_ms and any(m.exists() for m in markers):
+                result.sources_ended_ms = time.time() * 1000
             await asyncio.sleep(0.005)
-        result.sources_ended_ms = time.time() * 1000
+        if not result.sources_ended_ms:
+            result.sources_ended_ms = time.time() * 1000
         try:
             summary = await stub.TriggerCheckpoint(
                 cpb.TriggerCheckpointRequest(job_id=job_id), timeout=60
@@ -615,20 +615,15 @@ async def run_job(
             "completed": stats.counts.completed,
             "failed": stats.counts.failed,
         }
-        # The steady state: not the checkpoints triggered once every source ended (the
-        # benchmark's final one, and a periodic one in between), which are aligned whatever
-        # the mode (the final checkpoint carries no in-flight data) and wait for the whole
-        # backlog; nor the job's first, taken about 100 ms into the run while it starts up (the
-        # first batches, the first snapshot writes, a blocking sink not yet moved off the
-        # loop): it is reported as ``first_ms``.
-        during = sorted(
-            (c for c in result.completed
-             if not result.sources_ended_ms or c["trigger_timestamp_ms"] < result.sources_ended_ms),
-            key=lambda c: c["checkpoint_id"],
-        )  # fmt: skip
-        if during:
-            result.first_ms = float(during[0]["end_to_end_duration_ms"])
-        running = sorted(float(c["end_to_end_duration_ms"]) for c in during[1:])
+        # The checkpoints of the running job: not those triggered once a source ended (the
+        # benchmark's final one, and periodic ones in between): an ended source injects
+        # aligned barriers whatever the mode (the final checkpoint carries no in-flight data),
+        # which wait for the whole backlog behind them.
+        running = sorted(
+            float(c["end_to_end_duration_ms"])
+            for c in result.completed
+            if not result.sources_ended_ms or c["trigger_timestamp_ms"] < result.sources_ended_ms
+        )
         result.quantiles = (
             {
                 **{name: percentile(running, p) for name, p in (("p50", 50), ("p90", 90), ("p99", 99))},
@@ -1075,8 +1070,8 @@ def main() -> int:
     metrics, errors = _metrics(out)
     console.print(_runs_table(runner.results))
     console.print(
-        "s: RUNNING -> FINISHED; p50, p99: end-to-end ms of the checkpoints taken while the sources ran, "
-        "but the first; align, "
+        "s: RUNNING -> FINISHED; p50, p99: end-to-end ms of the checkpoints taken while every source ran; "
+        "align, "
         "start: p99 over checkpoints of the max over subtasks of alignment and start delay ms; "
         "unal: checkpoints completed unaligned; inflt: max persisted in-flight MB; CPU: agents / "
         "coordinator CPU s; RSS: peak MB per agent; other: CPU used by other processes (and "
@@ -1112,7 +1107,7 @@ def main() -> int:
             "sink": "DiscardingSink: counts, keeps the newest count per key, discards",
             "record_api": "Map(lambda r: r) chained after the source, checkpoints off",
             "checkpoint_ms": "end_to_end_duration_ms quantiles of the checkpoints triggered "
-            "before every source ended, but the first (job events); "
+            "before a source ended (job events); "
             f"unloaded: sources at {UNLOADED_RATE} records/s in {UNLOADED_MIN_BATCH_MS:g} ms "
             f"batches, interval 100 ms, aligned; lowest p99 of {UNLOADED_REPEATS} runs",
             "backpressure": f"ThrottledSink: sink subtask 0 (both for *_all_slow) sleeps "
