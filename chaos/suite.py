@@ -672,34 +672,45 @@ class Run:
         total = self.plan.hostile_messages
         batches = 10
         every_kind_sent = False
+        loop = asyncio.get_running_loop()
         for batch in range(batches):
-            await asyncio.sleep(rng.uniform(0.5, 2.0))
-            agents: dict[str, set[str]] = {}  # address -> the jobs it hosts
-            for job_id in list(self.running_jobs):
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    tasks = await self.client.call("ListTasks", cpb.ListTasksRequest(job_id=job_id))
-                    for t in tasks.tasks:
-                        if t.address:
-                            agents.setdefault(t.address, set()).add(job_id)
+            n = total // batches + (1 if batch < total % batches else 0)
+            wait_until = loop.time() + rng.uniform(0.5, 2.0)
+            while not every_kind_sent and loop.time() < wait_until:
+                # Every kind of hostile stream once (of this batch's share), whatever the
+                # draws, to an agent that is up (the listed addresses include killed workers'),
+                # as soon as one is: the jobs of a quick run may all end before a later batch.
+                live = {
+                    a: jobs for a, jobs in (await self._agents()).items() if await _reachable(a)
+                }
+                if live:
+                    every_kind_sent = True
+                    for kind in EXCHANGE_KINDS[:n]:
+                        await self._hostile_stream(rng, live, kind)
+                    n -= min(n, len(EXCHANGE_KINDS))
+                else:
+                    await asyncio.sleep(0.1)
+            await asyncio.sleep(max(0.0, wait_until - loop.time()))
+            agents = await self._agents()
             # Mostly to the serving leader: a standby refuses every call without decoding it
             # (UNAVAILABLE), so only the leader's request parsing and checks are exercised.
             try:
                 leader: int | None = await asyncio.to_thread(self.cluster.leader, 10.0)
             except TimeoutError:
                 leader = None
-            n = total // batches + (1 if batch < total % batches else 0)
-            if agents and not every_kind_sent:
-                # Every kind of hostile stream once (of this batch's share), whatever the
-                # draws, to agents that are up (the listed addresses include killed
-                # workers'); else at a later batch.
-                live = {a: jobs for a, jobs in agents.items() if await _reachable(a)}
-                if live:
-                    every_kind_sent = True
-                    for kind in EXCHANGE_KINDS[:n]:
-                        await self._hostile_stream(rng, live, kind)
-                    n -= min(n, len(EXCHANGE_KINDS))
             for _ in range(n):
                 await self._one_hostile(rng, agents, leader)
+
+    async def _agents(self) -> dict[str, set[str]]:
+        """The agents of the running jobs: address -> the jobs it hosts."""
+        agents: dict[str, set[str]] = {}
+        for job_id in list(self.running_jobs):
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                tasks = await self.client.call("ListTasks", cpb.ListTasksRequest(job_id=job_id))
+                for t in tasks.tasks:
+                    if t.address:
+                        agents.setdefault(t.address, set()).add(job_id)
+        return agents
 
     async def _hostile_stream(
         self, rng: random.Random, agents: dict[str, set[str]], kind: str
