@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import operator as _op
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, cast
 
 import pyarrow as pa
@@ -481,34 +481,45 @@ TimerFn = Callable[[int, Any, KeyedContext], Iterable[dict[str, Any]] | None]
 
 def _rows_by_key(
     batch: pa.RecordBatch, keys: pa.Array, key_field: str, max_parallelism: int
-) -> Iterator[tuple[Any, int, list[dict[str, Any]]]]:
+) -> list[tuple[Any, int, list[dict[str, Any]]]]:
     """``(key, key group, rows)`` per distinct key of ``batch``: keys in first-occurrence
     order, rows in arrival order. Grouped by Arrow (a dictionary encoding, whose codes follow
     first occurrence, and a stable sort of the codes), so Python touches every row once only,
     to build its dict."""
-    if keys.null_count or pa.types.is_floating(keys.type) or pa.types.is_dictionary(keys.type):
-        # Python's equality decides (0.0 == -0.0; one key per decoded value); null keys are
-        # refused by key_groups
-        by_key: dict[Any, tuple[int, list[dict[str, Any]]]] = {}
-        groups = kgs.key_groups(keys, max_parallelism).to_pylist()
-        for row, g in zip(batch.to_pylist(), groups, strict=True):
-            entry = by_key.get(row[key_field])
-            if entry is None:
-                by_key[row[key_field]] = (g, [row])
-            else:
-                entry[1].append(row)
-        for key, (g, rows) in by_key.items():
-            yield key, g, rows
-        return
+    if not (
+        keys.null_count or pa.types.is_floating(keys.type) or pa.types.is_dictionary(keys.type)
+    ):
+        try:
+            return _rows_by_key_arrow(batch, keys, max_parallelism)
+        except pa.ArrowNotImplementedError:
+            pass  # a type without a kernel (view types in some pyarrow versions): as below
+    # Python's equality decides (0.0 == -0.0; one key per decoded value); null keys are
+    # refused by key_groups
+    by_key: dict[Any, tuple[int, list[dict[str, Any]]]] = {}
+    groups = kgs.key_groups(keys, max_parallelism).to_pylist()
+    for row, g in zip(batch.to_pylist(), groups, strict=True):
+        entry = by_key.get(row[key_field])
+        if entry is None:
+            by_key[row[key_field]] = (g, [row])
+        else:
+            entry[1].append(row)
+    return [(key, g, rows) for key, (g, rows) in by_key.items()]
+
+
+def _rows_by_key_arrow(
+    batch: pa.RecordBatch, keys: pa.Array, max_parallelism: int
+) -> list[tuple[Any, int, list[dict[str, Any]]]]:
     encoded = pc.dictionary_encode(keys)
     codes, distinct = encoded.indices, encoded.dictionary
     counts = pc.value_counts(codes).field("counts").to_pylist()  # in code order
     rows = batch.take(pc.sort_indices(codes)).to_pylist()
     groups = kgs.key_groups(distinct, max_parallelism).to_pylist()
+    out = []
     start = 0
     for key, g, n in zip(distinct.to_pylist(), groups, counts, strict=True):
-        yield key, g, rows[start : start + n]
+        out.append((key, g, rows[start : start + n]))
         start += n
+    return out
 
 
 class KeyedProcess(Operator):
@@ -565,6 +576,8 @@ class KeyedProcess(Operator):
         """A step per about :data:`STEP_ROWS` rows, between two keys: ``fn`` is still called
         once per key and batch (smaller batches would call it more often), and a task on its
         agent's loop can give the loop a turn between keys."""
+        if type(self).process_batch is not KeyedProcess.process_batch:
+            return self.process_batch(batch)  # a subclass's own processing: one step
         if not batch.num_rows:
             return []
         keys = _key_column(batch, self.key_field, self.name)

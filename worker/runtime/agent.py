@@ -102,8 +102,8 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 @dataclass(frozen=True)
 class DataplaneSettings:
     """How an agent runs its subtasks' data plane (docs/worker.md, "Keeping checkpoints fast
-    under load"). ``snapflow worker --debloat-target-ms/--task-thread``; the Spark bridge's
-    run options of the same names."""
+    under load"). ``snapflow worker --debloat-target-ms/--task-thread/
+    --no-adaptive-task-thread``; the Spark bridge's run options of the same names."""
 
     debloat_target_ms: int = DEFAULT_TARGET_MS
     """Buffer debloating: the data every output channel holds (queued at the producer and
@@ -117,10 +117,10 @@ class DataplaneSettings:
     about half the record-function throughput); on for sinks or functions that block or
     release the GIL (I/O, sleeps, Arrow kernels)."""
     adaptive_task_thread: bool = True
-    """Without ``task_thread``: operators start on the loop and a subtask's move to a task
-    thread of their own once their calls are found to block (wall time well above CPU time,
-    ``worker/runtime/placement.py``), so a sink that blocks stops holding up the loop while a
-    CPU-bound function keeps the loop's throughput. False: they stay on the loop."""
+    """Without ``task_thread``: operators start on the loop, and a subtask's operators move to
+    a task thread of their own once their calls are found to block (wall time well above CPU
+    time, ``worker/runtime/placement.py``), so a sink that blocks stops holding up the loop
+    while a CPU-bound function keeps the loop's throughput. False: they stay on the loop."""
 
     def __post_init__(self) -> None:
         t = self.debloat_target_ms

@@ -11,17 +11,22 @@ thread"). On the loop, such a function runs a batch in steps and gives the loop 
 ``LOOP_SLICE_S`` (5 ms, ``worker/runtime/task.py``): the same responsiveness, no contention.
 Code that blocks cannot be stepped: a sink sleeping 10 ms per batch holds the whole loop for
 10 ms. So operators start on the loop and move to a task thread once their calls are found
-to block: over a window of calls (16, or fewer once they took 20 ms), the wall time exceeds
-the calling thread's CPU time by a large share and by milliseconds per call.
+to block: over two windows of calls in a row (16 calls, or fewer once they took 20 ms), the
+wall time exceeds the calling thread's CPU time by a large share and by milliseconds per
+call.
 
 The move is one way: operators that blocked once may block again, and moving back and forth
 would reorder nothing but cost a decision per window for no gain. It happens between two
-calls (the subtask's coroutine is the only caller), so no call runs on both.
+calls (the subtask's coroutine is the only caller), so no call runs on both. User code may
+therefore run on two threads in its life: ``open`` and its first calls on the loop's, the
+rest on the task thread; an operator that needs one thread for everything (a resource tied
+to the thread that made it) runs with ``task_thread``, or without ``adaptive_task_thread``.
 
 Time is measured by the shell (``time.perf_counter_ns`` and ``time.thread_time_ns`` around each
 call on the loop thread) and handed in; CPU time that another process or thread took (a loaded
-machine, GIL waits) also shows as wall time without CPU time, hence the high thresholds: a
-CPU-bound function on a machine loaded four-fold still gets about half its wall time as CPU.
+machine, GIL waits) also shows as wall time without CPU time, hence the high thresholds and
+two windows in a row: a CPU-bound function on a machine loaded two-fold still gets about half
+its wall time as CPU (50 % off it, against the 75 % that moves).
 """
 
 from __future__ import annotations
@@ -46,9 +51,17 @@ class PlacementSettings:
     min_blocked_ms: float = 2.0
     """... and at least this much blocked time per call on average: short calls whose timer
     jitter is a large share of them do not count."""
+    windows: int = 2
+    """Consecutive windows that must block before the move: a burst of load on the machine
+    (CPU time taken by other processes also shows as time off the CPU) does not move a
+    CPU-bound function for good."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.window_calls, int) or self.window_calls < 1:
+        if (
+            isinstance(self.window_calls, bool)
+            or not isinstance(self.window_calls, int)
+            or self.window_calls < 1
+        ):
             raise InvalidArgumentError(
                 f"window_calls must be an integer >= 1, got {self.window_calls!r}"
             )
@@ -56,10 +69,12 @@ class PlacementSettings:
             raise InvalidArgumentError(
                 f"blocked_share must be in (0, 1], got {self.blocked_share!r}"
             )
-        if self.window_ms < 0:
+        if not self.window_ms >= 0:  # NaN too
             raise InvalidArgumentError(f"window_ms must be >= 0, got {self.window_ms!r}")
-        if self.min_blocked_ms < 0:
+        if not self.min_blocked_ms >= 0:
             raise InvalidArgumentError(f"min_blocked_ms must be >= 0, got {self.min_blocked_ms!r}")
+        if isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1:
+            raise InvalidArgumentError(f"windows must be an integer >= 1, got {self.windows!r}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,7 @@ class MoveToTaskThread:
     blocked_ms: float
     """Of it, time off the CPU."""
     calls: int
+    """The figures are the last window's."""
 
 
 class Placement:
@@ -82,6 +98,8 @@ class Placement:
         self._calls = 0
         self._wall_ns = 0
         self._cpu_ns = 0
+        self._blocking_windows = 0
+        """Consecutive windows so far that blocked."""
 
     def on_call(self, wall_ns: int, cpu_ns: int) -> MoveToTaskThread | None:
         """A call on the loop took ``wall_ns`` of wall time, ``cpu_ns`` of it on the CPU of the
@@ -100,7 +118,12 @@ class Placement:
         calls, wall, blocked = self._calls, self._wall_ns, self._wall_ns - self._cpu_ns
         self._calls = self._wall_ns = self._cpu_ns = 0
         if wall and blocked >= s.blocked_share * wall and blocked >= s.min_blocked_ms * 1e6 * calls:
+            self._blocking_windows += 1
+        else:
+            self._blocking_windows = 0
+        if self._blocking_windows >= s.windows:
             self.on_thread = True
+            self._blocking_windows = 0
             self.validate_state()
             return MoveToTaskThread(wall_ms=wall / 1e6, blocked_ms=blocked / 1e6, calls=calls)
         self.validate_state()
@@ -111,4 +134,7 @@ class Placement:
         assert 0 <= self._calls < self.settings.window_calls
         assert self._calls < 2 or self._wall_ns < self.settings.window_ms * 1e6
         assert 0 <= self._cpu_ns <= self._wall_ns
-        assert not (self.on_thread and self._calls), "nothing is measured once on the thread"
+        assert 0 <= self._blocking_windows < self.settings.windows
+        assert not (self.on_thread and (self._calls or self._blocking_windows)), (
+            "nothing is measured once on the thread"
+        )

@@ -425,7 +425,15 @@ class Subtask:
         elif self._deferred is not None:
             self._deferred.append((fn, args))  # a batch is between two steps: after it
         else:
+            self._run_posted(fn, args)
+
+    def _run_posted(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """A notice on the loop: a failure is logged, as the task thread logs it
+        (``TaskThread.post``); it neither fails the task nor stops the notices after it."""
+        try:
             fn(*args)
+        except Exception as e:
+            self._log.warning("task.posted_call_failed", error=repr(e))
 
     async def _process_in_steps(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         """Operators on the loop: run ``batch`` through the chain, giving the loop a turn at
@@ -454,9 +462,10 @@ class Subtask:
                     await asyncio.sleep(0)
                     turn_at = time.perf_counter_ns() + slice_ns
         finally:
+            steps.close()  # a batch cut short (an error, a cancellation) ends its generator now
             self._deferred = None
             for fn, args in deferred:
-                fn(*args)
+                self._run_posted(fn, args)
             self._measured(wall_ns, cpu_ns)
 
     def _measured(self, wall_ns: int, cpu_ns: int) -> None:

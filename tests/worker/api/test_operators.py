@@ -367,8 +367,12 @@ def test_keyed_process_steps_between_whole_keys_and_returns_what_process_batch_d
         [5, -1, 5, 7, -1, 5],  # integers: grouped by Arrow
         [0.5, -0.0, 0.5, 0.0, -0.0, 0.5],  # floats: grouped by Python (0.0 == -0.0)
         pa.array(["b", "a", "b", "c", "a", "b"]).dictionary_encode(),  # decoded, by Python
+        # no take kernel for views in this pyarrow: Arrow refuses, Python groups
+        pa.array(["b", "a", "b", "c", "a", "b"]).cast(pa.string_view()),
+        [True, False, True, True, False, True],
+        [b"b", b"a", b"b", b"c", b"a", b"b"],
     ],
-    ids=["string", "int", "float", "dictionary"],
+    ids=["string", "int", "float", "dictionary", "string_view", "bool", "binary"],
 )
 def test_keyed_process_groups_by_first_occurrence_in_arrival_order(keys: Any) -> None:
     seen: list[tuple[Any, list[int], int | None]] = []
@@ -384,6 +388,18 @@ def test_keyed_process_groups_by_first_occurrence_in_arrival_order(keys: Any) ->
     for key, values, group in seen:
         assert values == [i for i, k in enumerate(python_keys) if k == key]
         assert group == kgs.key_group_for_key(key, 128)
+
+
+def test_a_keyed_process_subclass_with_its_own_process_batch_is_one_step() -> None:
+    class Upper(KeyedProcess):
+        def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+            return [pa.RecordBatch.from_pydict({"n": [batch.num_rows]})]
+
+    op = opened(Upper("key", lambda key, rows_, ctx: None), keyed_ctx())
+    steps = op.process_batch_steps(kv_batch([1, 2, 3]))
+    with pytest.raises(StopIteration) as done:
+        next(steps)  # no step in between: its own process_batch decides
+    assert rows(done.value.value) == [{"n": 3}]
 
 
 def test_keyed_process_refuses_null_keys() -> None:

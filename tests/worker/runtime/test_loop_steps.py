@@ -54,6 +54,10 @@ class Stepper(Operator):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.log.append(f"complete {checkpoint_id}")
+        if checkpoint_id == self.failing_notice:
+            raise RuntimeError("a failing notice")
+
+    failing_notice = -1
 
 
 def _run_one_batch(op: Stepper) -> list[Any]:
@@ -129,3 +133,55 @@ def test_a_chain_steps_through_its_first_operator_and_runs_the_rest_at_the_end()
     # an operator without steps is one step; an empty batch is no step
     assert run_steps(Chain([Operator()]).process_batch_steps(batch(1)))[0].num_rows == 1
     assert run_steps(Chain([first]).process_batch_steps(batch(1).slice(0, 0))) == []
+
+
+def test_a_failing_deferred_notice_is_logged_and_the_next_ones_still_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(task_module, "LOOP_SLICE_S", 0.0)
+    op = Stepper()
+    op.failing_notice = 7
+
+    async def main() -> None:
+        h = harness([op], num_inputs=1)
+        loop = asyncio.get_running_loop()
+
+        def notices(step: int) -> None:
+            if step == 1:
+                loop.call_soon(h.task.notify_complete, 7)
+                loop.call_soon(h.task.notify_complete, 8)
+
+        op.on_step = notices
+        await h.inputs[0].output.send(DataFrame(batch(0)))
+        await h.inputs[0].output.close()
+        await asyncio.gather(h.outputs(), h.task.run())  # the task does not fail
+
+    run(main())
+    assert op.log == [*(f"step {i}" for i in range(STEPS)), "end", "complete 7", "complete 8"]
+
+
+def test_a_batch_cut_short_closes_its_steps_and_posts_notices_directly_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(task_module, "LOOP_SLICE_S", 0.0)
+    closed: list[bool] = []
+
+    class Failing(Operator):
+        def process_batch_steps(
+            self, batch: pa.RecordBatch
+        ) -> Generator[None, None, list[pa.RecordBatch]]:
+            try:
+                yield
+                raise ValueError("user code failed")
+            finally:
+                closed.append(True)
+
+    async def main() -> None:
+        h = harness([Failing()], num_inputs=1)
+        await h.inputs[0].output.send(DataFrame(batch(0)))
+        with pytest.raises(ValueError, match="user code failed"):
+            await h.task.run()
+        assert h.task._deferred is None  # notices run at once again, not into a dead batch
+
+    run(main())
+    assert closed == [True]
