@@ -32,7 +32,9 @@ checkpoint durations
     ``end_to_end_duration_ms`` (trigger to completion, as the coordinator measures it) of the
     checkpoints triggered while every source ran, from the job's checkpoint events: not those
     triggered after a source ended (its barriers are aligned in every mode and wait for the
-    whole backlog; GetCheckpointStats' quantiles over every checkpoint are kept as
+    whole backlog), nor, in the runs with details (backpressure), one whose barrier a source
+    injected after its last record (its snapshot counts all of the source's records;
+    GetCheckpointStats' quantiles over every checkpoint are kept as
     ``coordinator_end_to_end_ms`` in each run's row); per-subtask start delay and alignment
     from GetCheckpointDetails.
     "Unloaded": dedicated runs, sources limited to ``UNLOADED_RATE`` records/s in batches of
@@ -41,12 +43,13 @@ backpressure
     a sink that sleeps per batch (``ThrottledSink``), far below the source rate. In the main
     runs only sink subtask 0 sleeps (one slow sink instance, as with a skewed key or a slow
     node): agent 1's source runs at full speed and fills its channel to the slow subtask, so
-    the backlog in the channels is real. The sleep blocks the thread it runs on: by default the
-    sink's subtask moves to a task thread of its own once its calls are seen to block
-    (docs/worker.md, adaptive placement), so agent 0's loop stays free; ``*_tt`` runs put every
-    subtask on a task thread from the start (``--task-thread``), and ``unaligned_loop`` keeps
-    the sink on agent 0's event loop (``--no-adaptive-task-thread``), where its source and its
-    gRPC servicing stall with it. Modes ALIGNED, UNALIGNED and ALIGNED with
+    the backlog in the channels is real. The sleep blocks the thread it runs on: by default
+    every subtask runs its operators on a task thread of its own (docs/worker.md, "Where user
+    code runs"), so agent 0's loop stays free; ``*_adaptive`` runs start operators on the
+    agent's loop (``--no-task-thread``), and the sink's subtask moves to a task thread once its
+    calls are seen to block; ``unaligned_loop`` keeps the sink on agent 0's event loop
+    (``--no-task-thread --no-adaptive-task-thread``), where its source and its gRPC servicing
+    stall with it. Modes ALIGNED, UNALIGNED and ALIGNED with
     aligned_checkpoint_timeout_ms = 50, interval 100 ms; ALIGNED and UNALIGNED again with twice
     the sleep (debloating bounds the queued data by time, so aligned checkpoints take about as
     long); and both modes with both sink subtasks sleeping (``all_slow``).
@@ -120,23 +123,27 @@ TARGET_UNALIGNED_FACTOR = 3.0
 
 SLOW = (0,)  # the sink subtasks that sleep in the main backpressure runs: one of the two
 BP_RUNS = (  # key, mode, aligned timeout ms, sink sleep per batch, sleeping sink subtasks,
-    # where operators run: "auto" (the default: on the agent's loop, and a subtask whose calls
-    # block moves to a task thread; the sleeping sink does), "thread" (``snapflow worker
-    # --task-thread``: every subtask on a task thread), "loop" (``--no-adaptive-task-thread``:
-    # the sleeping sink blocks its agent's loop; the design before docs/worker.md's)
-    ("aligned", "aligned", 0, BP_SLEEP_S, SLOW, "auto"),
-    ("unaligned", "unaligned", 0, BP_SLEEP_S, SLOW, "auto"),
-    ("aligned_timeout", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, "auto"),
-    ("aligned_2x", "aligned", 0, 2 * BP_SLEEP_S, SLOW, "auto"),
-    ("unaligned_2x", "unaligned", 0, 2 * BP_SLEEP_S, SLOW, "auto"),
-    ("aligned_all_slow", "aligned", 0, BP_SLEEP_S, None, "auto"),
-    ("unaligned_all_slow", "unaligned", 0, BP_SLEEP_S, None, "auto"),
-    ("aligned_tt", "aligned", 0, BP_SLEEP_S, SLOW, "thread"),
-    ("unaligned_tt", "unaligned", 0, BP_SLEEP_S, SLOW, "thread"),
-    ("aligned_timeout_tt", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, "thread"),
+    # where operators run: "thread" (the default: every subtask on a task thread), "adaptive"
+    # (``snapflow worker --no-task-thread``: on the agent's loop, and a subtask whose calls
+    # block moves to a task thread; the sleeping sink does), "loop" (``--no-task-thread
+    # --no-adaptive-task-thread``: the sleeping sink blocks its agent's loop)
+    ("aligned", "aligned", 0, BP_SLEEP_S, SLOW, "thread"),
+    ("unaligned", "unaligned", 0, BP_SLEEP_S, SLOW, "thread"),
+    ("aligned_timeout", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, "thread"),
+    ("aligned_2x", "aligned", 0, 2 * BP_SLEEP_S, SLOW, "thread"),
+    ("unaligned_2x", "unaligned", 0, 2 * BP_SLEEP_S, SLOW, "thread"),
+    ("aligned_all_slow", "aligned", 0, BP_SLEEP_S, None, "thread"),
+    ("unaligned_all_slow", "unaligned", 0, BP_SLEEP_S, None, "thread"),
+    ("aligned_adaptive", "aligned", 0, BP_SLEEP_S, SLOW, "adaptive"),
+    ("unaligned_adaptive", "unaligned", 0, BP_SLEEP_S, SLOW, "adaptive"),
+    ("aligned_timeout_adaptive", "aligned", BP_TIMEOUT_MS, BP_SLEEP_S, SLOW, "adaptive"),
     ("unaligned_loop", "unaligned", 0, BP_SLEEP_S, SLOW, "loop"),
 )
-PLACEMENT_FLAGS = {"auto": [], "thread": ["--task-thread"], "loop": ["--no-adaptive-task-thread"]}
+PLACEMENT_FLAGS = {
+    "thread": [],
+    "adaptive": ["--no-task-thread"],
+    "loop": ["--no-task-thread", "--no-adaptive-task-thread"],
+}
 
 
 @dataclass
@@ -153,7 +160,7 @@ class RunSpec:
     sink_sleep_s: float = 0.0
     sleeping_subtasks: tuple[int, ...] | None = None  # None: every sink subtask sleeps
     details: bool = False  # fetch every checkpoint's per-subtask details
-    placement: str = "auto"  # where operators run (PLACEMENT_FLAGS)
+    placement: str = "thread"  # where operators run (PLACEMENT_FLAGS)
     timeout_s: float = 60.0
 
 
@@ -321,7 +328,7 @@ def _config(spec: RunSpec) -> pb.CheckpointConfig:
 
 
 def _start_worker(
-    address: str, job_id: str, slot: int, log_path: Path, placement: str = "auto"
+    address: str, job_id: str, slot: int, log_path: Path, placement: str = "thread"
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -499,6 +506,7 @@ async def run_job(
                     "async": s.metrics.async_duration_ms,
                     "in_flight": s.metrics.persisted_in_flight_bytes,
                     "unaligned": s.metrics.unaligned,
+                    "records_in": s.metrics.records_in,
                 }
                 for s in details.subtasks
             }
@@ -603,6 +611,8 @@ async def run_job(
             )
             result.foreign_cpu_pct = max(0.0, (machine - machine_start - ours) / capacity)
             result.steal_pct = (steal - steal_start) / capacity
+        if background:  # the details of the last checkpoints (the quantiles below read them)
+            await asyncio.wait(list(background), timeout=10)
         stats = await stub.GetCheckpointStats(
             cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=10
         )
@@ -618,11 +628,28 @@ async def run_job(
         # The checkpoints of the running job: not those triggered once a source ended (the
         # benchmark's final one, and periodic ones in between): an ended source injects
         # aligned barriers whatever the mode (the final checkpoint carries no in-flight data),
-        # which wait for the whole backlog behind them.
+        # which wait for the whole backlog behind them. Nor one triggered just before a source
+        # ended whose barrier that source injected after its last record: seen in the details,
+        # its snapshot counts every record the source emits in the run.
+        source_totals: dict[str, int] = {}
+        for subtasks in result.details.values():
+            for name, sub in subtasks.items():
+                if name.startswith("source#"):
+                    source_totals[name] = max(source_totals.get(name, 0), sub["records_in"])
+
+        def after_a_source_ended(checkpoint_id: int) -> bool:
+            subtasks = result.details.get(checkpoint_id, {})
+            return any(
+                sub["records_in"] >= source_totals[name] > 0
+                for name, sub in subtasks.items()
+                if name in source_totals
+            )
+
         running = sorted(
             float(c["end_to_end_duration_ms"])
             for c in result.completed
-            if not result.sources_ended_ms or c["trigger_timestamp_ms"] < result.sources_ended_ms
+            if (not result.sources_ended_ms or c["trigger_timestamp_ms"] < result.sources_ended_ms)
+            and not after_a_source_ended(c["checkpoint_id"])
         )
         result.quantiles = (
             {
@@ -908,8 +935,8 @@ def _label(s: RunSpec) -> str:
     if s.sink_sleep_s:
         who = "all" if s.sleeping_subtasks is None else ",".join(map(str, s.sleeping_subtasks))
         parts.append(f"sink[{who}] {s.sink_sleep_s * 1000:.0f}ms/b")
-    if s.placement != "auto":
-        parts.append({"thread": "task thread", "loop": "on the loop"}[s.placement])
+    if s.placement != "thread":
+        parts.append({"adaptive": "loop, adaptive", "loop": "on the loop"}[s.placement])
     return " ".join(parts)
 
 
@@ -1004,10 +1031,10 @@ def _targets_table(metrics: dict[str, float], errors: dict[str, str]) -> Table:
         )
         ok: bool | None = None
         target = ""
-        if key in ("unaligned", "unaligned_tt"):
+        if key in ("unaligned", "unaligned_adaptive"):
             target = f"p99 < {TARGET_UNALIGNED_FACTOR:g} x unloaded p99 = {limit or 0:.0f} ms"
             ok = None if v is None or limit is None else v < limit
-        elif key in ("aligned_timeout", "aligned_timeout_tt"):
+        elif key in ("aligned_timeout", "aligned_timeout_adaptive"):
             unal = m(f"backpressure_p99_ms_{key.replace('aligned_timeout', 'unaligned')}")
             target = f"p99 <= timeout {BP_TIMEOUT_MS} ms + unaligned p99 = {BP_TIMEOUT_MS + (unal or 0):.0f}"
             ok = None if v is None or unal is None else v <= BP_TIMEOUT_MS + unal
@@ -1092,9 +1119,9 @@ def main() -> int:
             "checkpoint_p99_ms": f"< {TARGET_CHECKPOINT_P99_MS} (unloaded)",
             "checkpoint_p99_ms_full_load_100ms": f"<= {TARGET_CHECKPOINT_P99_MS}",
             "backpressure_p99_ms_unaligned": f"< {TARGET_UNALIGNED_FACTOR} x checkpoint_p99_ms",
-            "backpressure_p99_ms_unaligned_tt": f"< {TARGET_UNALIGNED_FACTOR} x checkpoint_p99_ms",
+            "backpressure_p99_ms_unaligned_adaptive": f"< {TARGET_UNALIGNED_FACTOR} x checkpoint_p99_ms",
             "backpressure_p99_ms_aligned_timeout": f"<= {BP_TIMEOUT_MS} + backpressure_p99_ms_unaligned",
-            "backpressure_p99_ms_aligned_timeout_tt": f"<= {BP_TIMEOUT_MS} + backpressure_p99_ms_unaligned_tt",
+            "backpressure_p99_ms_aligned_timeout_adaptive": f"<= {BP_TIMEOUT_MS} + backpressure_p99_ms_unaligned_adaptive",
             "backpressure_p99_ms_aligned": "waits for the data ahead (p50 > unaligned p50)",
             "backpressure_p99_ms_aligned_2x": f"bounded by time: p50 <= {DEFAULT_TARGET_MS} "
             "(the debloat target) + unaligned 2x p50",
@@ -1111,10 +1138,11 @@ def main() -> int:
             f"unloaded: sources at {UNLOADED_RATE} records/s in {UNLOADED_MIN_BATCH_MS:g} ms "
             f"batches, interval 100 ms, aligned; lowest p99 of {UNLOADED_REPEATS} runs",
             "backpressure": f"ThrottledSink: sink subtask 0 (both for *_all_slow) sleeps "
-            f"{BP_SLEEP_S * 1000:g} ms per batch (2x: {2 * BP_SLEEP_S * 1000:g} ms); by default "
-            "its subtask moves to a task thread once its calls are seen to block (*_tt: every "
-            "subtask on a task thread, --task-thread; *_loop: on the agent's event loop, which "
-            f"it blocks, --no-adaptive-task-thread); source batches of {BP_BATCH}; interval 100 ms; aligned "
+            f"{BP_SLEEP_S * 1000:g} ms per batch (2x: {2 * BP_SLEEP_S * 1000:g} ms); every "
+            "subtask on a task thread (the default; *_adaptive: on the agent's loop, and the "
+            "sink's subtask moves to a task thread once its calls are seen to block, "
+            "--no-task-thread; *_loop: on the agent's event loop, which it blocks, "
+            f"--no-task-thread --no-adaptive-task-thread); source batches of {BP_BATCH}; interval 100 ms; aligned "
             f"timeout {BP_TIMEOUT_MS} ms",
             "agent_peak_rss_mb": "max over agents and runs of ru_maxrss (os.wait4 on the "
             "worker process)",

@@ -1269,16 +1269,18 @@ def _add_worker(sub: Any) -> None:
     )
     dataplane.add_argument(
         "--task-thread",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="run each subtask's operators on a thread of its own, so checkpoints never wait "
-        "for user code (helps sinks and functions that block; slows CPU-bound Python functions)",
+        "for user code (the default); --no-task-thread: on the agent's event loop, in steps",
     )
     dataplane.add_argument(
         "--no-adaptive-task-thread",
         dest="adaptive_task_thread",
         action="store_false",
-        help="keep operators on the agent's loop even when their calls block (by default a "
-        "subtask whose calls spend most of their time blocked moves to a task thread)",
+        help="with --no-task-thread: keep operators on the agent's loop even when their calls "
+        "block (by default a subtask whose calls spend most of their time blocked moves to a "
+        "task thread)",
     )
     _add_security_flags(
         p.add_argument_group("security (docs/security.md)"),

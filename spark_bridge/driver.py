@@ -162,10 +162,10 @@ class RunOptions:
     debloat_target_ms: int | None = None
     """The agents' buffer debloating: each output channel holds what its consumer drains in
     this many milliseconds (0: off); None: the agent's default, 100 (docs/worker.md)."""
-    task_thread: bool = False
-    """Run every subtask's operators on a task thread of its own, so checkpoints never wait
-    for user code; helps sinks and functions that block, slows CPU-bound Python functions
-    (docs/worker.md, "The task thread")."""
+    task_thread: bool = True
+    """Run every subtask's operators on a task thread of its own (the default), so checkpoints
+    never wait for user code; False: on the agent's loop, in steps (docs/worker.md, "Where
+    user code runs")."""
     adaptive_task_thread: bool = True
     """Without ``task_thread``: a subtask's operators move from the agent's loop to a task
     thread once their calls are found to block (``DataplaneSettings.adaptive_task_thread``)."""

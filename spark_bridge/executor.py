@@ -37,7 +37,7 @@ class SlotConfig:
     security: SecuritySettings = PLAINTEXT
     debloat_target_ms: int | None = None
     """The agents' buffer-debloat target (``DataplaneSettings``); None: the agent's default."""
-    task_thread: bool = False
+    task_thread: bool = True
     """Operators on a task thread of their own (``DataplaneSettings.task_thread``)."""
     adaptive_task_thread: bool = True
     """Operators that block move to a task thread (``DataplaneSettings.adaptive_task_thread``)."""

@@ -110,17 +110,16 @@ class DataplaneSettings:
     handed to the consumer) is bounded to what its consumer drains in this time, so a barrier
     waits at most about this long behind data per channel. 0 turns it off (only the
     count bounds, ``buffers_per_channel`` frames and the output queue, apply)."""
-    task_thread: bool = False
-    """Run each subtask's operators on a task thread of its own (``worker/runtime/mailbox.py``),
-    so triggers, barriers, credits and heartbeats never wait for user code. Off by default:
-    a CPU-bound Python function then contends with the agent's loop for the GIL (measured:
-    about half the record-function throughput); on for sinks or functions that block or
-    release the GIL (I/O, sleeps, Arrow kernels)."""
+    task_thread: bool = True
+    """Run each subtask's operators on a task thread of its own (``worker/runtime/mailbox.py``,
+    Flink's model), so triggers, barriers, credits and heartbeats never wait for user code.
+    False: operators run on the agent's loop, in steps (docs/worker.md, "Where user code
+    runs")."""
     adaptive_task_thread: bool = True
     """Without ``task_thread``: operators start on the loop, and a subtask's operators move to
     a task thread of their own once their calls are found to block (wall time well above CPU
-    time, ``worker/runtime/placement.py``), so a sink that blocks stops holding up the loop
-    while a CPU-bound function keeps the loop's throughput. False: they stay on the loop."""
+    time, ``worker/runtime/placement.py``), so a sink that blocks stops holding up the loop.
+    False: they stay on the loop. No effect with ``task_thread``."""
 
     def __post_init__(self) -> None:
         t = self.debloat_target_ms
@@ -471,7 +470,7 @@ class Agent:
                     self._request_checkpoint if self.final_checkpoint_without_interval else None
                 ),
             )
-            task.open()
+            await task.open_where_it_runs()
             hosted.task = task
         for hosted in self.hosted.values():
             await self._report(hosted.attempt, wire.TASK_STATE.to_pb(TaskState.RUNNING))

@@ -1,19 +1,13 @@
 """Where a subtask's operators run: on its agent's loop, or on a task thread of their own
 (``worker/runtime/mailbox.py``). A pure core: measured calls in, a move out.
 
-Why adaptive: a task thread keeps the agent's loop (triggers, barriers, credits, acks,
-heartbeats) free while user code runs, but only user code that *releases* the GIL (a sink
-blocking on I/O, a sleep, Arrow kernels) lets the loop run meanwhile. A CPU-bound Python
-function holds the GIL, so on a thread it delays the loop by the interpreter's switch interval
-(5 ms) at every step anyway, and the two threads' contention for the GIL cost the record
-function of the keyed-count benchmark about half its throughput (docs/worker.md, "The task
-thread"). On the loop, such a function runs a batch in steps and gives the loop a turn every
-``LOOP_SLICE_S`` (5 ms, ``worker/runtime/task.py``): the same responsiveness, no contention.
-Code that blocks cannot be stepped: a sink sleeping 10 ms per batch holds the whole loop for
-10 ms. So operators start on the loop and move to a task thread once their calls are found
-to block: over two windows of calls in a row (16 calls, or fewer once they took 20 ms), the
-wall time exceeds the calling thread's CPU time by a large share and by milliseconds per
-call.
+Operators run on a task thread by default (``DataplaneSettings.task_thread``). With
+``task_thread=False`` they run on the agent's loop, where a CPU-bound function runs a batch in
+steps and gives the loop a turn every ``LOOP_SLICE_S`` (5 ms, ``worker/runtime/task.py``). Code
+that blocks cannot be stepped: a sink sleeping 10 ms per batch would hold the whole loop for
+10 ms. So on the loop, operators move to a task thread once their calls are found to block:
+over two windows of calls in a row (16 calls, or fewer once they took 20 ms), the wall time
+exceeds the calling thread's CPU time by a large share and by milliseconds per call.
 
 The move is one way: operators that blocked once may block again, and moving back and forth
 would reorder nothing but cost a decision per window for no gain. It happens between two

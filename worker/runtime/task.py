@@ -245,10 +245,9 @@ class Subtask:
         self.name = f"{vertex_id}#{subtask_index}@{attempt}"
         self._log = log.bind(job_id=job_id, task=self.name)
         self._thread: TaskThread | None = TaskThread(self.name) if task_thread else None
-        """Where operators run (``snapflow.worker.runtime.mailbox``); None: on the loop.
-        Off by default: with a CPU-bound Python function the thread and the loop contend for
-        the GIL, which cost the keyed-count benchmark about 45 % of its record-function
-        throughput (docs/worker.md, "The task thread"); it pays off for sinks that block."""
+        """Where operators run (``snapflow.worker.runtime.mailbox``); None: on the loop. A bare
+        ``Subtask`` runs them on the loop; agents pass ``DataplaneSettings.task_thread``, which
+        is on by default (docs/worker.md, "Where user code runs")."""
         self._placement: Placement | None = (
             Placement(placement) if placement is not None and not task_thread else None
         )
@@ -301,6 +300,17 @@ class Subtask:
         return self._placement is not None
 
     # --- lifecycle -------------------------------------------------------------------------
+
+    async def open_where_it_runs(self) -> None:
+        """:meth:`open` on the task thread when the subtask has one (so ``open`` runs on the
+        thread of every later call, as Flink opens operators on the task thread, and a large
+        restore does not hold up the loop), else here."""
+        try:
+            await self._user(self.open)
+        except BaseException:
+            if self._thread is not None:
+                self._thread.close()  # run() never starts: nothing else would end the thread
+            raise
 
     def open(self) -> None:
         """Open operators with their (restored) state. Runs before the task reports RUNNING.

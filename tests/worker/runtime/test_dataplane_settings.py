@@ -37,9 +37,9 @@ def _source() -> GeneratorSource:
 @pytest.mark.parametrize(
     "settings",
     [
-        DataplaneSettings(debloat_target_ms=40, task_thread=True),
-        DataplaneSettings(),
-        DataplaneSettings(adaptive_task_thread=False),
+        DataplaneSettings(debloat_target_ms=40),
+        DataplaneSettings(task_thread=False),
+        DataplaneSettings(task_thread=False, adaptive_task_thread=False),
     ],
 )
 def test_settings_reach_every_subtask_and_output_channel(
@@ -109,7 +109,7 @@ def test_settings_reach_every_subtask_and_output_channel(
 def test_defaults_and_bad_values() -> None:
     assert DataplaneSettings().debloat == DebloatSettings()
     assert DataplaneSettings().debloat_target_ms == DEFAULT_TARGET_MS
-    assert not DataplaneSettings().task_thread
+    assert DataplaneSettings().task_thread  # Flink's model: user code on the task thread
     assert DataplaneSettings(debloat_target_ms=0).debloat.enabled is False
     for bad in (-1, 1.5, True, "100"):
         with pytest.raises(InvalidArgumentError, match="debloat_target_ms must be an integer"):
@@ -124,10 +124,13 @@ def test_defaults_and_bad_values() -> None:
 def test_worker_flags() -> None:
     parser = build_parser()
     args = parser.parse_args(["worker", "--job", "j"])
-    assert args.debloat_target_ms is None and args.task_thread is False
+    assert args.debloat_target_ms is None and args.task_thread is True
+    assert args.task_thread is DataplaneSettings().task_thread  # the flag's default is the agent's
     args = parser.parse_args(["worker", "--job", "j", "--debloat-target-ms", "0", "--task-thread"])
     assert args.debloat_target_ms == 0 and args.task_thread is True
     assert args.adaptive_task_thread is True
+    args = parser.parse_args(["worker", "--job", "j", "--no-task-thread"])
+    assert args.task_thread is False
     args = parser.parse_args(["worker", "--job", "j", "--no-adaptive-task-thread"])
     assert args.adaptive_task_thread is False
     with pytest.raises(SystemExit):
@@ -145,16 +148,16 @@ def test_spark_run_options_reach_the_slot_agents() -> None:
         log_level="warning",
         startup_barrier=False,
         debloat_target_ms=25,
-        task_thread=True,
+        task_thread=False,
         adaptive_task_thread=False,
     )
     agent = _agent(config, 1, "127.0.0.1")
     assert agent.dataplane == DataplaneSettings(
-        debloat_target_ms=25, task_thread=True, adaptive_task_thread=False
+        debloat_target_ms=25, task_thread=False, adaptive_task_thread=False
     )
     default = _agent(SlotConfig("127.0.0.1:1", "0" * 32, 2, None, 1024, "warning", False), 0, "h")
     assert default.dataplane == DataplaneSettings()
-    assert RunOptions().debloat_target_ms is None and RunOptions().task_thread is False
+    assert RunOptions().debloat_target_ms is None and RunOptions().task_thread is True
     with pytest.raises(InvalidArgumentError, match="debloat_target_ms"):
         RunOptions(debloat_target_ms=-1)
     with pytest.raises(InvalidArgumentError, match="task_thread"):
