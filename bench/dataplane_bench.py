@@ -631,11 +631,12 @@ async def run_job(
         # which wait for the whole backlog behind them. Nor one triggered just before a source
         # ended whose barrier that source injected after its last record: seen in the details,
         # its snapshot counts every record the source emits in the run.
-        source_totals: dict[str, int] = {}
-        for subtasks in result.details.values():
-            for name, sub in subtasks.items():
-                if name.startswith("source#"):
-                    source_totals[name] = max(source_totals.get(name, 0), sub["records_in"])
+        # every source's total: what it had emitted at the benchmark's own final checkpoint,
+        # triggered once both had ended (no totals without its details: nothing left out)
+        final = result.details.get(result.final_checkpoint_id, {})
+        source_totals = {
+            name: sub["records_in"] for name, sub in final.items() if name.startswith("source#")
+        }
 
         def after_a_source_ended(checkpoint_id: int) -> bool:
             subtasks = result.details.get(checkpoint_id, {})

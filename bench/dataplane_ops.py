@@ -14,9 +14,10 @@ on ``sys.path``.
   counters to ``<stats_dir>/sink-<subtask>.json``; the sum of the newest counts over both sinks
   must equal the number of source records (the benchmark checks it).
 * :class:`ThrottledSink`: a :class:`DiscardingSink` that sleeps ``sleep_s`` per batch: a
-  slow sink that blocks (on I/O, say). On the agent's event loop the sleep stalls everything
-  that agent hosts (its source subtask and its gRPC servicing too); by default its subtask
-  moves to a task thread once its calls are seen to block.
+  slow sink that blocks (on I/O, say). By default it sleeps on its subtask's task thread; on
+  the agent's event loop (``--no-task-thread``) the sleep would stall everything that agent
+  hosts (its source subtask and its gRPC servicing too), so there its subtask moves to a task
+  thread once its calls are seen to block, unless ``--no-adaptive-task-thread``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -1045,7 +1046,6 @@ def _run_detached(args: argparse.Namespace) -> int:
     driver's pid, and return. The Spark driver loop runs in that process until the job ends."""
     import subprocess
     import tempfile
-    import time
     import uuid
 
     job_id = args.job_id or uuid.uuid4().hex
@@ -1327,7 +1327,6 @@ async def _wait_for_coordinator(
 ) -> cpb.JobInfo:
     """The job, once the coordinator answers: retried with exponential back-off (capped at
     ``WORKER_BACKOFF_S[1]``) while it is UNAVAILABLE or does not answer, for ``wait_s``."""
-    import time
 
     deadline = time.monotonic() + wait_s
     delay, attempt = WORKER_BACKOFF_S[0], 1
@@ -1391,7 +1390,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                 agent.stub, args.job, address, args.wait_for_coordinator, log
             )
             await agent.run()
-            return 0
+            return await after_tasks_finished(agent.stub, args.job)
         except asyncio.CancelledError:  # CancelTask: the job was canceled or failed over
             return await _after_cancel(agent, args.job)
         except grpc.aio.AioRpcError as e:
@@ -1406,6 +1405,53 @@ def cmd_worker(args: argparse.Namespace) -> int:
             await agent.stop()
 
     return asyncio.run(run())
+
+
+FINISHED_POLL_S = 0.2
+FINISHED_UNREACHABLE_S = 60.0
+
+
+async def after_tasks_finished(
+    stub: Any,
+    job_id: str,
+    poll_s: float = FINISHED_POLL_S,
+    unreachable_s: float = FINISHED_UNREACHABLE_S,
+) -> int:
+    """Exit code once this worker's tasks finished. The job may still fail over (a task of
+    another worker fails before the job ends), and a restarted job needs every slot's worker
+    again, this one too: so wait for the job to end. 0 when it finished or was canceled; 1 when
+    it failed, or waits for its workers (``RESTARTING`` or ``CREATED``: start the workers
+    again), or the coordinator stayed unreachable for ``unreachable_s``."""
+    unreachable_since: float | None = None
+    while True:
+        try:
+            job = await stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5.0)
+        except grpc.aio.AioRpcError as e:
+            retry = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            now = time.monotonic()
+            unreachable_since = unreachable_since if unreachable_since is not None else now
+            if not retry or now - unreachable_since >= unreachable_s:
+                print(
+                    f"snapflow worker: this worker's tasks finished; the job's state is unknown "
+                    f"({_rpc_text(e)})",
+                    file=sys.stderr,
+                )
+                return 1
+            await asyncio.sleep(poll_s)
+            continue
+        unreachable_since = None
+        state = wire.JOB_STATE.from_pb_or(job.state, None)
+        if state in (JobState.FINISHED, JobState.CANCELED):
+            return 0
+        if state in (JobState.RESTARTING, JobState.CREATED, JobState.FAILED):
+            print(
+                f"snapflow worker: this worker's tasks finished, then job {job_id} became "
+                f"{job_state(job.state)}"
+                + ("" if state is JobState.FAILED else " (a failover: start the workers again)"),
+                file=sys.stderr,
+            )
+            return 1
+        await asyncio.sleep(poll_s)
 
 
 async def _after_cancel(agent: Any, job_id: str) -> int:

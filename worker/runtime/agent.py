@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import assert_never
 
@@ -102,7 +102,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 @dataclass(frozen=True)
 class DataplaneSettings:
     """How an agent runs its subtasks' data plane (docs/worker.md, "Keeping checkpoints fast
-    under load"). ``snapflow worker --debloat-target-ms/--task-thread/
+    under load"). ``snapflow worker --debloat-target-ms/--no-task-thread/
     --no-adaptive-task-thread``; the Spark bridge's run options of the same names."""
 
     debloat_target_ms: int = DEFAULT_TARGET_MS
@@ -267,6 +267,8 @@ class Agent:
         for hosted in self.hosted.values():
             if hosted.runner is not None and not hosted.runner.done():
                 hosted.runner.cancel()
+        await asyncio.sleep(0)  # a cancelled runner that had not started never will
+        await self._discard_unstarted(self.hosted.values())
         if self._batcher is not None:
             await self._batcher.close()
         for channel in self._peer_channels.values():
@@ -341,7 +343,13 @@ class Agent:
 
     async def _deploy_and_run(self, reconnect: bool) -> None:
         self.deployments += 1
-        await self._deploy(reconnect)
+        try:
+            await self._deploy(reconnect)
+        except BaseException:
+            # Subtasks opened before a later one failed, or before the deployment was given
+            # up, never run: close their operators and state and end their threads.
+            await self._discard_unstarted(self.hosted.values())
+            raise
         runners = [h.runner for h in self.hosted.values() if h.runner is not None]
         try:
             await asyncio.gather(*runners)
@@ -589,7 +597,16 @@ class Agent:
         for runner in runners:
             runner.cancel()
         await asyncio.gather(*runners, return_exceptions=True)
+        await self._discard_unstarted(hosted.values())
         self.registry.unregister_job(self.job_id)
+
+    async def _discard_unstarted(self, hosted: Iterable[_Hosted]) -> None:
+        """Clean up the opened subtasks whose run never started (``Subtask.discard``; a runner
+        cancelled before its first step never runs its coroutine)."""
+        for h in list(hosted):
+            if h.task is not None:
+                with contextlib.suppress(Exception):
+                    await h.task.discard()
 
     def _channel_id(self, pv: str, ps: int, cv: str, cs: int, attempt: int) -> wpb.ChannelId:
         return wpb.ChannelId(

@@ -288,6 +288,9 @@ class Subtask:
         self.records_in = 0
         self.records_out = 0
         self._alignment_bytes: dict[int, int] = {}
+        self._ran = False  # run() started: it closes and disposes when it ends
+        self._discarded = False
+        self._closing = False  # operators closed or closing: posted notices are dropped
 
     @property
     def task_thread(self) -> bool:
@@ -304,13 +307,37 @@ class Subtask:
     async def open_where_it_runs(self) -> None:
         """:meth:`open` on the task thread when the subtask has one (so ``open`` runs on the
         thread of every later call, as Flink opens operators on the task thread, and a large
-        restore does not hold up the loop), else here."""
+        restore does not hold up the loop), else here. If ``open`` fails, or the caller is
+        cancelled meanwhile, what was opened is closed and the thread ends (:meth:`discard`);
+        a cancelled caller first waits for ``open`` to end on the thread (at most
+        ``CLOSE_TIMEOUT_S``), so that no ``open`` runs on after its deployment was given up."""
+        if self._thread is None:
+            try:
+                self.open()
+            except BaseException:
+                await self.discard()
+                raise
+            return
+        opening = asyncio.ensure_future(self._thread.call(self.open))
         try:
-            await self._user(self.open)
+            await asyncio.shield(opening)
         except BaseException:
-            if self._thread is not None:
-                self._thread.close()  # run() never starts: nothing else would end the thread
+            if not opening.done():
+                with contextlib.suppress(BaseException):
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await asyncio.shield(opening)
+            await self.discard()
             raise
+
+    async def discard(self) -> None:
+        """Clean up a subtask that was opened (or tried to) but whose :meth:`run` never
+        started, e.g. its deployment failed or was cancelled: close its operators, dispose its
+        state, end its thread. Nothing once :meth:`run` started (run ends with the same) or
+        after the first call."""
+        if self._ran or self._discarded:
+            return
+        self._discarded = True
+        await self._close_operators()
 
     def open(self) -> None:
         """Open operators with their (restored) state. Runs before the task reports RUNNING.
@@ -406,6 +433,7 @@ class Subtask:
             self._completed.set()  # over after a drain, see _run_source)
 
     async def run(self) -> None:
+        self._ran = True
         try:
             await self._replay_channel_state()
             if self.source is not None:
@@ -417,8 +445,6 @@ class Subtask:
             for task in list(self._async_parts):
                 task.cancel()
             await self._close_operators()
-            for backend in self.keyed.values():
-                backend.dispose()  # the disk backend's local files
 
     # --- the task thread -------------------------------------------------------------------
 
@@ -430,6 +456,8 @@ class Subtask:
         return await self._thread.call(fn, *args)
 
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._closing:
+            return  # closed and disposed, or about to be: nothing more reaches the operators
         if self._thread is not None:
             self._thread.post(fn, *args)
         elif self._deferred is not None:
@@ -503,13 +531,19 @@ class Subtask:
             self._measured(time.perf_counter_ns() - started, time.thread_time_ns() - cpu_started)
 
     async def _close_operators(self) -> None:
+        """Close the operators, then dispose the keyed backends (the disk backend's local
+        files), on the thread the operators run on: a notice posted before cannot run
+        concurrently with the disposal, and none posted after runs at all. If user code does not
+        return within ``CLOSE_TIMEOUT_S``, the state is left undisposed under it (logged)."""
+        self._closing = True
+        backends = list(self.keyed.values())
         thread = self._thread
         if thread is None:
-            _close_all(self.operators)
+            _close_and_dispose(self.operators, backends)
             return
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await thread.call(_close_all, self.operators)
+                await thread.call(_close_and_dispose, self.operators, backends)
         except TimeoutError:
             self._log.warning("task.close_timed_out", timeout_s=CLOSE_TIMEOUT_S)
         finally:
@@ -1011,9 +1045,10 @@ class Subtask:
             await self.decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
             return
         finally:
+            # on the thread the snapshot was taken on, between two calls: the backend's
+            # copy-on-write bookkeeping is the task thread's (SnapshotInProgress.release)
             for _, snap in pending.snapshots:
-                with contextlib.suppress(Exception):
-                    snap.release()
+                self._post(_release, snap)
         if self._pending.pop(checkpoint_id, None) is None:
             return
         report = SnapshotReport(
@@ -1210,10 +1245,20 @@ def _notify_aborted(operators: list[Operator], checkpoint_id: int) -> None:
         op.notify_checkpoint_aborted(checkpoint_id)
 
 
-def _close_all(operators: list[Operator]) -> None:
+def _close_and_dispose(operators: list[Operator], backends: list[KeyedStateBackend]) -> None:
     for op in operators:
         with contextlib.suppress(Exception):
             op.close()
+    for backend in backends:
+        with contextlib.suppress(Exception):
+            backend.dispose()
+
+
+def _release(snapshot: SnapshotInProgress) -> None:
+    # A snapshot whose write was cut short (a cancelled task) is still "writing": the backend
+    # reaps it at its next snapshot.
+    with contextlib.suppress(Exception):
+        snapshot.release()
 
 
 def _unknown(what: str, value: Never) -> NoReturn:
