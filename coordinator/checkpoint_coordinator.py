@@ -865,14 +865,13 @@ class CheckpointCoordinator:
                     )
                 )
         actions.append(CheckpointCompleted(checkpoint, pending.request, tuple(dropped_ids)))
+        final = self._is_final(checkpoint)
         # Intermediate savepoints do not commit side effects (Flink 1.15+): only checkpoints and
         # stop-with-savepoint notify the tasks.
         if checkpoint.kind is CheckpointKind.CHECKPOINT or checkpoint.kind.is_synchronous:
             actions.append(
                 NotifyComplete(
-                    checkpoint.checkpoint_id,
-                    tuple(sorted(pending.acknowledged)),
-                    final=self._is_final(checkpoint),
+                    checkpoint.checkpoint_id, tuple(sorted(pending.acknowledged)), final=final
                 )
             )
         if dropped_ids:
@@ -885,6 +884,14 @@ class CheckpointCoordinator:
                     RequestRefused(
                         self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
                     )
+                )
+        elif final and checkpoint.kind is CheckpointKind.CHECKPOINT:
+            # Every source had ended: the tasks end once notified, so a request queued
+            # meanwhile (in a job without periodic checkpoints, each source asks for one when
+            # its input ends) would only be aborted when they do. This checkpoint covers it.
+            while self.queue:
+                actions.append(
+                    RequestRefused(self.queue.popleft(), TriggerRefusal.FINAL_CHECKPOINT_COMPLETED)
                 )
         else:
             actions.extend(self._start_next(now_ms))

@@ -38,6 +38,10 @@ class TriggerRefusal(enum.Enum):
     IO_EXCEPTION = "could not allocate a checkpoint id or create its directory"
     STOP_WITH_SAVEPOINT_PENDING = "a stop-with-savepoint is already in progress"
     CHECKPOINT_EXPIRED = "preparing the trigger (id, storage) did not finish within the timeout"
+    FINAL_CHECKPOINT_COMPLETED = (
+        "a final checkpoint completed (every source had ended): the job is finishing, and that "
+        "checkpoint covers this request"
+    )
 
 
 class AbortReason(enum.Enum):

@@ -1093,3 +1093,42 @@ def test_edge_values_of_the_config_are_refused_loudly(config: dict, message: str
         CheckpointCoordinator(
             "job", GRAPH, CheckpointConfig(), FakeTasks(), random.Random(1), max_queued_requests=0
         )
+
+
+def _complete_final(h: Harness, cid: int, now: int) -> tuple[CompletedCheckpoint, list]:
+    """Every subtask acks ``cid``, the sources with their input ended: a final checkpoint."""
+    finalize = None
+    for attempt in ALL:
+        result, actions = h.cc.on_ack(
+            attempt, cid, (), SubtaskMetrics(), now, input_ended=attempt.vertex_id == "src"
+        )
+        h.cc.check_invariants()
+        assert result is AckResult.SUCCESS
+        finalize = next((a for a in actions if isinstance(a, FinalizeCheckpoint)), finalize)
+    assert finalize is not None
+    return finalize.checkpoint, h.step(h.cc.on_checkpoint_committed(finalize.checkpoint, [], now))
+
+
+def test_a_final_checkpoint_refuses_the_requests_queued_behind_it() -> None:
+    """Without periodic checkpoints each source asks for one when its input ends; two that
+    end together queue two requests. The first, final, covers both; the second would only be
+    aborted when the tasks end, so it is refused (no second checkpoint, no abort)."""
+    h = Harness(max_concurrent=1)
+    first = h.trigger(1, now=10)
+    second, actions = h.manual(now=11)
+    assert actions == []  # queued behind the pending one
+    cp, actions = _complete_final(h, 1, now=20)
+    assert actions == [
+        CheckpointCompleted(cp, first, ()),
+        NotifyComplete(1, ALL, final=True),
+        RequestRefused(second, TriggerRefusal.FINAL_CHECKPOINT_COMPLETED),
+    ]
+    assert not h.cc.queue and not h.cc.pending
+
+
+def test_a_checkpoint_that_is_not_final_starts_the_next_request() -> None:
+    h = Harness(max_concurrent=1)
+    h.trigger(1, now=10)
+    second, _ = h.manual(now=11)
+    _, actions = h.complete(1, now=20)  # no source reported the end of its input
+    assert actions[-1] == AllocateCheckpointId(second)
