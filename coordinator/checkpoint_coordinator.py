@@ -20,6 +20,11 @@ Recovery contract (what the shell relies on):
   it call ``on_checkpoint_committed``, which yields ``NotifyComplete``. A failed finalisation is
   reported with ``on_finalize_failed`` and aborts the checkpoint; it counts as a failure, as
   Flink's ``FINALIZE_CHECKPOINT_FAILURE`` does.
+* A source's request for the job's final checkpoint (``TriggerRequest.input_ended``, a job
+  without periodic checkpoints) is held until every source of the running deployment asked;
+  the final checkpoint answers the held ones (``RequestCovered``), a failover or shutdown
+  refuses them as it refuses the queue. Which sources ended is not persisted: after a
+  coordinator restart the sources, still waiting for their final checkpoint, ask again.
 
 Where this differs from Flink on purpose, and which Flink version it follows:
 ``docs/flink-differences.md``.
@@ -73,6 +78,9 @@ class TriggerRequest:
     kind: CheckpointKind
     periodic: bool = False
     target_directory: str = ""
+    input_ended: ExecutionAttempt | None = None
+    """Set when a source subtask whose input ended asks for the job's final checkpoint (a job
+    without periodic checkpoints): held until every source subtask of the deployment asked."""
 
 
 def abort_reason_for_decline(reason: DeclineReason) -> AbortReason:
@@ -156,6 +164,15 @@ class CheckpointCompleted:
 
 
 @dataclass(frozen=True)
+class RequestCovered:
+    """A held request of an ended source (``TriggerRequest.input_ended``) is answered by the
+    final checkpoint another source's request triggered."""
+
+    request: TriggerRequest
+    checkpoint: CompletedCheckpoint
+
+
+@dataclass(frozen=True)
 class NotifyComplete:
     checkpoint_id: int
     tasks: tuple[ExecutionAttempt, ...]
@@ -208,6 +225,7 @@ Action = (
     | SubtaskAcknowledged
     | FinalizeCheckpoint
     | CheckpointCompleted
+    | RequestCovered
     | NotifyComplete
     | CheckpointAborted
     | NotifyAborted
@@ -356,6 +374,11 @@ class CheckpointCoordinator:
         self.highest_id = 0
         self._recently_ended: deque[int] = deque(maxlen=RECENT_CHECKPOINTS_REMEMBERED)
         self._referenced_paths: set[str] = set()
+        self.ended_sources: set[ExecutionAttempt] = set()
+        """Source subtasks of the running deployment that asked for the final checkpoint."""
+        self.held: dict[ExecutionAttempt, TriggerRequest] = {}
+        """Their requests while some source still runs: one checkpoint, triggered once every
+        source ended, answers them all (``RequestCovered``)."""
 
     # --- recovery --------------------------------------------------------------------------
 
@@ -481,6 +504,11 @@ class CheckpointCoordinator:
             "checkpoint queued behind a stop-with-savepoint"
         )
         assert not self.shutdown or self.next_periodic_ms is None, "periodic timer while shut down"
+        assert all(k == r.input_ended for k, r in self.held.items()), "held under another source"
+        assert set(self.held) <= self.ended_sources, "held request of a source not ended"
+        assert all(r.input_ended is None for r in self.queue) or self._every_source_ended(), (
+            "final-checkpoint request queued while a source still runs"
+        )
 
     # --- triggering ------------------------------------------------------------------------
 
@@ -489,6 +517,18 @@ class CheckpointCoordinator:
         refusal = self._refuse_outright(request)
         if refusal is not None:
             return [RequestRefused(request, refusal)]
+        actions: list[Action] = []
+        if request.input_ended is not None:
+            if request.input_ended not in self.tasks.source_attempts():
+                return [RequestRefused(request, TriggerRefusal.NOT_A_RUNNING_SOURCE)]
+            self.ended_sources.add(request.input_ended)
+            older = self.held.pop(request.input_ended, None)
+            if older is not None:  # the source asked again (its call timed out, say)
+                actions.append(RequestRefused(older, TriggerRefusal.ASKED_AGAIN))
+            if not self._every_source_ended():
+                # One final checkpoint for the job rather than one per source as it ends.
+                self.held[request.input_ended] = request
+                return actions
         # A full queue makes room by dropping its last request if that one is periodic (the new
         # request itself when it ranks last); a queue of user requests refuses the new one
         # (Flink's CheckpointRequestDecider).
@@ -504,7 +544,6 @@ class CheckpointCoordinator:
             (i for i, r in enumerate(self.queue) if _queue_rank(r) > rank), len(self.queue)
         )
         self.queue.insert(position, request)
-        actions: list[Action] = []
         if len(self.queue) > self.max_queued_requests:
             actions.append(
                 RequestRefused(self.queue.pop(), TriggerRefusal.TOO_MANY_CHECKPOINT_REQUESTS)
@@ -515,6 +554,14 @@ class CheckpointCoordinator:
                 self.queue.remove(queued)
                 actions.append(RequestRefused(queued, TriggerRefusal.STOP_WITH_SAVEPOINT_PENDING))
         return actions + self._start_next(now_ms)
+
+    def _every_source_ended(self) -> bool:
+        return set(self.tasks.source_attempts()) <= self.ended_sources
+
+    def _refuse_held(self, refusal: TriggerRefusal) -> list[Action]:
+        held = sorted(self.held.values(), key=lambda r: r.request_id)
+        self.held.clear()
+        return [RequestRefused(r, refusal) for r in held]
 
     def _refuse_outright(self, request: TriggerRequest) -> TriggerRefusal | None:
         if self.shutdown or self.job_failed:
@@ -721,6 +768,9 @@ class CheckpointCoordinator:
             actions.append(
                 RequestRefused(self.queue.popleft(), TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING)
             )
+        # The next deployment's sources ask again when their input ends.
+        actions.extend(self._refuse_held(TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING))
+        self.ended_sources.clear()
         if self.stopping_with_savepoint and not any(
             p.kind.is_synchronous for p in self.pending.values()
         ):
@@ -739,6 +789,7 @@ class CheckpointCoordinator:
             actions.append(
                 RequestRefused(self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)
             )
+        actions.extend(self._refuse_held(TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN))
         return actions
 
     # --- acks and declines -----------------------------------------------------------------
@@ -885,14 +936,18 @@ class CheckpointCoordinator:
                         self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
                     )
                 )
+            actions.extend(self._refuse_held(TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN))
         elif final and checkpoint.kind is CheckpointKind.CHECKPOINT:
-            # Every source had ended: the tasks end once notified, so a request queued
-            # meanwhile (in a job without periodic checkpoints, each source asks for one when
-            # its input ends) would only be aborted when they do. This checkpoint covers it.
+            # Every source had ended: the tasks end once notified, so a request queued or held
+            # meanwhile (a user's, the sources' asking for the final checkpoint of a job without
+            # periodic checkpoints) would only be aborted when they do. This one covers them.
             while self.queue:
                 actions.append(
                     RequestRefused(self.queue.popleft(), TriggerRefusal.FINAL_CHECKPOINT_COMPLETED)
                 )
+            held = sorted(self.held.values(), key=lambda r: r.request_id)
+            self.held.clear()
+            actions.extend(RequestCovered(r, checkpoint) for r in held)
         else:
             actions.extend(self._start_next(now_ms))
         return actions

@@ -16,7 +16,12 @@ from collections.abc import Callable
 
 from snapflow.coordinator.checkpoint_coordinator import TriggerRequest
 from snapflow.coordinator.checkpoint_storage import s3_location
-from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, JobState
+from snapflow.coordinator.model import (
+    CheckpointKind,
+    CompletedCheckpoint,
+    ExecutionAttempt,
+    JobState,
+)
 from snapflow.coordinator.savepoint_operations import SavepointOperation, SavepointOperations
 from snapflow.errors import (
     CheckpointRefusedError,
@@ -48,10 +53,14 @@ class CheckpointRequests:
         self.savepoint_operations = SavepointOperations()
 
     def submit(
-        self, kind: CheckpointKind, target_directory: str
+        self,
+        kind: CheckpointKind,
+        target_directory: str,
+        input_ended: ExecutionAttempt | None = None,
     ) -> tuple[TriggerRequest, asyncio.Future[CompletedCheckpoint]]:
         """Hand a user's checkpoint or savepoint request to the core; the future ends with the
-        completed checkpoint or its failure."""
+        completed checkpoint or its failure. ``input_ended``: an ended source asks for the
+        job's final checkpoint (``TriggerRequest.input_ended``)."""
         self._check_not_fenced()
         if kind.is_savepoint and is_object_store_uri(target_directory):
             s3_location(target_directory, what="target_directory")  # refused before queueing
@@ -64,7 +73,11 @@ class CheckpointRequests:
                 f"target_directory {convert_target!r} must be an absolute path"
             )
         request = TriggerRequest(
-            self._next_request_id, kind, periodic=False, target_directory=target_directory
+            self._next_request_id,
+            kind,
+            periodic=False,
+            target_directory=target_directory,
+            input_ended=input_ended,
         )
         self._next_request_id += 1
         future: asyncio.Future[CompletedCheckpoint] = asyncio.get_running_loop().create_future()
@@ -83,10 +96,14 @@ class CheckpointRequests:
             future.set_result(outcome)
 
     async def trigger(
-        self, kind: CheckpointKind, target_directory: str, timeout_s: float
+        self,
+        kind: CheckpointKind,
+        target_directory: str,
+        timeout_s: float,
+        input_ended: ExecutionAttempt | None = None,
     ) -> CompletedCheckpoint:
         """Request a checkpoint or savepoint and wait for it, at most ``timeout_s``."""
-        request, future = self.submit(kind, target_directory)
+        request, future = self.submit(kind, target_directory, input_ended)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:

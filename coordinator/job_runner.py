@@ -41,6 +41,7 @@ from snapflow.coordinator.checkpoint_coordinator import (
     FinalizeCheckpoint,
     NotifyAborted,
     NotifyComplete,
+    RequestCovered,
     RequestRefused,
     SendTrigger,
     SubtaskAcknowledged,
@@ -477,9 +478,13 @@ class JobRunner:
     # --- checkpoints from users --------------------------------------------------------------
 
     async def trigger(
-        self, kind: CheckpointKind, target_directory: str, timeout_s: float
+        self,
+        kind: CheckpointKind,
+        target_directory: str,
+        timeout_s: float,
+        input_ended: ExecutionAttempt | None = None,
     ) -> CompletedCheckpoint:
-        return await self.requests.trigger(kind, target_directory, timeout_s)
+        return await self.requests.trigger(kind, target_directory, timeout_s, input_ended)
 
     def start_savepoint(self, kind: CheckpointKind, target_directory: str) -> SavepointOperation:
         return self.requests.start_savepoint(kind, target_directory)
@@ -615,6 +620,8 @@ class JobRunner:
                 self.io.submit(Finalize(action, last_ack_at=time.perf_counter()))
             case CheckpointCompleted(checkpoint=cp):
                 self._completed(action.request, cp)
+            case RequestCovered(request=request, checkpoint=cp):
+                self.requests.resolve(request.request_id, cp)
             case NotifyComplete():
                 self.agents.notify(
                     self.execution.group_by_address(action.tasks),

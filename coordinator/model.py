@@ -42,6 +42,11 @@ class TriggerRefusal(enum.Enum):
         "a final checkpoint completed (every source had ended): the job is finishing, and that "
         "checkpoint covers this request"
     )
+    NOT_A_RUNNING_SOURCE = (
+        "input_ended names no source subtask attempt of the running deployment (a task of an "
+        "earlier attempt, or not a source)"
+    )
+    ASKED_AGAIN = "the same source subtask asked for the final checkpoint again"
 
 
 class AbortReason(enum.Enum):

@@ -17,7 +17,12 @@ from snapflow.coordinator.confinement import check_confined
 from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.job_runner import JobRunner
-from snapflow.coordinator.model import CheckpointKind, CompletedCheckpoint, TaskKey
+from snapflow.coordinator.model import (
+    CheckpointKind,
+    CompletedCheckpoint,
+    ExecutionAttempt,
+    TaskKey,
+)
 from snapflow.coordinator.savepoint_operations import SavepointOperation
 from snapflow.errors import CheckpointRefusedError, InvalidArgumentError, SnapflowError
 from snapflow.jobgraph import TaskState
@@ -230,13 +235,20 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     # --- checkpoints (user side) ---------------------------------------------------------------------
 
     async def _trigger(
-        self, job_id: str, kind: CheckpointKind, target: str, context: grpc.aio.ServicerContext
+        self,
+        job_id: str,
+        kind: CheckpointKind,
+        target: str,
+        context: grpc.aio.ServicerContext,
+        input_ended: ExecutionAttempt | None = None,
     ) -> cpb.CheckpointSummary:
         runner = self._runner(job_id)
         _location(target, "target_directory")
         check_confined(target, self.manager.settings.allowed_roots(), "target_directory")
         try:
-            cp: CompletedCheckpoint = await runner.trigger(kind, target, self._deadline(context))
+            cp: CompletedCheckpoint = await runner.trigger(
+                kind, target, self._deadline(context), input_ended
+            )
         except CheckpointRefusedError as refused:
             raise runner.naming_the_job_state(refused) from None
         return runner.summary_of_completed(cp)
@@ -245,7 +257,14 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     async def TriggerCheckpoint(
         self, request: cpb.TriggerCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> cpb.CheckpointSummary:
-        return await self._trigger(request.job_id, CheckpointKind.CHECKPOINT, "", context)
+        input_ended = (
+            convert.attempt_from_pb(request.input_ended)
+            if request.HasField("input_ended")
+            else None
+        )
+        return await self._trigger(
+            request.job_id, CheckpointKind.CHECKPOINT, "", context, input_ended
+        )
 
     @grpc_errors
     async def TriggerSavepoint(

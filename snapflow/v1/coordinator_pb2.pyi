@@ -342,10 +342,12 @@ class DeclineCheckpointResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class TriggerCheckpointRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "input_ended")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ENDED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    input_ended: _common_pb2.TaskAttempt
+    def __init__(self, job_id: _Optional[str] = ..., input_ended: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ...) -> None: ...
 
 class TriggerSavepointRequest(_message.Message):
     __slots__ = ("job_id", "target_directory")

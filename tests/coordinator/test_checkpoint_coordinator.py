@@ -26,6 +26,7 @@ from snapflow.coordinator.checkpoint_coordinator import (
     FinalizeCheckpoint,
     NotifyAborted,
     NotifyComplete,
+    RequestCovered,
     RequestRefused,
     SendTrigger,
     SubtaskAcknowledged,
@@ -1132,3 +1133,84 @@ def test_a_checkpoint_that_is_not_final_starts_the_next_request() -> None:
     second, _ = h.manual(now=11)
     _, actions = h.complete(1, now=20)  # no source reported the end of its input
     assert actions[-1] == AllocateCheckpointId(second)
+
+
+def _source_ended(h: Harness, attempt: ExecutionAttempt, now: int) -> tuple[TriggerRequest, list]:
+    """``attempt``'s input ended: it asks for the job's final checkpoint (the agents do in a job
+    without periodic checkpoints)."""
+    req = TriggerRequest(h.next_request_id, CheckpointKind.CHECKPOINT, input_ended=attempt)
+    h.next_request_id += 1
+    return req, h.step(h.cc.request(req, now))
+
+
+def test_the_final_checkpoint_waits_for_every_source_and_answers_them_all() -> None:
+    """Each source asks as its input ends; one checkpoint, triggered when the last one asked,
+    answers both (without the hold, the first source's request took a checkpoint of its own
+    while the other still ran: two checkpoints at the end of the job)."""
+    h = Harness()
+    first, actions = _source_ended(h, SRC1, now=10)
+    assert actions == [] and h.cc.held == {SRC1: first} and h.cc.triggering is None
+    last, actions = _source_ended(h, SRC0, now=20)
+    assert actions == [AllocateCheckpointId(last)] and h.cc.held == {SRC1: first}
+    h.allocate(last, 1, now=21)
+    cp, actions = _complete_final(h, 1, now=30)
+    assert actions == [
+        CheckpointCompleted(cp, last, ()),
+        NotifyComplete(1, ALL, final=True),
+        RequestCovered(first, cp),
+    ]
+    assert not h.cc.held and not h.cc.queue and not h.cc.pending
+
+
+def test_a_failed_final_checkpoint_keeps_the_held_requests_and_the_next_one_answers_them() -> None:
+    h = Harness(tolerable_failures=1)
+    first, _ = _source_ended(h, SRC0, now=10)
+    last, _ = _source_ended(h, SRC1, now=11)
+    h.allocate(last, 1, now=12)
+    actions = h.step(h.cc.on_tick(12 + 1000))  # expired
+    assert [type(a) for a in actions] == [CheckpointAborted, NotifyAborted]
+    assert h.cc.held == {SRC0: first}
+    # The last source asks again (its call failed): every source ended, so it triggers at once.
+    again, actions = _source_ended(h, SRC1, now=1100)
+    assert actions == [AllocateCheckpointId(again)]
+    h.allocate(again, 2, now=1101)
+    cp, actions = _complete_final(h, 2, now=1110)
+    assert actions[-1] == RequestCovered(first, cp) and not h.cc.held
+
+
+def test_a_source_asking_again_replaces_its_held_request() -> None:
+    h = Harness()
+    old, _ = _source_ended(h, SRC0, now=10)
+    new, actions = _source_ended(h, SRC0, now=20)
+    assert actions == [RequestRefused(old, TriggerRefusal.ASKED_AGAIN)]
+    assert h.cc.held == {SRC0: new}
+
+
+def test_held_requests_are_refused_on_failover_and_the_next_deployment_starts_afresh() -> None:
+    h = Harness()
+    held, _ = _source_ended(h, SRC0, now=10)
+    h.tasks.running = False
+    actions = h.step(h.cc.on_tasks_not_running(20, "task failed"))
+    assert actions == [RequestRefused(held, TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING)]
+    assert not h.cc.held and not h.cc.ended_sources
+    h.tasks.running = True
+    h.step(h.cc.on_tasks_running(30))
+    # SRC0's earlier request no longer counts: SRC1 alone is held.
+    req, actions = _source_ended(h, SRC1, now=40)
+    assert actions == [] and h.cc.held == {SRC1: req}
+
+
+def test_a_request_naming_no_running_source_is_refused() -> None:
+    h = Harness()
+    for attempt in (ExecutionAttempt("src", 0, 2), SINK0, ExecutionAttempt("src", 7, 1)):
+        req, actions = _source_ended(h, attempt, now=10)
+        assert actions == [RequestRefused(req, TriggerRefusal.NOT_A_RUNNING_SOURCE)]
+    assert not h.cc.held and not h.cc.ended_sources
+
+
+def test_held_requests_are_refused_when_the_coordinator_shuts_down() -> None:
+    h = Harness()
+    held, _ = _source_ended(h, SRC0, now=10)
+    actions = h.step(h.cc.shut_down(AbortReason.JOB_CANCELED, 20))
+    assert actions == [RequestRefused(held, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)]
+    assert not h.cc.held

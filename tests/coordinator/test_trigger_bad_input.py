@@ -17,6 +17,7 @@ from kit.coordinator_env import (
     Env,
     T,
     ack_all_by_hand,
+    attempt,
     checkpoint_completes,
     checkpoint_details,
     decline_all,
@@ -182,5 +183,48 @@ def test_trigger_with_short_client_deadline_is_deadline_exceeded(env: Env) -> No
 
             await wait_until_async(completed, "checkpoint 1 completed after the late acks")
             assert (await checkpoint_completes(env.stub, job)).checkpoint_id == 2
+
+    env.loop.run(main())
+
+
+@pytest.mark.parametrize(
+    ("ended", "code", "fragment"),
+    [
+        pytest.param(attempt("", 0, 1), Code.INVALID_ARGUMENT, "vertex_id", id="no-vertex"),
+        pytest.param(attempt("src", -1, 1), Code.INVALID_ARGUMENT, "subtask_index", id="index"),
+        pytest.param(attempt("src", 0, 0), Code.INVALID_ARGUMENT, "attempt", id="attempt-0"),
+        pytest.param(
+            attempt("map", 0, 1), Code.FAILED_PRECONDITION, "NOT_A_RUNNING_SOURCE", id="not-src"
+        ),
+        pytest.param(
+            attempt("src", 0, 7), Code.FAILED_PRECONDITION, "NOT_A_RUNNING_SOURCE", id="stale"
+        ),
+    ],
+)
+def test_a_final_checkpoint_request_naming_no_running_source_is_refused(
+    env: Env, ended: pb.TaskAttempt, code: Any, fragment: str
+) -> None:
+    """``input_ended`` (an ended source asking for the final checkpoint) must name a source
+    subtask attempt of the running deployment; nothing is triggered otherwise, and the same
+    request from the running source triggers the checkpoint at once (it is the only source)."""
+
+    async def main() -> None:
+        async with job_with_agent(env.coordinator, env.storage_root) as job:
+            await expect_error(
+                env.stub.TriggerCheckpoint(
+                    cpb.TriggerCheckpointRequest(job_id=job.id, input_ended=ended), timeout=T
+                ),
+                code,
+                fragment,
+            )
+            stats = await env.stub.GetCheckpointStats(
+                cpb.GetCheckpointStatsRequest(job_id=job.id), timeout=T
+            )
+            assert stats.counts.completed + stats.counts.in_progress == 0
+            summary = await env.stub.TriggerCheckpoint(
+                cpb.TriggerCheckpointRequest(job_id=job.id, input_ended=job.task()), timeout=T
+            )
+            assert summary.status == pb.CHECKPOINT_STATUS_COMPLETED
+            assert summary.checkpoint_id == 1
 
     env.loop.run(main())

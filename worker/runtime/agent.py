@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,9 @@ HEARTBEAT_TIMEOUT_S = 10.0
 _CONTROL_SERVICE = wpb.DESCRIPTOR.services_by_name["WorkerControlService"]
 _EXCHANGE_SERVICE = wpb.DESCRIPTOR.services_by_name["DataExchangeService"]
 RPC_TIMEOUT_S = 10.0
+# The call waits while other sources still run (the coordinator holds it until all ended); a
+# deadline only bounds how long one call waits before it is made again.
+FINAL_CHECKPOINT_REQUEST_S = 600.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
@@ -475,7 +479,9 @@ class Agent:
                 task_thread=self.dataplane.task_thread,
                 placement=PlacementSettings() if self.dataplane.adaptive_task_thread else None,
                 request_final_checkpoint=(
-                    self._request_checkpoint if self.final_checkpoint_without_interval else None
+                    functools.partial(self._request_final_checkpoint, hosted.attempt)
+                    if self.final_checkpoint_without_interval
+                    else None
                 ),
             )
             await task.open_where_it_runs()
@@ -728,14 +734,15 @@ class Agent:
 
         return ack
 
-    async def _request_checkpoint(self) -> None:
-        """Ask the coordinator for a checkpoint until one completes (a failed or refused one is
-        asked for again); the task cancels this once its final checkpoint completed."""
+    async def _request_final_checkpoint(self, attempt: pb.TaskAttempt) -> None:
+        """The source subtask ``attempt`` ended its input: ask the coordinator for the job's
+        final checkpoint until one completes (a failed or refused one is asked for again). The
+        coordinator holds the request until every source asked, so the job ends with one
+        checkpoint; the task cancels this once its final checkpoint completed."""
+        request = cpb.TriggerCheckpointRequest(job_id=self.job_id, input_ended=attempt)
         while True:
             try:
-                await self.stub.TriggerCheckpoint(
-                    cpb.TriggerCheckpointRequest(job_id=self.job_id), timeout=600
-                )
+                await self.stub.TriggerCheckpoint(request, timeout=FINAL_CHECKPOINT_REQUEST_S)
                 return
             except grpc.RpcError as e:
                 self._log.info("agent.final_checkpoint_request_failed", error=str(e)[:300])

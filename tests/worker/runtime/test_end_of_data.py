@@ -7,6 +7,7 @@ agents with a running coordinator."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -304,10 +305,14 @@ RECORDS = 50_000
 KEYS = 200
 
 
-def final_count_graph(out: str, sink_vertex: bool) -> pb.JobGraph:
+def final_count_graph(
+    out: str, sink_vertex: bool, source: GeneratorSource | None = None
+) -> pb.JobGraph:
     """source -> hash(key) -> [count(final) -> sink], or with the sink a vertex of its own
     behind a second hash edge (end of data then crosses both agents twice)."""
-    source = GeneratorSource(total_records=RECORDS, num_keys=KEYS, batch_size=4096, seed=5)
+    source = source or GeneratorSource(
+        total_records=RECORDS, num_keys=KEYS, batch_size=4096, seed=5
+    )
     count = op_spec("count", KeyedCount("key", output="final"))
     sink = op_spec("sink", TransactionalFileSink(out))
 
@@ -406,6 +411,58 @@ def test_a_job_restored_from_its_final_checkpoint_commits_nothing_again(
     asyncio.run(main())
     table = read_committed(out)
     source = GeneratorSource(total_records=RECORDS, num_keys=KEYS, batch_size=4096, seed=5)
+    assert table.num_rows == KEYS
+    assert dict(
+        zip(table.column("key").to_pylist(), table.column("count").to_pylist(), strict=True)
+    ) == expected_counts(source, 2)
+
+
+class SecondSubtaskStartsLate(GeneratorSource):
+    """Subtask 1 emits its first batch half a second late, so the other source has long ended
+    (and asked for the final checkpoint) while it still has all its input ahead."""
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._late = ctx.subtask_index == 1
+
+    def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
+        if self._late:
+            self._late = False
+            time.sleep(0.5)  # on the subtask's task thread: the agents go on meanwhile
+        return super().poll_batch(max_records)
+
+
+def test_a_job_without_periodic_checkpoints_ends_with_one_final_checkpoint(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Without periodic checkpoints each source asks for a checkpoint when its input ends (as
+    the Spark bridge's agents do); the coordinator holds the requests until every source asked,
+    so the job ends with exactly one checkpoint, the final one, and its sink commits once. (A
+    source that ended first used to get a checkpoint of its own: two at the end of this job.)"""
+    out = tmp_path / "out"
+    source = SecondSubtaskStartsLate(total_records=RECORDS, num_keys=KEYS, batch_size=4096, seed=5)
+    graph = final_count_graph(str(out), sink_vertex=False, source=source)
+
+    async def main() -> None:
+        async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
+            config = pb.CheckpointConfig(interval_ms=0)
+            request = cpb.SubmitJobRequest(graph=graph, checkpoint_config=config)
+            job = (await c.stub.SubmitJob(request, timeout=10)).job
+            await run_agents(
+                c.address,
+                job.job_id,
+                source_batch_records=4096,
+                final_checkpoint_without_interval=True,
+            )
+            info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=5)
+            assert info.state == pb.JOB_STATE_FINISHED
+            stats = await c.stub.GetCheckpointStats(
+                cpb.GetCheckpointStatsRequest(job_id=job.job_id), timeout=5
+            )
+            assert (stats.counts.completed, stats.counts.failed) == (1, 0)
+
+    asyncio.run(main())
+    table = read_committed(out)
     assert table.num_rows == KEYS
     assert dict(
         zip(table.column("key").to_pylist(), table.column("count").to_pylist(), strict=True)
