@@ -96,6 +96,10 @@ class Run:
     exactly_once: bool = False
     durations_ms: list[float] = field(default_factory=list)
     start_delays_ms: list[float] = field(default_factory=list)
+    phases_ms: list[dict[str, float]] = field(default_factory=list)
+    """Per periodic checkpoint, where its time went (maxima over the subtasks; ``-1``: not
+    read): to attribute a slow one to the data ahead of the barriers or to the snapshot, the
+    acks and the commit."""
     alignments_ms: list[float] = field(default_factory=list)
     failed_checkpoints: int = 0
     summary: dict[str, float] = field(default_factory=dict)
@@ -170,6 +174,18 @@ def _run(spark: Any, tmp: Path, variant: str, records: int, on: bool) -> Run:
     last_id = max(watcher.completed, default=0)
     cps = [c for i, c in sorted(watcher.completed.items()) if i != last_id]
     run.durations_ms = [float(c.duration_ms) for c in cps]
+    run.phases_ms = [
+        {
+            "id": c.checkpoint_id,
+            "total": c.duration_ms,
+            "start_delay": c.start_delay_ms,
+            "alignment": c.alignment_ms,
+            "sync": c.sync_ms,
+            "async": c.async_ms,
+            "completion": round(c.completion_ms, 1),
+        }
+        for c in cps
+    ]
     run.start_delays_ms = [float(c.start_delay_ms) for c in cps if c.start_delay_ms >= 0]
     run.alignments_ms = [float(c.alignment_ms) for c in cps if c.alignment_ms >= 0]
     run.failed_checkpoints = len(watcher.failed)
@@ -304,6 +320,7 @@ def main() -> int:
                     "failed_checkpoints": r.failed_checkpoints,
                     "checkpoint_durations_ms": r.durations_ms,
                     "start_delays_ms": r.start_delays_ms,
+                    "checkpoint_phases_ms": r.phases_ms,
                     "alignments_ms": r.alignments_ms,
                     "coordinator_summary_ms": r.summary,
                 }

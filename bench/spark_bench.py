@@ -103,6 +103,8 @@ class _Checkpoint:
     alignment_ms: int = -1
     sync_ms: int = -1
     async_ms: int = -1
+    completion_ms: float = -1.0
+    """The coordinator's last ack -> durable commit (``_metadata`` and the Redis record)."""
 
     @property
     def completed_ms(self) -> int:
@@ -199,6 +201,7 @@ class _Watcher:
                 int(c.trigger_timestamp_ms),
                 int(c.end_to_end_duration_ms),
                 int(c.state_size_bytes),
+                completion_ms=float(c.completion_latency_ms),
             )
             with contextlib.suppress(SnapflowError):
                 details = self.client.call(
