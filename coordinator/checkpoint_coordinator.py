@@ -558,10 +558,16 @@ class CheckpointCoordinator:
     def _every_source_ended(self) -> bool:
         return set(self.tasks.source_attempts()) <= self.ended_sources
 
-    def _refuse_held(self, refusal: TriggerRefusal) -> list[Action]:
+    def _take_held(self) -> list[TriggerRequest]:
         held = sorted(self.held.values(), key=lambda r: r.request_id)
         self.held.clear()
-        return [RequestRefused(r, refusal) for r in held]
+        return held
+
+    def _refuse_waiting(self, refusal: TriggerRefusal) -> list[Action]:
+        """Refuse every request still waiting: the queued ones in order, then the held ones."""
+        waiting = [*self.queue, *self._take_held()]
+        self.queue.clear()
+        return [RequestRefused(r, refusal) for r in waiting]
 
     def _refuse_outright(self, request: TriggerRequest) -> TriggerRefusal | None:
         if self.shutdown or self.job_failed:
@@ -764,13 +770,8 @@ class CheckpointCoordinator:
         for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
             if p.checkpoint_id in self.pending and not p.finalizing:
                 actions.extend(self._abort(p, AbortReason.TASK_FAILURE, message, now_ms))
-        while self.queue:
-            actions.append(
-                RequestRefused(self.queue.popleft(), TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING)
-            )
-        # The next deployment's sources ask again when their input ends.
-        actions.extend(self._refuse_held(TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING))
-        self.ended_sources.clear()
+        actions.extend(self._refuse_waiting(TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING))
+        self.ended_sources.clear()  # the next deployment's sources ask again as their input ends
         if self.stopping_with_savepoint and not any(
             p.kind.is_synchronous for p in self.pending.values()
         ):
@@ -785,11 +786,7 @@ class CheckpointCoordinator:
         for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
             if not p.finalizing:  # fully acknowledged checkpoints still complete
                 actions.extend(self._abort(p, reason, reason.value, now_ms, count_failure=False))
-        while self.queue:
-            actions.append(
-                RequestRefused(self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)
-            )
-        actions.extend(self._refuse_held(TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN))
+        actions.extend(self._refuse_waiting(TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN))
         return actions
 
     # --- acks and declines -----------------------------------------------------------------
@@ -930,13 +927,7 @@ class CheckpointCoordinator:
         if checkpoint.kind.is_synchronous:
             self.shutdown = True  # the job ends; its tasks finish after the notification
             self.next_periodic_ms = None
-            while self.queue:
-                actions.append(
-                    RequestRefused(
-                        self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN
-                    )
-                )
-            actions.extend(self._refuse_held(TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN))
+            actions.extend(self._refuse_waiting(TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN))
         elif final and checkpoint.kind is CheckpointKind.CHECKPOINT:
             # Every source had ended: the tasks end once notified, so a request queued or held
             # meanwhile (a user's, the sources' asking for the final checkpoint of a job without
@@ -945,9 +936,7 @@ class CheckpointCoordinator:
                 actions.append(
                     RequestRefused(self.queue.popleft(), TriggerRefusal.FINAL_CHECKPOINT_COMPLETED)
                 )
-            held = sorted(self.held.values(), key=lambda r: r.request_id)
-            self.held.clear()
-            actions.extend(RequestCovered(r, checkpoint) for r in held)
+            actions.extend(RequestCovered(r, checkpoint) for r in self._take_held())
         else:
             actions.extend(self._start_next(now_ms))
         return actions
@@ -1030,10 +1019,7 @@ class CheckpointCoordinator:
                     other, AbortReason.JOB_CANCELED, "job failed", now_ms, count_failure=False
                 )
             )
-        while self.queue:
-            actions.append(
-                RequestRefused(self.queue.popleft(), TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)
-            )
+        actions.extend(self._refuse_waiting(TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN))
         return actions
 
     # --- helpers ---------------------------------------------------------------------------
