@@ -13,7 +13,10 @@ from snapflow.worker.runtime.frames import Frame
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
 from snapflow.worker.runtime.placement import PlacementSettings
-from snapflow.worker.runtime.task import OutputEdge, RestoreData, SnapshotReport, Subtask
+from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport
+from snapflow.worker.runtime.task import Subtask
+from snapflow.worker.runtime.task_output import OutputEdge
+from snapflow.worker.runtime.task_state import RestoreData
 
 
 @dataclass

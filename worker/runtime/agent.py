@@ -76,14 +76,10 @@ from snapflow.worker.runtime.partitioners import (
     RebalancePartitioner,
 )
 from snapflow.worker.runtime.placement import PlacementSettings
-from snapflow.worker.runtime.task import (
-    AckFn,
-    DeclineFn,
-    OutputEdge,
-    RestoreData,
-    SnapshotReport,
-    Subtask,
-)
+from snapflow.worker.runtime.subtask_checkpoints import AckFn, DeclineFn, SnapshotReport
+from snapflow.worker.runtime.task import Subtask
+from snapflow.worker.runtime.task_output import OutputEdge
+from snapflow.worker.runtime.task_state import RestoreData
 from snapflow.worker.state.factory import StateBackendConfig
 
 log = structlog.get_logger("snapflow.worker")

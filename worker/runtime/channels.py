@@ -750,11 +750,23 @@ class InputGate:
     frames, round-robin one frame per channel. An end-of-partition frame is returned once and
     closes its channel; ``next`` returns None when every channel has ended. A failed channel
     makes ``next`` raise ChannelFailedError.
+
+    The gate spans every channel of every logical input of the task (Flink's
+    ``CheckpointedInputGate`` over the union of a task's input gates), so that one barrier
+    handler aligns them all: ``input_of[c]`` is the input (numbered from 0) that channel ``c``
+    belongs to; by default every channel belongs to input 0.
     """
 
-    def __init__(self, channels: Sequence[InputChannel]) -> None:
+    def __init__(
+        self, channels: Sequence[InputChannel], input_of: Sequence[int] | None = None
+    ) -> None:
         self.channels = list(channels)
         n = len(self.channels)
+        self.input_of: list[int] = list(input_of) if input_of is not None else [0] * n
+        if len(self.input_of) != n:
+            raise ValueError(f"input_of names {len(self.input_of)} channels, the gate has {n}")
+        if sorted(set(self.input_of)) != list(range(len(set(self.input_of)))):
+            raise ValueError(f"inputs must be numbered 0..k-1 without gaps, got {self.input_of}")
         self._available: deque[int] = deque()
         self._is_available = [False] * n
         self._priority: deque[int] = deque()
@@ -918,6 +930,15 @@ class InputGate:
     @property
     def num_channels(self) -> int:
         return len(self.channels)
+
+    @property
+    def num_inputs(self) -> int:
+        """Logical inputs of the task (at least one when the gate has channels)."""
+        return len(set(self.input_of))
+
+    def channels_of(self, input_index: int) -> list[int]:
+        """The channels of logical input ``input_index``, in order."""
+        return [c for c, i in enumerate(self.input_of) if i == input_index]
 
     @property
     def open_channels(self) -> list[int]:

@@ -17,7 +17,8 @@ from snapflow.checkpointing import BarrierOptions, CheckpointMode
 from snapflow.worker.runtime.channels import InputChannel, InputGate
 from snapflow.worker.runtime.frames import BarrierFrame, DataFrame, Frame, WatermarkFrame
 from snapflow.worker.runtime.operator import Operator
-from snapflow.worker.runtime.task import RestoreData, SnapshotReport, now_ms
+from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport, now_ms
+from snapflow.worker.runtime.task_state import RestoreData
 
 TIMEOUT = BarrierOptions(mode=CheckpointMode.ALIGNED, aligned_checkpoint_timeout_ms=50)
 

@@ -37,13 +37,11 @@ from snapflow.worker.runtime.frames import (
 )
 from snapflow.worker.runtime.operator import Operator, OperatorContext, SourceOperator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
-from snapflow.worker.runtime.task import (
-    OutputEdge,
-    RestoreData,
-    SnapshotReport,
-    Subtask,
-    TaskFailedError,
-)
+from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport
+from snapflow.worker.runtime.task import Subtask
+from snapflow.worker.runtime.task_lifecycle import TaskFailedError
+from snapflow.worker.runtime.task_output import OutputEdge
+from snapflow.worker.runtime.task_state import RestoreData
 
 
 class CountAtEnd(Operator):

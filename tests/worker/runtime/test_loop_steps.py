@@ -14,7 +14,7 @@ import pytest
 from kit.channels import run
 from kit.subtasks import batch, harness
 
-from snapflow.worker.runtime import task as task_module
+from snapflow.worker.runtime import operator_runner as runner_module
 from snapflow.worker.runtime.frames import DataFrame
 from snapflow.worker.runtime.operator import Chain, Operator, run_steps
 
@@ -77,7 +77,7 @@ def _run_one_batch(op: Stepper) -> list[Any]:
 def test_the_loop_gets_a_turn_between_steps_once_the_slice_passed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(task_module, "LOOP_SLICE_S", 0.0)  # every step ends a slice
+    monkeypatch.setattr(runner_module, "LOOP_SLICE_S", 0.0)  # every step ends a slice
     op = Stepper()
     frames = _run_one_batch(op)
     assert op.turns == [True] * STEPS
@@ -85,7 +85,7 @@ def test_the_loop_gets_a_turn_between_steps_once_the_slice_passed(
 
 
 def test_no_turn_inside_a_slice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(task_module, "LOOP_SLICE_S", 3600.0)
+    monkeypatch.setattr(runner_module, "LOOP_SLICE_S", 3600.0)
     op = Stepper()
     _run_one_batch(op)
     assert op.turns == [False] * STEPS
@@ -94,7 +94,7 @@ def test_no_turn_inside_a_slice(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_notice_posted_between_two_steps_runs_after_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(task_module, "LOOP_SLICE_S", 0.0)
+    monkeypatch.setattr(runner_module, "LOOP_SLICE_S", 0.0)
     op = Stepper()
 
     async def main() -> None:
@@ -138,7 +138,7 @@ def test_a_chain_steps_through_its_first_operator_and_runs_the_rest_at_the_end()
 def test_a_failing_deferred_notice_is_logged_and_the_next_ones_still_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(task_module, "LOOP_SLICE_S", 0.0)
+    monkeypatch.setattr(runner_module, "LOOP_SLICE_S", 0.0)
     op = Stepper()
     op.failing_notice = 7
 
@@ -163,7 +163,7 @@ def test_a_failing_deferred_notice_is_logged_and_the_next_ones_still_run(
 def test_a_batch_cut_short_closes_its_steps_and_posts_notices_directly_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(task_module, "LOOP_SLICE_S", 0.0)
+    monkeypatch.setattr(runner_module, "LOOP_SLICE_S", 0.0)
     closed: list[bool] = []
 
     class Failing(Operator):
@@ -181,7 +181,7 @@ def test_a_batch_cut_short_closes_its_steps_and_posts_notices_directly_again(
         await h.inputs[0].output.send(DataFrame(batch(0)))
         with pytest.raises(ValueError, match="user code failed"):
             await h.task.run()
-        assert h.task._deferred is None  # notices run at once again, not into a dead batch
+        assert h.task.runner.deferred is None  # notices run at once again, not into a dead batch
 
     run(main())
     assert closed == [True]

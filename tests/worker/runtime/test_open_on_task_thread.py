@@ -18,7 +18,9 @@ from snapflow.worker.runtime.channels import InputGate, LocalChannel
 from snapflow.worker.runtime.frames import DataFrame
 from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
-from snapflow.worker.runtime.task import OutputEdge, RestoreData, Subtask
+from snapflow.worker.runtime.task import Subtask
+from snapflow.worker.runtime.task_output import OutputEdge
+from snapflow.worker.runtime.task_state import RestoreData
 
 WAIT_S = 4.0
 
@@ -85,7 +87,7 @@ def _subtask(operators: list[Operator], task_thread: bool = True) -> tuple[Subta
 
 
 def _thread_ended(task: Subtask) -> bool:
-    thread = task._thread
+    thread = task.runner.thread
     assert thread is not None
     inner = thread._thread
     if inner is not None:

@@ -26,7 +26,8 @@ from snapflow.worker.runtime.frames import (
     WatermarkFrame,
 )
 from snapflow.worker.runtime.operator import Operator
-from snapflow.worker.runtime.task import RestoreData, SnapshotReport
+from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport
+from snapflow.worker.runtime.task_state import RestoreData
 
 NAME = "v#0@1"
 # Once every input ended: the maximum watermark, then the end of the output partition.
@@ -135,10 +136,11 @@ class NotAnAction:
 def test_an_unknown_action_fails_the_task_instead_of_being_dropped() -> None:
     async def main() -> None:
         h = harness([])
+        assert h.task.input_loop is not None
         with pytest.raises(
             TypeError, match=r"^unknown barrier action: NotAnAction\(checkpoint_id=1\)$"
         ):
-            await h.task._execute([NotAnAction(1)])  # type: ignore[list-item]
+            await h.task.input_loop.execute([NotAnAction(1)])  # type: ignore[list-item]
 
     run(main())
 
@@ -156,7 +158,8 @@ def test_every_barrier_abort_declines_with_its_decline_reason(
 ) -> None:
     async def main() -> None:
         h = harness([])
-        await h.task._execute([b.AbortCheckpoint(7, reason)])
+        assert h.task.input_loop is not None
+        await h.task.input_loop.execute([b.AbortCheckpoint(7, reason)])
         assert h.declines == [(7, declined_as, f"{NAME}: {reason.value}")]
         await h.output.output.close()
         assert await h.outputs() == [CancelMarkerFrame(7), EndOfPartitionFrame()]

@@ -14,7 +14,8 @@ from snapflow.checkpointing import BarrierOptions, CheckpointMode
 from snapflow.filestore import store_for
 from snapflow.worker.runtime.frames import BarrierFrame, DataFrame
 from snapflow.worker.runtime.operator import Operator, OperatorContext
-from snapflow.worker.runtime.task import RestoreData, SnapshotReport
+from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport
+from snapflow.worker.runtime.task_state import RestoreData
 
 
 class Remember(Operator):

@@ -27,7 +27,10 @@ from snapflow.worker.runtime.debloat import DEBLOAT_OFF
 from snapflow.worker.runtime.frames import BarrierFrame, DataFrame
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
-from snapflow.worker.runtime.task import OutputEdge, RestoreData, SnapshotReport, Subtask
+from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport
+from snapflow.worker.runtime.task import Subtask
+from snapflow.worker.runtime.task_output import OutputEdge
+from snapflow.worker.runtime.task_state import RestoreData
 
 WAIT_S = 4.0
 

@@ -1,0 +1,356 @@
+"""A subtask's checkpoints: barrier out, synchronous part, asynchronous part, ack or decline
+(the subtask side of Flink's ``SubtaskCheckpointCoordinator``).
+
+1. The barrier goes downstream first (Flink's order): behind the data for aligned checkpoints
+   (enqueued at once on every output, without waiting for credit); ahead of the queued output
+   for unaligned ones, the overtaken output becoming *output channel state*. Aligned with a
+   timeout: a barrier still queued in an output when the timeout passes is converted to
+   unaligned there (``OutputChannel.convert_to_unaligned``), its overtaken data becoming
+   output channel state too.
+2. Synchronous part: every operator's ``snapshot_state``, then the backends' ``snapshot``
+   (copy-on-write views, cheap); nothing is processed between 1 and 2. If it fails, a cancel
+   marker chases the barrier and the task declines.
+3. Asynchronous part, in a thread while processing continues: the files are written
+   (``snapshot_writer``) under ``<target_location>/<vertex>-<subtask>-<attempt>/``; for
+   unaligned checkpoints the input channel state (data that arrived on a channel before its
+   barrier) is written once every input delivered its barrier; then the ack (handles and
+   metrics) goes to the coordinator.
+
+An abort on the input forwards a cancel marker and declines. The lifecycle hears of every
+snapshot whose synchronous part failed (``SnapshotFailed``) and of every asynchronous part
+that ended, acked, declined or aborted (``SnapshotSettled``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import structlog
+
+from snapflow.checkpointing import BarrierOptions, DeclineReason, StateHandle
+from snapflow.worker.runtime.barriers import BarrierAbortReason
+from snapflow.worker.runtime.channels import ChannelError, OutputChannel
+from snapflow.worker.runtime.frames import BarrierFrame, CancelMarkerFrame
+from snapflow.worker.runtime.operator import Operator
+from snapflow.worker.runtime.operator_runner import OperatorRunner
+from snapflow.worker.runtime.snapshot_writer import join_location, write_snapshot
+from snapflow.worker.runtime.task_lifecycle import Event, SnapshotFailed, SnapshotSettled
+from snapflow.worker.runtime.task_output import TaskOutput
+from snapflow.worker.runtime.task_state import TaskState
+from snapflow.worker.state.backend import SnapshotInProgress
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds, comparable to a barrier's ``timestamp_ms``."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class SnapshotReport:
+    """What the task reports to the coordinator for one checkpoint."""
+
+    checkpoint_id: int
+    operator_states: list[tuple[str, list[StateHandle]]]  # (operator_id, handles)
+    sync_duration_ms: int
+    async_duration_ms: int
+    alignment_duration_ms: int
+    start_delay_ms: int
+    state_size_bytes: int
+    processed_during_alignment_bytes: int
+    persisted_in_flight_bytes: int
+    unaligned: bool
+    input_ended: bool = False
+    records_in: int = 0
+
+
+AckFn = Callable[[SnapshotReport], Awaitable[None]]
+DeclineFn = Callable[[int, DeclineReason, str], Awaitable[None]]  # checkpoint id, reason, message
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+@dataclass
+class PendingSnapshot:
+    """A snapshot whose asynchronous part has not ended."""
+
+    checkpoint_id: int
+    timestamp_ms: int
+    options: BarrierOptions
+    unaligned: bool
+    alignment_duration_ms: int
+    start_delay_ms: int
+    started: float
+    input_ended: bool
+    records_in: int
+    snapshots: list[tuple[str, SnapshotInProgress]] = field(default_factory=list)
+    output_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
+    input_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
+    input_complete: asyncio.Event = field(default_factory=asyncio.Event)
+    output_complete: asyncio.Event = field(default_factory=_set_event)
+    """Cleared while an aligned barrier with a timeout may still be converted to unaligned in
+    an output queue (its overtaken data would be output channel state)."""
+    sync_duration_ms: int = 0
+
+
+class SubtaskCheckpoints:
+    """Takes one subtask's snapshots and reports them."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        snapshot_dir: str,
+        log: structlog.stdlib.BoundLogger,
+        output: TaskOutput,
+        runner: OperatorRunner,
+        state: TaskState,
+        operators: Sequence[Operator],
+        has_inputs: bool,
+        ack: AckFn,
+        decline: DeclineFn,
+        lifecycle: Callable[[Event], object],
+    ) -> None:
+        self.name = name
+        self._snapshot_dir = snapshot_dir
+        """``<vertex>-<subtask>-<attempt>``: the subtask's folder under a checkpoint's target."""
+        self._log = log
+        self._output = output
+        self._runner = runner
+        self._state = state
+        self._operators = list(operators)
+        self._has_inputs = has_inputs
+        self._ack = ack
+        self._decline = decline
+        self._lifecycle = lifecycle
+        self.pending: dict[int, PendingSnapshot] = {}
+        self.persisting: dict[int, int] = {}
+        """Input channel -> the unaligned checkpoint whose channel state it feeds."""
+        self.alignment_bytes: dict[int, int] = {}
+        self.async_parts: set[asyncio.Task[None]] = set()
+
+    # --- input side (from the barrier handler's actions) ------------------------------------
+
+    def on_input(self, channel: int, batch: pa.RecordBatch, aligning: bool) -> None:
+        """A batch taken from input ``channel``: channel state of an unaligned checkpoint if
+        the channel is persisting; counted as processed during alignment if ``aligning``."""
+        persisting = self.persisting.get(channel)
+        if persisting is not None and persisting in self.pending:
+            self.pending[persisting].input_state.append((channel, batch))
+        if aligning:
+            for cid in self.pending:
+                self.alignment_bytes[cid] = self.alignment_bytes.get(cid, 0) + batch.nbytes
+
+    def start_persisting(self, channel: int, checkpoint_id: int) -> None:
+        self.persisting[channel] = checkpoint_id
+
+    def stop_persisting(self, channel: int) -> None:
+        self.persisting.pop(channel, None)
+
+    def persist_overtaken(
+        self, checkpoint_id: int, channel: int, batches: Sequence[pa.RecordBatch]
+    ) -> None:
+        pending = self.pending.get(checkpoint_id)
+        if pending is not None:
+            pending.input_state.extend((channel, batch) for batch in batches)
+
+    def input_complete(self, checkpoint_id: int) -> None:
+        pending = self.pending.get(checkpoint_id)
+        if pending is not None:
+            pending.input_complete.set()
+
+    async def abort(self, checkpoint_id: int, reason: BarrierAbortReason) -> None:
+        """The input aborted ``checkpoint_id``: forward a cancel marker and decline."""
+        self.pending.pop(checkpoint_id, None)
+        self.persisting = {c: n for c, n in self.persisting.items() if n != checkpoint_id}
+        marker = CancelMarkerFrame(checkpoint_id)
+        for channel in self._output.channels:
+            channel.send_priority(marker)
+        await self._decline(checkpoint_id, reason.decline_reason, f"{self.name}: {reason.value}")
+
+    # --- taking a snapshot -------------------------------------------------------------------
+
+    async def take_snapshot(
+        self,
+        checkpoint_id: int,
+        timestamp_ms: int,
+        options: BarrierOptions,
+        *,
+        unaligned: bool,
+        alignment_duration_ms: int,
+        start_delay_ms: int,
+        input_ended: bool,
+        records_in: int,
+    ) -> None:
+        started = time.perf_counter()
+        pending = PendingSnapshot(
+            checkpoint_id,
+            timestamp_ms,
+            options,
+            unaligned,
+            alignment_duration_ms,
+            start_delay_ms,
+            started,
+            input_ended,
+            records_in,
+        )
+        if not self._has_inputs:
+            pending.input_complete.set()  # a source has no input channels
+        self.pending[checkpoint_id] = pending
+        # The barrier goes downstream first, then the state is taken (Flink's order: nothing
+        # is processed in between, and downstream can align meanwhile).
+        barrier = BarrierFrame(checkpoint_id, timestamp_ms, options)
+        channels = self._output.channels
+        if unaligned:
+            for index, channel in enumerate(channels):
+                for data in channel.send_priority(barrier):
+                    pending.output_state.append((index, data.batch))
+        else:
+            # Behind the data, on every channel at once, without waiting for credit: a barrier
+            # needs none, and the task's next output waits for it anyway.
+            for channel in channels:
+                channel.send_event(barrier)
+            if options.is_timeoutable and channels:
+                pending.output_complete.clear()
+                self._spawn(self._output_alignment_timeout(pending, channels))
+        try:
+            pending.snapshots = await self._runner.call(
+                self._state.sync_snapshot, self._operators, checkpoint_id, options
+            )
+        except Exception as e:
+            self.pending.pop(checkpoint_id, None)
+            self._lifecycle(SnapshotFailed(checkpoint_id))
+            self._log.warning(
+                "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
+            )
+            # Downstream has the barrier already: tell it not to wait for this checkpoint.
+            marker = CancelMarkerFrame(checkpoint_id)
+            for channel in channels:
+                with contextlib.suppress(ChannelError):
+                    channel.send_priority(marker)
+            await self._decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
+        else:
+            pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
+            self._spawn(self._complete_snapshot(pending))
+
+    def cancel(self) -> None:
+        """The task ends: stop every asynchronous part."""
+        for task in list(self.async_parts):
+            task.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self.async_parts.add(task)
+        task.add_done_callback(self.async_parts.discard)
+
+    async def _output_alignment_timeout(
+        self, pending: PendingSnapshot, channels: list[OutputChannel]
+    ) -> None:
+        """Aligned with a timeout, output side: a barrier still queued in an output channel
+        when the timeout passes (measured from the checkpoint's trigger, as on the input side)
+        becomes unaligned and overtakes the data queued ahead of it, which becomes output
+        channel state (Flink converts it in the output subpartition too)."""
+        checkpoint_id = pending.checkpoint_id
+        try:
+            waits = [channel.barrier_sent(checkpoint_id) for channel in channels]
+            deadline_ms = pending.timestamp_ms + pending.options.aligned_checkpoint_timeout_ms
+            remaining_s = (deadline_ms - now_ms()) / 1000.0
+            if remaining_s > 0:
+                await asyncio.wait(waits, timeout=remaining_s)
+            if checkpoint_id not in self.pending:
+                return  # aborted or already done
+            converted = 0
+            for index, (channel, sent) in enumerate(zip(channels, waits, strict=True)):
+                if sent.done():
+                    continue
+                try:
+                    overtaken = channel.convert_to_unaligned(checkpoint_id)
+                except ChannelError:
+                    continue  # the channel failed: so does the task, elsewhere
+                if overtaken is None:
+                    continue
+                converted += 1
+                pending.output_state.extend((index, data.batch) for data in overtaken)
+            if converted:
+                pending.unaligned = True
+                self._log.info(
+                    "checkpoint.output_switched_to_unaligned",
+                    checkpoint_id=checkpoint_id,
+                    channels=converted,
+                )
+        finally:
+            pending.output_complete.set()
+
+    async def _complete_snapshot(self, pending: PendingSnapshot) -> None:
+        try:
+            await self._write_and_ack(pending)
+        finally:
+            # Only now, the ack sent: a finishing task waits for this before it ends.
+            self._lifecycle(SnapshotSettled(pending.checkpoint_id))
+
+    async def _write_and_ack(self, pending: PendingSnapshot) -> None:
+        checkpoint_id = pending.checkpoint_id
+        try:
+            await pending.input_complete.wait()
+            await pending.output_complete.wait()
+            if checkpoint_id not in self.pending:
+                return  # aborted meanwhile
+            directory = join_location(pending.options.target_location, self._snapshot_dir)
+            started = time.perf_counter()
+            handles_by_op, size, in_flight = await asyncio.to_thread(
+                write_snapshot,
+                directory,
+                checkpoint_id,
+                pending.snapshots,
+                pending.input_state,
+                pending.output_state,
+                self._state.channel_state_owner,
+            )
+            async_ms = int((time.perf_counter() - started) * 1000)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.pending.pop(checkpoint_id, None)
+            self._log.warning(
+                "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
+            )
+            await self._decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
+            return
+        finally:
+            # on the thread the snapshot was taken on, between two calls: the backend's
+            # copy-on-write bookkeeping is the task thread's (SnapshotInProgress.release)
+            for _, snap in pending.snapshots:
+                self._runner.post(_release, snap)
+        if self.pending.pop(checkpoint_id, None) is None:
+            return
+        report = SnapshotReport(
+            checkpoint_id=checkpoint_id,
+            operator_states=sorted(handles_by_op.items()),
+            sync_duration_ms=pending.sync_duration_ms,
+            async_duration_ms=async_ms,
+            alignment_duration_ms=pending.alignment_duration_ms,
+            start_delay_ms=pending.start_delay_ms,
+            state_size_bytes=size,
+            processed_during_alignment_bytes=self.alignment_bytes.pop(checkpoint_id, 0),
+            persisted_in_flight_bytes=in_flight,
+            unaligned=pending.unaligned,
+            input_ended=pending.input_ended,
+            records_in=pending.records_in,
+        )
+        await self._ack(report)
+
+
+def _release(snapshot: SnapshotInProgress) -> None:
+    # A snapshot whose write was cut short (a cancelled task) is still "writing": the backend
+    # reaps it at its next snapshot.
+    with contextlib.suppress(Exception):
+        snapshot.release()

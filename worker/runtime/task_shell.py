@@ -1,0 +1,189 @@
+"""The shell around a subtask's lifecycle: it feeds ``TaskLifecycle`` its events and executes
+the actions that come back (``snapflow.worker.runtime.task_lifecycle``), and holds what the
+task's loops share: where operators run, the chain, the state, the output, the checkpoints.
+
+``changed`` is set after every event, so a loop that waits for the lifecycle to move on (a
+completed checkpoint, a settled snapshot) clears it, checks, and waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import structlog
+
+from snapflow.event_time import MAX_WATERMARK
+from snapflow.worker.runtime.frames import EndOfDataFrame, WatermarkFrame
+from snapflow.worker.runtime.operator import Chain, Operator
+from snapflow.worker.runtime.operator_runner import OperatorRunner
+from snapflow.worker.runtime.subtask_checkpoints import AckFn, DeclineFn, SubtaskCheckpoints
+from snapflow.worker.runtime.task_lifecycle import (
+    Action,
+    CloseOperators,
+    DataEnded,
+    EndData,
+    Event,
+    NotifyAborted,
+    NotifyComplete,
+    OperatorsClosed,
+    RequestFinalCheckpoint,
+    TakeSnapshot,
+    TaskLifecycle,
+)
+from snapflow.worker.runtime.task_output import TaskOutput
+from snapflow.worker.runtime.task_state import TaskState, close_and_dispose
+from snapflow.worker.runtime.watermark_valve import MIN_WATERMARK
+
+
+class TaskShell:
+    """Executes one subtask's lifecycle actions."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        snapshot_dir: str,
+        log: structlog.stdlib.BoundLogger,
+        lifecycle: TaskLifecycle,
+        runner: OperatorRunner,
+        state: TaskState,
+        operators: Sequence[Operator],
+        chain: Chain,
+        output: TaskOutput,
+        ack: AckFn,
+        decline: DeclineFn,
+        request_final_checkpoint: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        self.name = name
+        self.log = log
+        self.lifecycle = lifecycle
+        self.runner = runner
+        self.state = state
+        self.operators = list(operators)
+        self.chain = chain
+        self.output = output
+        self.checkpoints = SubtaskCheckpoints(
+            name=name,
+            snapshot_dir=snapshot_dir,
+            log=log,
+            output=output,
+            runner=runner,
+            state=state,
+            operators=operators,
+            has_inputs=not lifecycle.is_source,
+            ack=ack,
+            decline=decline,
+            lifecycle=self.feed,
+        )
+        self._request_final_checkpoint = request_final_checkpoint
+        self._requester: asyncio.Future[None] | None = None
+        self.changed = asyncio.Event()
+        self.records_in = 0
+        self.watermark = MIN_WATERMARK
+        """The event time this task emitted last."""
+
+    def feed(self, event: Event) -> None:
+        """An event from outside the task's loops (a notice, a settled snapshot): only actions
+        that run at once may come back."""
+        actions = self.lifecycle.handle(event)
+        self.changed.set()
+        for action in actions:
+            if not self._execute_now(action):
+                raise AssertionError(f"{action!r} cannot run outside the task's loop")
+
+    async def handle(self, event: Event) -> None:
+        """An event of the task's loops: its actions run in order."""
+        actions = self.lifecycle.handle(event)
+        self.changed.set()
+        await self.execute(actions)
+
+    async def execute(self, actions: list[Action]) -> None:
+        for action in actions:
+            if self._execute_now(action):
+                continue
+            match action:
+                case EndData(run_end_input=run_end_input):
+                    await self._end_data(run_end_input)
+                case TakeSnapshot():
+                    await self.checkpoints.take_snapshot(
+                        action.checkpoint_id,
+                        action.timestamp_ms,
+                        action.options,
+                        unaligned=action.unaligned,
+                        alignment_duration_ms=action.alignment_duration_ms,
+                        start_delay_ms=action.start_delay_ms,
+                        input_ended=action.input_ended,
+                        records_in=self.records_in,
+                    )
+                case RequestFinalCheckpoint():
+                    if self._request_final_checkpoint is not None:
+                        self._requester = asyncio.ensure_future(self._request_final_checkpoint())
+                case CloseOperators():
+                    backends = list(self.state.keyed.values())
+                    await self.runner.close(
+                        functools.partial(close_and_dispose, self.operators, backends)
+                    )
+                    await self.handle(OperatorsClosed())
+                case _:
+                    raise TypeError(f"unknown lifecycle action: {action!r}")
+
+    def _execute_now(self, action: Action) -> bool:
+        """Notices: posted to the operators (they run between two calls)."""
+        match action:
+            case NotifyComplete(checkpoint_id=cid):
+                self.runner.post(_notify_complete, self.operators, cid)
+                for backend in self.state.keyed.values():
+                    # incremental backends reuse the completed checkpoint's files from now on
+                    self.runner.post(backend.notify_checkpoint_complete, cid)
+                return True
+            case NotifyAborted(checkpoint_id=cid):
+                self.runner.post(_notify_aborted, self.operators, cid)
+                return True
+        return False
+
+    def stop_requesting(self) -> None:
+        """The final checkpoint came (or the task ends): stop asking for it."""
+        if self._requester is not None:
+            self._requester.cancel()
+
+    async def wait_changed(self, *also: asyncio.Future[Any]) -> None:
+        """Wait until the next event (``changed`` must have been cleared before the caller
+        checked what it waits for), or until one of ``also`` is done."""
+        changed = asyncio.ensure_future(self.changed.wait())
+        waits: list[asyncio.Future[Any]] = [changed, *also]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+
+    async def advance_watermark(self, watermark: int) -> None:
+        """The task's event time moves to ``watermark``: timers fire, and the watermark goes
+        downstream behind their output."""
+        self.watermark = watermark
+        await self.output.emit(await self.runner.call(self.chain.process_watermark, watermark))
+        await self.output.broadcast(WatermarkFrame(watermark))
+
+    async def _end_data(self, run_end_input: bool) -> None:
+        """The input ended: flush the chain (``end_input``, unless it ran before the restored
+        snapshot), a source emits the maximum watermark, then end of data goes on every output
+        channel, ahead of the final checkpoint's barrier."""
+        if run_end_input:
+            await self.output.emit(await self.runner.call(self.chain.end_input))
+        if self.lifecycle.is_source and self.watermark < MAX_WATERMARK:
+            await self.advance_watermark(MAX_WATERMARK)
+        await self.runner.call(self.state.record_end_of_data)
+        await self.output.broadcast(EndOfDataFrame())
+        await self.handle(DataEnded())
+
+
+def _notify_complete(operators: list[Operator], checkpoint_id: int) -> None:
+    for op in operators:
+        op.notify_checkpoint_complete(checkpoint_id)
+
+
+def _notify_aborted(operators: list[Operator], checkpoint_id: int) -> None:
+    for op in operators:
+        op.notify_checkpoint_aborted(checkpoint_id)
