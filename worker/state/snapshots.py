@@ -9,11 +9,8 @@ after the synchronous part never reach the written files: a key group's dict is 
 first write after a snapshot, and a list, map or aggregating accumulator is copied before its
 first in-place change.
 
-Keyed state is written as one file per backend (its key-group range) plus one for timers
-(:class:`KeyedSnapshotWriter`, in the format of ``snapflow.worker.state.state_files``).
-
-Threading: a backend belongs to its task thread. Only :meth:`SnapshotInProgress.write` may run
-on another thread, concurrently with processing.
+A keyed snapshot's asynchronous part is a :class:`KeyedSnapshotWriter` (the heap backend's
+state and every backend's timers, in the format of ``snapflow.worker.state.state_files``).
 """
 
 from __future__ import annotations
