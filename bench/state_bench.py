@@ -41,15 +41,17 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import write_results
-from snapflow.checkpointing import BarrierOptions, CheckpointKind, StateHandle
-from snapflow.worker.api.operators import fold_and_get
-from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import (
+from snapflow.checkpointing import (
     INCREMENTAL,
     SHARED_NEW,
-    KeyedStateBackend,
-    aggregate_batch,
+    BarrierOptions,
+    CheckpointKind,
+    StateHandle,
 )
+from snapflow.worker.api.operators import fold_and_get
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.keyed_state import aggregate_batch
 from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend, RocksDBTuning
 
 MAXP = 128

@@ -11,7 +11,7 @@ read statuses. A snapshot's files are ``StateHandle`` records (proto ``StateHand
 them in its Redis records and ``_metadata`` and hands them back on restore. Concepts only one
 side has stay on that side: the coordinator's ``AbortReason`` (why a pending checkpoint
 failed), the barrier handler's ``BarrierAbortReason`` (why an input gate gave up on a
-checkpoint), the state file format's kind codes (``snapflow.worker.state.backend``).
+checkpoint), the state file format's kind codes (``snapflow.worker.state.state_files``).
 
 Values are plain data; ``snapflow.wire`` is the only place that maps them to and from the
 proto (enum numbers, the barrier-option and state-handle messages). Enum values are the

@@ -49,7 +49,8 @@ from snapflow.cli.nexmark import (
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.api.operators import KeyedProcess
 from snapflow.worker.runtime.operator import OperatorContext
-from snapflow.worker.state.backend import KeyedStateBackend, OperatorStateBackend
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,7 +29,7 @@ from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.runtime.simulated_agent import SimulatedAgent
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 TRANSIENT = [Fault.SLOW_DOWN, Fault.INTERNAL_ERROR]
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 from pyspark import cloudpickle
 
 from snapflow.worker.runtime.operator import OperatorContext
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 
 def sink_ctx(backend: OperatorStateBackend, restored: int = 0, attempt: int = 0) -> OperatorContext:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from snapflow.worker.runtime.operator import OperatorContext
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 
 def src_ctx(

@@ -33,9 +33,9 @@ import pyarrow as pa
 
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.worker.runtime.operator import OperatorContext
-from snapflow.worker.state.backend import (
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.keyed_state import (
     AggregatingState,
-    KeyedStateBackend,
     ListState,
     MapState,
     ReducingState,
@@ -351,7 +351,7 @@ class KeyedBatchContext(_KeyedStateAccess):
 
     ``keys`` and ``key_groups``: the key column of the current batch (or of the fired timers)
     and the key group of every row; pass ``key_groups`` to bulk state calls on those keys to
-    skip hashing them again. State objects (:class:`snapflow.worker.state.backend.ValueState`
+    skip hashing them again. State objects (:class:`snapflow.worker.state.keyed_state.ValueState`
     etc.) offer ``get_many(keys, key_groups=None)`` and ``update_many(keys, values,
     key_groups=None)`` (value state), ``add_many`` (reducing, aggregating).
     """

@@ -40,11 +40,7 @@ from snapflow.worker.runtime.operator import (
     run_steps,
 )
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import (
-    AggregatingState,
-    ReducingState,
-    aggregate_batch,
-)
+from snapflow.worker.state.keyed_state import AggregatingState, ReducingState, aggregate_batch
 
 STEP_ROWS = 2048
 """Rows (of whole keys) between two steps of :meth:`KeyedProcess.process_batch_steps`: a few

@@ -42,7 +42,8 @@ from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.api.operators import arange
 from snapflow.worker.runtime.operator import Operator, OperatorContext, fire_timers
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import KeyedStateBackend, ReducingState
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.keyed_state import ReducingState
 
 __all__ = [
     "SlidingEventTimeWindows",

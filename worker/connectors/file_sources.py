@@ -28,7 +28,7 @@ from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.connectors.split_sources import SplitSource, _Split
 from snapflow.worker.runtime.operator import OperatorContext, SourceOperator
 from snapflow.worker.runtime.watermarks import BoundedOutOfOrdernessWatermarks
-from snapflow.worker.state.backend import OperatorListState
+from snapflow.worker.state.operator_state import OperatorListState
 
 FILE_FORMATS = ("csv", "jsonl", "parquet", "arrow")
 

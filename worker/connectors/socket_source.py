@@ -18,7 +18,7 @@ import pyarrow as pa
 from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.runtime.operator import OperatorContext, SourceOperator
-from snapflow.worker.state.backend import OperatorListState
+from snapflow.worker.state.operator_state import OperatorListState
 
 LINE_SCHEMA = pa.schema([("line", pa.string())])
 

@@ -44,7 +44,7 @@ from snapflow.worker.api.operators import arange
 from snapflow.worker.runtime.operator import OperatorContext, SourceOperator
 from snapflow.worker.runtime.watermarks import BoundedOutOfOrdernessWatermarks
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import OperatorListState
+from snapflow.worker.state.operator_state import OperatorListState
 
 __all__ = ["GENERATOR_SCHEMA", "GeneratorSource", "SequenceSource", "SplitSource"]
 

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from snapflow.errors import SnapflowError, StateError
 from snapflow.worker.runtime.operator import Operator, OperatorContext
-from snapflow.worker.state.backend import OperatorListState
+from snapflow.worker.state.operator_state import OperatorListState
 
 TXN = TypeVar("TXN")
 

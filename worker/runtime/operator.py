@@ -43,7 +43,9 @@ import pyarrow as pa
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.event_time import MIN_WATERMARK
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import KeyedStateBackend, OperatorStateBackend, Timer
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
+from snapflow.worker.state.timers import Timer
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import KeyedStateBackend
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.rocksdb_backend import (
     COMPACTION_STYLES,
     DEFAULT_CACHE_ENTRIES,

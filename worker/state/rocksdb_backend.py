@@ -25,7 +25,7 @@ Cache
     reach RocksDB once per flush. The cache is flushed (one ``WriteBatch``) when it is full
     (the older half is then evicted), at every snapshot, and before any scan.
 
-Snapshots (same recovery contract as the heap backend, see ``backend.py``)
+Snapshots (same recovery contract as the heap backend, see ``keyed_backend.py``)
     * A **checkpoint** is incremental. Synchronous part: flush the cache, then a RocksDB
       checkpoint (``Checkpoint.create_checkpoint``: the memtable is flushed, the live SST files
       are hard-linked, nothing is copied) and a copy-on-write view of the timers. Asynchronous
@@ -111,32 +111,35 @@ from snapflow.checkpointing import (
 )
 from snapflow.errors import StateError, StorageError
 from snapflow.filestore import file_crc32, is_object_store_uri, store_for
-from snapflow.worker.state.backend import (
-    _STATE_KINDS,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    AggregatingState,
+from snapflow.worker.state.errors import (
     CorruptStateError,
     IncompatibleStateError,
-    KeyedStateBackend,
+    no_current_key,
+)
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.keyed_state import (
+    STATE_KINDS,
+    AggregatingState,
     ListState,
     MapState,
-    MergedStateObject,
     ReducingState,
-    SnapshotInProgress,
     ValueState,
-    _check_lengths,
-    _discard_files,
-    _dumps,
-    _file_name,
-    _handle_fields,
-    _KeyedSnapshotWriter,
-    _no_current_key,
-    _pylist,
-    _StateFileReader,
-    _write_state_file,
+    check_lengths,
+    pylist,
 )
 from snapflow.worker.state.keygroups import KEY_HASH_VERSION, KeyGroupRange
+from snapflow.worker.state.snapshots import KeyedSnapshotWriter, SnapshotInProgress
+from snapflow.worker.state.state_files import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MergedStateObject,
+    StateFileReader,
+    discard_files,
+    handle_fields,
+    pickle_section,
+    state_file_name,
+    write_state_file,
+)
 from snapflow.worker.state.ttl import Clock
 
 __all__ = [
@@ -256,10 +259,10 @@ class SharedFile(NamedTuple):
     crc: int
 
 
-def _read_manifest(reader: _StateFileReader) -> dict[str, Any]:
+def _read_manifest(reader: StateFileReader) -> dict[str, Any]:
     sections = reader.sections
     if len(sections) != 1:
-        raise reader._corrupt(f"a manifest has one section, this one {len(sections)}")
+        raise reader.corrupt(f"a manifest has one section, this one {len(sections)}")
     data = reader.read(sections[0])
     if (
         not isinstance(data, dict)
@@ -267,11 +270,11 @@ def _read_manifest(reader: _StateFileReader) -> dict[str, Any]:
         or not isinstance(data.get("files"), dict)
         or not isinstance(data.get("states"), dict)
     ):
-        raise reader._corrupt("not an incremental-checkpoint manifest")
+        raise reader.corrupt("not an incremental-checkpoint manifest")
     try:
         data["ssts"] = [SharedFile(*entry) for entry in data["ssts"]]
     except TypeError:
-        raise reader._corrupt("malformed SST entry in the manifest") from None
+        raise reader.corrupt("malformed SST entry in the manifest") from None
     return data
 
 
@@ -427,7 +430,7 @@ class _RocksStateMixin:
         b = self._rocks
         idx = b._current_idx
         if idx < 0:
-            raise _no_current_key()
+            raise no_current_key()
         prefix: bytes = self._table.prefixes[idx]
         return prefix + _enc(b._current_key)
 
@@ -483,8 +486,8 @@ class RocksValueState(_RocksStateMixin, ValueState[Any]):
 
     def update_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
         dbkeys = self._keys(keys, key_groups)
-        vals = _pylist(values)
-        _check_lengths(dbkeys, vals)
+        vals = pylist(values)
+        check_lengths(dbkeys, vals)
         self._rocks._cput_many(dbkeys, [_ABSENT if v is None else v for v in vals])
 
 
@@ -506,8 +509,8 @@ class RocksReducingState(_RocksStateMixin, ReducingState[Any]):
 
     def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
         dbkeys = self._keys(keys, key_groups)
-        vals = _pylist(values)
-        _check_lengths(dbkeys, vals)
+        vals = pylist(values)
+        check_lengths(dbkeys, vals)
         fn = self._reduce
         self._rocks._fold_many(dbkeys, vals, lambda old, v: v if old is _ABSENT else fn(old, v))
 
@@ -520,8 +523,8 @@ class RocksReducingState(_RocksStateMixin, ReducingState[Any]):
         fold)."""
         b = self._rocks
         dbkeys = self._keys(keys, key_groups)
-        vals = _pylist(values)
-        _check_lengths(dbkeys, vals)
+        vals = pylist(values)
+        check_lengths(dbkeys, vals)
         cache = b._cache
         out: list[Any] = []
         append = out.append
@@ -570,8 +573,8 @@ class RocksAggregatingState(_RocksStateMixin, AggregatingState[Any]):
 
     def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
         dbkeys = self._keys(keys, key_groups)
-        vals = _pylist(values)
-        _check_lengths(dbkeys, vals)
+        vals = pylist(values)
+        check_lengths(dbkeys, vals)
         self._rocks._fold_many(dbkeys, vals, self._fold_one)
 
 
@@ -615,7 +618,7 @@ class RocksMapState(_RocksStateMixin, MapState):
         b = self._rocks
         idx = b._current_idx
         if idx < 0:
-            raise _no_current_key()
+            raise no_current_key()
         encoded = _enc(b._current_key)
         prefix: bytes = self._table.prefixes[idx]
         return prefix + _LEN32.pack(len(encoded)) + encoded
@@ -744,6 +747,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def local_path(self) -> str:
         """The instance's local directory (deleted by :meth:`dispose`)."""
         return self._dir
+
+    @property
+    def tuning(self) -> RocksDBTuning:
+        """The instance's sizing (its database's options, and those of the SST files it
+        exports)."""
+        return self._tuning
+
+    @property
+    def encoded_state_names(self) -> Mapping[bytes, str]:
+        """Every registered or restored state's name by its UTF-8 bytes (as keys hold it)."""
+        return self._names
 
     def dispose(self) -> None:
         if self._disposed:
@@ -1052,8 +1066,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         start = time.perf_counter()
         self._snapshots.reap()
         self._flush()
-        timer_view = self.timer_service._freeze()
-        timers = _KeyedSnapshotWriter(
+        timer_view = self.timer_service.freeze()
+        timers = KeyedSnapshotWriter(
             checkpoint_id, self.max_parallelism, self.key_group_range, self.name, {}, timer_view
         )
         kinds = dict(self._kinds)
@@ -1105,7 +1119,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         keyed: list[tuple[StateHandle, KeyGroupRange]] = []
         timers: list[tuple[StateHandle, KeyGroupRange]] = []
         for raw in handles:
-            handle = _handle_fields(raw, base_dir)
+            handle = handle_fields(raw, base_dir)
             file_range = KeyGroupRange(handle.key_group_start, handle.key_group_end)
             if not file_range.overlaps(self.key_group_range):
                 continue
@@ -1142,7 +1156,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _merge_kinds(self, kinds: dict[str, Any], path: str) -> None:
         for name, kind in kinds.items():
             known = self._kinds.get(name)
-            if kind not in _STATE_KINDS or (known is not None and known != kind):
+            if kind not in STATE_KINDS or (known is not None and known != kind):
                 raise IncompatibleStateError(
                     f"state file {path}: state {name!r} is {kind!r} state, this backend has it "
                     f"as {known!r}"
@@ -1153,7 +1167,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _restore_manifest(
         self, handle: StateHandle, file_range: KeyGroupRange, *, whole: bool
     ) -> int:
-        with _StateFileReader(handle) as reader:
+        with StateFileReader(handle) as reader:
             self._check_meta(reader, file_range)
             manifest = _read_manifest(reader)
             checkpoint_id = reader.meta.get("checkpoint_id")
@@ -1227,28 +1241,28 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         claim: Callable[[KeyGroupRange, str], None],
     ) -> int:
         restored = 0
-        with _StateFileReader(handle) as reader:
+        with StateFileReader(handle) as reader:
             self._check_meta(reader, file_range)
             kinds = reader.meta.get("states", {})
             if not isinstance(kinds, dict):
-                raise reader._corrupt("malformed state kinds")
+                raise reader.corrupt("malformed state kinds")
             self._merge_kinds(kinds, reader.path)
             wanted = [e for e in reader.sections if e.section in self.key_group_range]
             for entry in reader.sections:
                 if entry.section not in file_range:
-                    raise reader._corrupt(f"key group {entry.section} lies outside its range")
+                    raise reader.corrupt(f"key group {entry.section} lies outside its range")
             for entry in wanted:
                 claim(KeyGroupRange(entry.section, entry.section), reader.path)
             reader.prefetch(wanted)
             for entry in wanted:
                 data = reader.read(entry)
                 if not isinstance(data, dict):
-                    raise reader._corrupt("a key-group section is not a dict")
+                    raise reader.corrupt("a key-group section is not a dict")
                 batch = rocksdict.WriteBatch(raw_mode=True)
                 for name, values in data.items():
                     kind = kinds.get(name)
-                    if kind not in _STATE_KINDS or not isinstance(values, dict):
-                        raise reader._corrupt(f"malformed state {name!r:.100}")
+                    if kind not in STATE_KINDS or not isinstance(values, dict):
+                        raise reader.corrupt(f"malformed state {name!r:.100}")
                     prefix = self._rtable(name, kind).prefixes[entry.section - self._start]
                     for key, value in values.items():
                         encoded = _enc(key)
@@ -1264,12 +1278,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def _restore_timers(self, handle: StateHandle, file_range: KeyGroupRange) -> int:
         restored = 0
-        with _StateFileReader(handle) as reader:
+        with StateFileReader(handle) as reader:
             self._check_meta(reader, file_range)
             wanted = [e for e in reader.sections if e.section in self.key_group_range]
             reader.prefetch(wanted)
             for entry in wanted:
-                self.timer_service._restore_group(
+                self.timer_service.restore_group(
                     entry.section - self._start, reader.read(entry), reader.path
                 )
                 restored += 1
@@ -1381,7 +1395,7 @@ def _export(
     try:
         for key, value in _scan_range(source, lower, upper):
             if writer is None:
-                writer = rocksdict.SstFileWriter(options=backend._tuning.options())
+                writer = rocksdict.SstFileWriter(options=backend.tuning.options())
                 writer.open(path)
             writer[key] = value
             count += 1
@@ -1404,13 +1418,13 @@ class _CanonicalWriter:
         checkpoint_id: int,
         view: Any,
         kinds: dict[str, str],
-        timers: _KeyedSnapshotWriter,
+        timers: KeyedSnapshotWriter,
     ) -> None:
         self.backend = backend
         self.checkpoint_id = checkpoint_id
         self.view = view
         self.kinds = kinds
-        self.names = dict(backend._names)
+        self.names = dict(backend.encoded_state_names)
         self.timers = timers
 
     def _sections(self) -> Iterator[tuple[int, bytes]]:
@@ -1432,7 +1446,7 @@ class _CanonicalWriter:
                     values[_dec(rest)] = pickle.loads(raw)
             if group:
                 kg = b.key_group_range.start + idx
-                yield kg, _dumps(group, f"the keyed state of key group {kg}")
+                yield kg, pickle_section(group, f"the keyed state of key group {kg}")
 
     def __call__(self, directory: str, into: MergedStateObject | None) -> list[StateHandle]:
         b = self.backend
@@ -1442,16 +1456,16 @@ class _CanonicalWriter:
             _, upper = b._group_bounds(len(b.key_group_range) - 1)
             if next(b._scan(lower, upper, self.view), None) is not None:
                 meta = b._meta(KEYED, self.checkpoint_id, self.kinds)
-                name = _file_name(b.name, KEYED, self.checkpoint_id, b.key_group_range)
+                name = state_file_name(b.name, KEYED, self.checkpoint_id, b.key_group_range)
                 handles.append(
-                    _write_state_file(
+                    write_state_file(
                         directory, name, KEYED, meta, self._sections(), b.key_group_range, into
                     )
                 )
             handles.extend(self.timers(directory, into))
         except BaseException:
             if into is None:
-                _discard_files(handles)
+                discard_files(handles)
             raise
         finally:
             self.view = None  # releases the RocksDB snapshot
@@ -1469,7 +1483,7 @@ class _IncrementalWriter:
         local: str,
         shared_dir: str,
         kinds: dict[str, str],
-        timers: _KeyedSnapshotWriter,
+        timers: KeyedSnapshotWriter,
         confirmed: dict[str, SharedFile],
     ) -> None:
         self.backend = backend
@@ -1512,7 +1526,7 @@ class _IncrementalWriter:
         todo = [name for name, reused in plan if reused is None]
         uploaded: dict[str, SharedFile] = {}
         error: BaseException | None = None
-        threads = min(self.backend._tuning.upload_threads, len(todo))
+        threads = min(self.backend.tuning.upload_threads, len(todo))
         if threads <= 1:
             try:
                 for name in todo:
@@ -1572,12 +1586,12 @@ class _IncrementalWriter:
             manifest = {"ssts": [tuple(s) for s in ssts], "files": files, "states": self.kinds}
             meta = b._meta(INCREMENTAL, self.checkpoint_id, self.kinds)
             handles.append(
-                _write_state_file(
+                write_state_file(
                     directory,
-                    _file_name(b.name, INCREMENTAL, self.checkpoint_id, kg),
+                    state_file_name(b.name, INCREMENTAL, self.checkpoint_id, kg),
                     INCREMENTAL,
                     meta,
-                    [(0, _dumps(manifest, "the checkpoint manifest"))],
+                    [(0, pickle_section(manifest, "the checkpoint manifest"))],
                     kg,
                     into,
                 )
@@ -1586,7 +1600,7 @@ class _IncrementalWriter:
             keep = b._recovery_dir is not None
         except BaseException:
             # No orphans from a failed write: new uploads and whole files written so far.
-            _discard_files([h for h in handles if h.kind != SHARED])
+            discard_files([h for h in handles if h.kind != SHARED])
             raise
         finally:
             if not keep:

@@ -40,8 +40,9 @@ import pyarrow as pa
 
 from snapflow.errors import StateError
 
-# The backends (snapflow.worker.state.backend, which imports this module) are typed as Any
-# here: this module stays below them, without an import cycle.
+# The backend and its state types (snapflow.worker.state.keyed_backend and keyed_state, which
+# import this module) are typed as Any here: this module stays below them, without an import
+# cycle.
 KeyedStateBackend: TypeAlias = Any
 ValueState: TypeAlias = Any
 ListState: TypeAlias = Any

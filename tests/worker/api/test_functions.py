@@ -33,7 +33,7 @@ from snapflow.worker.api.operators import (
     keyed_process_function,
 )
 from snapflow.worker.runtime.operator import OperatorContext
-from snapflow.worker.state.backend import KeyedStateBackend
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
 
 
 def keyed_ctx(backend: KeyedStateBackend | None = None, attempt: int = 3) -> OperatorContext:

@@ -31,7 +31,8 @@ from snapflow.worker.api.operators import (
 )
 from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import KeyedStateBackend, OperatorStateBackend
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 
 def keyed_ctx(

@@ -19,7 +19,7 @@ from snapflow.worker.api.windows import (
     WindowAssigner,
 )
 from snapflow.worker.runtime.operator import Chain, OperatorContext
-from snapflow.worker.state.backend import KeyedStateBackend
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
 
 Row = tuple[Any, int, int, Any]  # key, window_start, window_end, value
 

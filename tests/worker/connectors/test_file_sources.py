@@ -25,7 +25,7 @@ from snapflow.worker.connectors.file_sources import (
     source_from_dataframe,
 )
 from snapflow.worker.runtime.operator import OperatorContext
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("ts", pa.int64())])
 

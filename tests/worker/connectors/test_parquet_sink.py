@@ -33,7 +33,7 @@ from snapflow.worker.connectors.parquet_sink import (
 )
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.connectors.two_phase_commit import SinkCommitError
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 # The executors cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

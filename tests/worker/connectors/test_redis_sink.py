@@ -16,7 +16,7 @@ from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.worker.connectors.redis_sink import RedisSink
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.operator import Chain, OperatorContext
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 
 def counts(rows: list[tuple[int, int]]) -> pa.RecordBatch:

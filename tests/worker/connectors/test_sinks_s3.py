@@ -40,7 +40,7 @@ from snapflow.worker.connectors.parquet_sink import (
     committed_parquet_files,
     read_committed_parquet,
 )
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 
 def committed(directory: str) -> list[int]:

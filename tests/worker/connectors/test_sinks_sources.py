@@ -29,7 +29,7 @@ from snapflow.worker.connectors.split_sources import (
 )
 from snapflow.worker.connectors.two_phase_commit import SinkCommitError, TwoPhaseCommitSink
 from snapflow.worker.runtime.operator import Chain, OperatorContext
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 
 def src_ctx(*args: Any, **kwargs: Any) -> OperatorContext:

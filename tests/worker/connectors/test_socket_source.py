@@ -19,7 +19,7 @@ from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.connectors.socket_source import SocketTextSource
 from snapflow.worker.runtime.operator import OperatorContext
-from snapflow.worker.state.backend import OperatorStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
 
 
 def src_ctx(*args: Any, **kwargs: Any) -> OperatorContext:

@@ -23,7 +23,7 @@ from snapflow.worker.runtime.watermarks import (
     BoundedOutOfOrdernessWatermarks,
 )
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.backend import KeyedStateBackend
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
 
 
 def numbered(keys: list[Any]) -> pa.RecordBatch:

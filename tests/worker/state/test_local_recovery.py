@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
-from snapflow.checkpointing import BarrierOptions, StateHandle
+from snapflow.checkpointing import SHARED, SHARED_NEW, BarrierOptions, StateHandle
 from snapflow.filestore import store_for
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.state import factory
-from snapflow.worker.state.backend import SHARED, SHARED_NEW
 from snapflow.worker.state.keygroups import key_group_for_key
 from snapflow.worker.state.rocksdb_backend import (
     LOCAL_COPY_META,

@@ -14,22 +14,23 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from snapflow.checkpointing import BarrierOptions, CheckpointKind, StateHandle
+from snapflow.checkpointing import (
+    INCREMENTAL,
+    SHARED,
+    SHARED_NEW,
+    BarrierOptions,
+    CheckpointKind,
+    StateHandle,
+)
 from snapflow.coordinator import model as coordinator_model
 from snapflow.coordinator import shared_state as coordinator_shared
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.errors import InvalidArgumentError, StorageError
 from snapflow.filestore import store_for
-from snapflow.worker.state import backend as heap_module
 from snapflow.worker.state import factory
-from snapflow.worker.state.backend import (
-    INCREMENTAL,
-    SHARED,
-    SHARED_NEW,
-    CorruptStateError,
-    IncompatibleStateError,
-    KeyedStateBackend,
-)
+from snapflow.worker.state import keyed_backend as heap_module
+from snapflow.worker.state.errors import CorruptStateError, IncompatibleStateError
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keygroups import KeyGroupRange, key_group_range_for_subtask
 from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend, shared_dir_for
 

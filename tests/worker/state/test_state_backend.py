@@ -19,22 +19,22 @@ import pytest
 from snapflow.checkpointing import StateHandle
 from snapflow.errors import SnapflowError, StateError, StorageError
 from snapflow.filestore import store_for
-from snapflow.worker.state.backend import (
+from snapflow.worker.state.errors import (
     CorruptStateError,
     IncompatibleStateError,
-    KeyedStateBackend,
     KeyGroupRangeError,
-    MergedStateObject,
-    OperatorStateBackend,
     StateFormatVersionError,
-    Timer,
-    aggregate_batch,
 )
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.keyed_state import aggregate_batch
 from snapflow.worker.state.keygroups import (
     KeyGroupRange,
     key_group_for_key,
     operator_index_for_key_group,
 )
+from snapflow.worker.state.operator_state import OperatorStateBackend
+from snapflow.worker.state.state_files import MergedStateObject
+from snapflow.worker.state.timers import Timer
 
 MAX_P = 128
 

@@ -111,7 +111,7 @@ class _RecordingCount(KeyedCount):
         super().open(ctx)
         backend = self._backend
         assert isinstance(backend, RocksDBKeyedStateBackend)
-        seen = dict(vars(backend._tuning), cache_entries=backend._cache_entries)
+        seen = dict(vars(backend.tuning), cache_entries=backend._cache_entries)
         Path(self.report_dir, f"{id(self)}.json").write_text(json.dumps(seen))
 
 

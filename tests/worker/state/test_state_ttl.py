@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from snapflow.errors import StateError
-from snapflow.worker.state.backend import IncompatibleStateError, KeyedStateBackend
+from snapflow.worker.state.errors import IncompatibleStateError
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
 from snapflow.worker.state.ttl import StateTtlConfig, TtlUpdateType
 
