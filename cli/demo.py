@@ -45,15 +45,15 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from snapflow.spark_bridge.session import is_local_master, session_builder
-from snapflow.worker.api.fault_injection import FailAt, read_marker
-
+# Spark, the Spark bridge and the worker are imported where used: the `snapflow` parser imports
+# this module for the demo's flags, which must stay light (tests/cli/test_light_cli.py).
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from snapflow.cli.nexmark import BidSource, WindowRow
     from snapflow.spark_bridge import JobHandle, Pipeline
     from snapflow.v1 import coordinator_pb2 as cpb
+    from snapflow.worker.api.fault_injection import FailAt
 
 __all__ = [
     "SIZES",
@@ -246,6 +246,8 @@ def kill_operator(config: DemoConfig) -> FailAt:
     """The demo's failure: in deployment 1, subtask 0, once a checkpoint completed and
     ``kill_after`` seconds passed, write ``kill.json`` and kill the Python worker
     (``os._exit(1)``), as a crashed executor process would. The marker makes it kill once."""
+    from snapflow.worker.api.fault_injection import FailAt
+
     return FailAt(
         how="exit",
         subtask=0,
@@ -341,6 +343,8 @@ logger.nativecode.level = error
 def create_spark_session(config: DemoConfig) -> SparkSession:
     """The demo's SparkSession: Snapflow's settings (spark_bridge.session: no UI, Python workers
     on this interpreter, no stage retries by Spark), quiet logs, the user's --spark-conf last."""
+    from snapflow.spark_bridge.session import session_builder
+
     builder = session_builder(
         config.spark_master,
         "snapflow-demo",
@@ -374,6 +378,8 @@ def _wait_for_executors(
     """On a cluster, wait (bounded) until an executor registered and the cores add up to the
     job's slots: a barrier stage submitted before is refused for lack of slots and only
     retried after 15 s."""
+    from snapflow.spark_bridge.session import is_local_master
+
     sc = spark.sparkContext
     if is_local_master(sc.master or ""):
         return
@@ -522,6 +528,8 @@ def _watch(
 
 def _read_kill(config: DemoConfig) -> dict[str, Any] | None:
     """What the kill operator wrote when it killed its worker (None: no kill yet)."""
+    from snapflow.worker.api.fault_injection import read_marker
+
     if not config.failure:
         return None
     return read_marker(config.kill_file)  # written atomically: whole or absent
@@ -541,6 +549,7 @@ def run_spark_demo(
     and stopped after it)."""
     from snapflow.cli.nexmark import window_stats_rows
     from snapflow.spark_bridge import JobFailedError
+    from snapflow.spark_bridge.session import is_local_master
     from snapflow.worker.connectors.file_sink import read_committed
 
     console = console or _console()

@@ -14,7 +14,7 @@ import asyncio
 import grpc
 import pytest
 
-from snapflow.cli.main import after_tasks_finished
+from snapflow.cli.worker_command import after_tasks_finished
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 

@@ -30,7 +30,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kit.coordinator import Running, is_serving, running_coordinator, submit, two_vertex_graph
 from kit.polling import wait_until
 
-from snapflow.cli.main import build_parser, format_bytes, main
+from snapflow.cli.formatting import format_bytes
+from snapflow.cli.main import main
+from snapflow.cli.parser import build_parser
 from snapflow.logging import configure_logging
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import coordinator_pb2 as cpb

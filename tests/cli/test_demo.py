@@ -37,7 +37,6 @@ from kit.tls import SERVICE_NAME, make_pki
 from pyspark import cloudpickle
 
 from snapflow.cli import demo
-from snapflow.cli.main import build_parser
 from snapflow.cli.nexmark import (
     BID_SCHEMA,
     WINDOW_STATS_SCHEMA,
@@ -46,6 +45,7 @@ from snapflow.cli.nexmark import (
     expected_window_stats,
     window_stats_rows,
 )
+from snapflow.cli.parser import build_parser
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.api.operators import KeyedProcess
 from snapflow.worker.runtime.operator import OperatorContext

@@ -426,7 +426,7 @@ def test_services_run_snapflow_with_a_subcommand(services: dict[str, dict[str, A
 
 def _cli_parser() -> argparse.ArgumentParser:
     try:
-        import snapflow.cli.main as cli
+        import snapflow.cli.parser as cli
     except ImportError as e:
         pytest.skip(f"snapflow.cli is not importable yet ({e}); CLI checks start once it lands")
     parser = cli.build_parser()

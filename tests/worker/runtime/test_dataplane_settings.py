@@ -12,7 +12,7 @@ from kit.coordinator import running_coordinator
 from kit.polling import wait_until_async
 from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
 
-from snapflow.cli.main import build_parser
+from snapflow.cli.parser import build_parser
 from snapflow.errors import InvalidArgumentError
 from snapflow.spark_bridge.driver import RunOptions
 from snapflow.spark_bridge.executor import SlotConfig, _agent
