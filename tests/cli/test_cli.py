@@ -29,12 +29,12 @@ import structlog
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kit.coordinator import Running, is_serving, running_coordinator, submit, two_vertex_graph
 from kit.polling import wait_until
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.cli.main import build_parser, format_bytes, main
 from snapflow.logging import configure_logging
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -19,6 +19,7 @@ import grpc
 import pytest
 from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import ack_request, fresh_namespace, write_file
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow import wire
 from snapflow.coordinator.checkpoint_io import SweepOrphans, dispose_savepoint
@@ -43,7 +44,6 @@ from snapflow.jobgraph import TaskState
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 pytestmark = pytest.mark.timeout(60)
 
