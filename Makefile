@@ -92,8 +92,9 @@ lint: install
 	echo "$(BIN)/mypy"; $(BIN)/mypy || status=1; \
 	exit $$status
 
+# tests/ on the path: the coordinator benchmark's simulated agents are the test kit's (not shipped).
 bench: install
-	$(BIN)/python -m bench $(BENCH)
+	PYTHONPATH=tests$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/python -m bench $(BENCH)
 
 chaos: install
 	$(BIN)/python -m chaos --seed $(SEED)

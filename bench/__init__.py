@@ -1,4 +1,7 @@
-"""Snapflow benchmarks: ``python -m bench [name]`` (``make bench [BENCH=name]``).
+"""Snapflow benchmarks: ``PYTHONPATH=tests python -m bench [name]`` (``make bench [BENCH=name]``).
+
+``tests/`` is on the path for the test kit's ``kit.simulated_agent`` (the coordinator benchmark's
+agents), which is not part of the wheel.
 
 Each benchmark prints a table and writes ``bench/results/<name>.json`` as
 ``{"metrics": {name: number}, "targets": {...}, "environment": {...}}``. Timings on shared

@@ -1,7 +1,7 @@
 """Coordinator benchmark: N simulated subtasks acknowledging over real gRPC, real Redis.
 
 The coordinator runs as its own process (``snapflow coordinator``) on a redis-server started
-here; this process hosts the simulated worker agents (``snapflow.worker.runtime.simulated_agent.SimulatedAgent``) and
+here; this process hosts the simulated worker agents (the test kit's ``kit.simulated_agent.SimulatedAgent``) and
 triggers checkpoints one after another. For each N it reports:
 
 * acks/s: N x checkpoints / the time from the first trigger to the last completion (the
@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import grpc
+from kit.simulated_agent import SimulatedAgent
 from rich.console import Console
 from rich.table import Table
 
@@ -32,7 +33,6 @@ from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 TASK_COUNTS = (64, 256, 1024)
 AGENTS = 4

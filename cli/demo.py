@@ -21,9 +21,6 @@ driver resubmits it, the job restores from the latest completed checkpoint and r
 end the committed output is compared with the same query computed by a batch Spark job over
 the same bids (generated on the executors from the source's scalar definition), and a summary
 says whether the result is exactly-once (exit code 0) or not (1).
-
-``--simulated`` runs the older, Spark-free demo: the coordinator with simulated worker agents
-(:class:`snapflow.worker.runtime.simulated_agent.SimulatedAgent`: real gRPC and state files, no operators).
 """
 
 from __future__ import annotations
@@ -566,8 +563,7 @@ def run_spark_demo(
     if spark is None and not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
         raise ValueError(
             "Spark needs a Java runtime (17 or newer): install one (e.g. apt-get install "
-            "openjdk-17-jre-headless) or set JAVA_HOME; `snapflow demo --simulated` runs "
-            "without Spark"
+            "openjdk-17-jre-headless) or set JAVA_HOME"
         )
     prepare_data_dir(config.data_dir)
     rate = f"{config.rate_per_s:,.0f}/s" if config.rate_per_s else "full speed"
@@ -732,17 +728,11 @@ def _print_spark_summary(console: Console, config: DemoConfig, s: DemoSummary) -
 
 
 def run_demo(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """``snapflow demo``: 0 when the result is exactly-once (or the simulated demo ran), 1 when
-    not, 2 on bad arguments."""
+    """``snapflow demo``: 0 when the result is exactly-once, 1 when not, 2 on bad arguments."""
     from snapflow.errors import SnapflowError
     from snapflow.logging import configure_logging
 
     verbose = bool(getattr(args, "verbose", False))
-    if getattr(args, "simulated", False):
-        import asyncio
-
-        configure_logging("info" if verbose else "warning", "auto")
-        return asyncio.run(_simulated_demo(args))
     configure_logging("info" if verbose else "error", "auto")
     console = _console()
     try:
@@ -756,178 +746,3 @@ def run_demo(args: argparse.Namespace, spark: SparkSession | None = None) -> int
         console.print(f"[red]snapflow demo: {e}[/red]", highlight=False)
         return 2
     return 0 if summary.exactly_once else 1
-
-
-# ---------------------------------------------------------------------------------------------
-# The simulated demo (--simulated): the coordinator with simulated agents, no Spark
-# ---------------------------------------------------------------------------------------------
-
-
-async def _simulated_demo(args: argparse.Namespace) -> int:
-    import asyncio
-
-    import grpc
-
-    from snapflow import wire
-    from snapflow.coordinator.embedded import EmbeddedCoordinator
-    from snapflow.jobgraph import PartitionerKind, TaskState
-    from snapflow.v1 import common_pb2 as pb
-    from snapflow.v1 import coordinator_pb2 as cpb
-    from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-    from snapflow.worker.runtime.simulated_agent import SimulatedAgent
-
-    console = Console()
-    if args.tasks < 2:
-        console.print("[red]--tasks must be at least 2[/red]")
-        return 2
-    storage_root = os.path.abspath(args.storage_root)
-    try:
-        prepare_data_dir(storage_root)
-    except ValueError as e:
-        console.print(f"[red]snapflow demo: {e}[/red]")
-        return 2
-    # The coordinator on its own loop thread; the simulated agents run on this loop.
-    coordinator = EmbeddedCoordinator(
-        storage_root=os.path.join(storage_root, "checkpoints"),
-        port=args.port,
-        redis_data_dir=os.path.join(storage_root, "redis"),
-    )
-    await asyncio.to_thread(coordinator.start)
-    agents: list[SimulatedAgent] = []
-    try:
-        address = coordinator.address
-        redis_server = coordinator.redis
-        console.print(
-            f"[bold]Snapflow demo (simulated agents)[/bold]: redis-server pid {redis_server.pid} "
-            f"at {redis_server.url}, coordinator at {address}, storage {coordinator.storage_root}"
-        )
-        sources = max(1, args.tasks // 4)
-        maps = args.tasks - sources
-        graph = pb.JobGraph(
-            name="demo-bids-per-key",
-            vertices=[
-                pb.JobVertex(
-                    vertex_id="bids",
-                    name="bid source",
-                    parallelism=sources,
-                    is_source=True,
-                    operators=[pb.OperatorSpec(operator_id="bids", kind="source")],
-                ),
-                pb.JobVertex(
-                    vertex_id="count",
-                    name="count per key",
-                    parallelism=maps,
-                    max_parallelism=128,
-                    operators=[pb.OperatorSpec(operator_id="count", kind="process")],
-                ),
-            ],
-            edges=[
-                pb.JobEdge(
-                    source_vertex_id="bids",
-                    target_vertex_id="count",
-                    partitioner=wire.PARTITIONER_KIND.to_pb(PartitionerKind.HASH),
-                )
-            ],
-        )
-        channel = grpc.aio.insecure_channel(address)
-        stub = cgrpc.CoordinatorServiceStub(channel)
-        job = (
-            await stub.SubmitJob(
-                cpb.SubmitJobRequest(
-                    graph=graph, checkpoint_config=pb.CheckpointConfig(interval_ms=args.interval_ms)
-                ),
-                timeout=10,
-            )
-        ).job
-        console.print(
-            f"job {job.job_id}: {sources} source + {maps} count subtasks, checkpoint every {args.interval_ms} ms"
-        )
-        all_tasks = [("bids", i) for i in range(sources)] + [("count", i) for i in range(maps)]
-        n_agents = min(2, sources) if sources > 1 else 1
-        for i in range(n_agents):
-            hosted = [t for j, t in enumerate(all_tasks) if j % n_agents == i]
-            agent = SimulatedAgent(address, job.job_id, hosted, state_bytes=4096)
-            await agent.start()
-            agents.append(agent)
-        for agent in agents:
-            await agent.register_all()
-        started = time.monotonic()
-        failed_at: float | None = None
-        completed_before = 0
-        recovered_at: float | None = None
-        restored_from = 0
-        while time.monotonic() - started < args.seconds:
-            await asyncio.sleep(0.05)
-            elapsed = time.monotonic() - started
-            if failed_at is None and 0 <= args.fail_at_s <= elapsed:
-                victim = agents[-1]
-                key = victim.tasks[-1]
-                console.print(f"[yellow]t={elapsed:4.1f}s: task {key[0]}#{key[1]} fails[/yellow]")
-                await victim.set_state(
-                    wire.TASK_STATE.to_pb(TaskState.FAILED), "injected failure", only=key
-                )
-                failed_at = time.monotonic()
-                completed_before = len(agents[0].completed)
-                for agent in agents:  # the driver redeploys the whole graph
-                    await agent.register_all()
-                restored_from = agents[0].restores[agents[0].tasks[0]].checkpoint_id
-                console.print(
-                    f"[green]t={time.monotonic() - started:4.1f}s: redeployed, restored from checkpoint {restored_from}[/green]"
-                )
-            if (
-                failed_at is not None
-                and recovered_at is None
-                and len(agents[0].completed) > completed_before
-            ):
-                recovered_at = time.monotonic()
-        stats = await stub.GetCheckpointStats(
-            cpb.GetCheckpointStatsRequest(job_id=job.job_id, history_size=10), timeout=10
-        )
-        await stub.CancelJob(cpb.CancelJobRequest(job_id=job.job_id), timeout=10)
-        await channel.close(grace=None)
-        _print_simulated_summary(console, stats, failed_at, recovered_at, restored_from)
-        return 0
-    finally:
-        for agent in agents:
-            await agent.stop()
-        await asyncio.to_thread(coordinator.stop)
-
-
-def _print_simulated_summary(
-    console: Console,
-    stats: cpb.CheckpointStats,
-    failed_at: float | None,
-    recovered_at: float | None,
-    restored_from: int,
-) -> None:
-    from snapflow import wire
-    from snapflow.checkpointing import CheckpointStatus
-
-    table = Table(title="Recent checkpoints", show_lines=False)
-    for column in ("id", "status", "duration ms", "size", "acked", "reason"):
-        table.add_column(column)
-    status: dict[CheckpointStatus | None, str] = {
-        CheckpointStatus.COMPLETED: "completed",
-        CheckpointStatus.FAILED: "failed",
-        CheckpointStatus.IN_PROGRESS: "in progress",
-    }
-    for h in stats.history:
-        table.add_row(
-            str(h.checkpoint_id),
-            status.get(wire.CHECKPOINT_STATUS.from_pb_or(h.status, None), "?"),
-            str(h.end_to_end_duration_ms),
-            f"{h.state_size_bytes / 1024:.1f} KiB",
-            f"{h.num_acknowledged}/{h.num_tasks}",
-            h.failure_reason,
-        )
-    console.print(table)
-    c, d = stats.counts, stats.end_to_end_duration_ms
-    console.print(
-        f"checkpoints: {c.completed} completed, {c.failed} failed, {c.restored} restore(s); "
-        f"duration p50 {d.p50:.0f} ms, p99 {d.p99:.0f} ms"
-    )
-    if failed_at is not None:
-        recovery = f"{recovered_at - failed_at:.2f} s" if recovered_at else "not within the run"
-        console.print(
-            f"task failure -> restored from checkpoint {restored_from}; first checkpoint after it in {recovery}"
-        )

@@ -473,26 +473,6 @@ def _add_demo(sub: Any) -> None:
         "coordinator see",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at info level")
-    sim = p.add_argument_group(
-        "simulated demo", "the coordinator with simulated worker agents, no Spark (fast)"
-    )
-    sim.add_argument("--simulated", action="store_true", help="run the simulated demo instead")
-    sim.add_argument("--seconds", type=float, default=15.0, help="how long to run (default 15)")
-    sim.add_argument("--tasks", type=int, default=8, help="number of tasks (default 8)")
-    sim.add_argument(
-        "--fail-at-s",
-        type=float,
-        default=5.0,
-        help="inject a task failure after this many seconds; < 0: never (default 5)",
-    )
-    sim.add_argument(
-        "--port",
-        "--address-port",
-        dest="port",
-        type=int,
-        default=0,
-        help="coordinator gRPC port of the demo; 0 picks a free one (default 0)",
-    )
     p.set_defaults(handler=demo.run_demo)
 
 

@@ -11,7 +11,9 @@ Every deletion in checkpoint storage is fenced: it is planned (``StateCleanup.pl
 claimed in Redis (``CheckpointStore.claim_deletions``: still the current epoch, not retained in
 Redis), and only then executed. A clean-up that cannot run (Redis or storage unavailable, a
 late writer) is left to the orphan sweep, which runs at start, periodically and soon after such
-a failure, bounded in count and time per run.
+a failure, bounded in count and time per run. A user's savepoint disposal is queued here too
+(``DisposeSavepoint``); a savepoint of a job this coordinator does not host has no queue and
+goes through :func:`dispose_savepoint` directly, with the same fenced claim first.
 """
 
 from __future__ import annotations
@@ -34,12 +36,19 @@ from snapflow.coordinator.model import CompletedCheckpoint, PendingCheckpointRec
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.shared_state import creator_id
 from snapflow.coordinator.state_cleanup import StateCleanup
-from snapflow.errors import SnapflowError, StaleEpochError
+from snapflow.errors import (
+    FailedPreconditionError,
+    SnapflowError,
+    StaleEpochError,
+    UnavailableError,
+)
 
 SWEEP_BUDGET_S = 5.0
 """Longest one orphan sweep run keeps deleting (the rest waits for the next run)."""
 _SWEEP_CHUNK = 16
 """Ids claimed in Redis per script call during a sweep."""
+_FENCED = "this coordinator was superseded by a newer incarnation: it deletes nothing"
+_STOPPED = "the job's I/O queue stopped (the job is being resubmitted or the coordinator stops)"
 
 # --- operations ----------------------------------------------------------------------------
 
@@ -51,15 +60,6 @@ class AllocateId:
 
     operation: ClassVar[str] = "allocate"
     request: TriggerRequest
-
-
-@dataclass(frozen=True)
-class StorePending:
-    """Record a pending checkpoint in Redis again (overwrites its record). The job runner does
-    not queue it: ``AllocateId`` records every checkpoint before it can be triggered."""
-
-    operation: ClassVar[str] = "add_pending"
-    record: PendingCheckpointRecord
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,17 @@ class DeleteUnused:
 
 
 @dataclass(frozen=True)
+class DisposeSavepoint:
+    """Dispose a savepoint of this job that a user named (its ``_metadata`` read and checked by
+    the caller): see :func:`dispose_savepoint`. ``done`` gets the outcome; the caller waits."""
+
+    operation: ClassVar[str] = "dispose_savepoint"
+    savepoint: CompletedCheckpoint
+    path: str
+    done: asyncio.Future[None]
+
+
+@dataclass(frozen=True)
 class SweepOrphans:
     """Delete what ended checkpoints left behind (bounded; see ``CheckpointIo.sweep``)."""
 
@@ -128,13 +139,13 @@ class SweepOrphans:
 
 IoOp = (
     AllocateId
-    | StorePending
     | SendTriggerRpc
     | Finalize
     | CleanUpAborted
     | DiscardFiles
     | DeleteRetired
     | DeleteUnused
+    | DisposeSavepoint
     | SweepOrphans
 )
 _CLEANUPS = (CleanUpAborted, DiscardFiles, DeleteRetired, DeleteUnused, SweepOrphans)
@@ -189,6 +200,10 @@ class IoResults(Protocol):
         """A clean-up could not run: sweep again soon."""
         ...
 
+    def savepoint_disposed(self, checkpoint_id: int) -> None:
+        """Redis forgot the savepoint and its files are about to go: the core forgets it."""
+        ...
+
 
 class Fencing(Protocol):
     """The coordinator's fencing state (``JobManager``)."""
@@ -225,8 +240,13 @@ class CheckpointIo:
         self._highest_burnt = 0
         """The highest id allocated whose preparation failed (the core never saw it): the
         sweep may remove what it left if its own clean-up could not run."""
+        self._stopped = False
+        """``stop`` was called: a waiting operation is refused, never lost."""
 
     def submit(self, op: IoOp) -> None:
+        if self._stopped:
+            _settle(op, UnavailableError(_STOPPED))
+            return
         self._queue.put_nowait(op)
 
     async def join(self) -> None:
@@ -234,34 +254,48 @@ class CheckpointIo:
         await self._queue.join()
 
     async def run(self) -> None:
-        """Drain the queue forever (one task per job); a failed operation is logged."""
-        while True:
-            op = await self._queue.get()
-            try:
-                if not self._fencing.fenced:
-                    await self.execute(op)
-            except StaleEpochError as e:
-                self._fencing.on_fenced(e)
-            except Exception as e:
-                if isinstance(op, _CLEANUPS) and isinstance(e, SnapflowError | OSError):
-                    # Redis or storage unavailable, or a late writer: the sweep finishes it.
-                    self._log.warning(
-                        "storage.cleanup_deferred", operation=op.operation, error=str(e)[:300]
-                    )
-                    self._results.request_sweep()
-                else:
-                    self._log.exception(
-                        "coordinator.io_failed", operation=op.operation, error=str(e)
-                    )
-            finally:
-                self._queue.task_done()
+        """Drain the queue forever (one task per job); a failed operation is logged. Nothing
+        runs once this coordinator is fenced; an operation with a waiting caller is then refused
+        with ``StaleEpochError``, and when the loop ends (cancelled), with ``UnavailableError``."""
+        try:
+            while True:
+                op = await self._queue.get()
+                try:
+                    if not self._fencing.fenced:
+                        await self.execute(op)
+                    else:
+                        _settle(op, StaleEpochError(_FENCED))
+                except StaleEpochError as e:
+                    self._fencing.on_fenced(e)
+                except Exception as e:
+                    if isinstance(op, _CLEANUPS) and isinstance(e, SnapflowError | OSError):
+                        # Redis or storage unavailable, or a late writer: the sweep finishes it.
+                        self._log.warning(
+                            "storage.cleanup_deferred", operation=op.operation, error=str(e)[:300]
+                        )
+                        self._results.request_sweep()
+                    else:
+                        self._log.exception(
+                            "coordinator.io_failed", operation=op.operation, error=str(e)
+                        )
+                finally:
+                    _settle(op, UnavailableError(_STOPPED))  # only if it is still waiting
+                    self._queue.task_done()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """No operation runs any more (``run`` ended, or the runner closed before it started):
+        every waiting caller, queued or submitted later, is refused, never left waiting."""
+        self._stopped = True
+        while not self._queue.empty():
+            _settle(self._queue.get_nowait(), UnavailableError(_STOPPED))
+            self._queue.task_done()
 
     async def execute(self, op: IoOp) -> None:
         match op:
             case AllocateId(request=request):
                 await self._allocate(request)
-            case StorePending(record=record):
-                await self.store.add_pending(record)
             case SendTriggerRpc(trigger=trigger):
                 self._results.send_trigger(trigger)
             case Finalize():
@@ -303,6 +337,21 @@ class CheckpointIo:
                     await asyncio.to_thread(
                         self.cleanup.delete_ended, checkpoint_id, location, op.is_savepoint
                     )
+            case DisposeSavepoint(savepoint=savepoint, path=path, done=done):
+                if done.done():
+                    return  # the caller gave up (cancelled) before it ran: nothing was done
+                try:
+                    await dispose_savepoint(
+                        self.store, self.storage, savepoint, path, self._results.savepoint_disposed
+                    )
+                except StaleEpochError as e:
+                    _settle(op, e)
+                    raise  # run() marks this coordinator fenced
+                except Exception as e:
+                    _settle(op, e)  # the caller's error, not the executor's
+                else:
+                    if not done.done():
+                        done.set_result(None)
             case SweepOrphans(max_deletes=max_deletes):
                 await self.sweep(max_deletes)
             case _:
@@ -502,3 +551,37 @@ class CheckpointIo:
             completion_latency_ms=(committed - op.last_ack_at) * 1000.0,
         )
         self._results.checkpoint_committed(cp, dropped_ids, timings)
+
+
+# --- savepoint disposal --------------------------------------------------------------------
+
+
+async def dispose_savepoint(
+    store: CheckpointStore,
+    storage: CheckpointStorage,
+    savepoint: CompletedCheckpoint,
+    path: str,
+    forget: Callable[[int], None] | None = None,
+) -> None:
+    """Dispose the savepoint at ``path`` (its ``_metadata`` is ``savepoint``), fenced as every
+    deletion: Redis forgets its record (a fenced script), the id is claimed
+    (``claim_deletions``: still the current epoch, not retained), ``forget`` tells the job's
+    core, and only then the directory is deleted. A superseded coordinator fails at the first
+    step (``StaleEpochError``) and deletes nothing. A deletion that fails after the record went
+    can be repeated by path."""
+    job_id, checkpoint_id = savepoint.job_id, savepoint.checkpoint_id
+    await store.remove_savepoint(job_id, checkpoint_id)
+    if checkpoint_id not in await store.claim_deletions(job_id, [checkpoint_id], decided=False):
+        raise FailedPreconditionError(
+            f"Redis records checkpoint {checkpoint_id} of job {job_id} as retained: "
+            f"{path} is not disposed"
+        )
+    if forget is not None:
+        forget(checkpoint_id)
+    await asyncio.to_thread(storage.dispose_savepoint, path)
+
+
+def _settle(op: IoOp, error: Exception) -> None:
+    """Fail the waiting caller of ``op`` with ``error``, unless it has its answer already."""
+    if isinstance(op, DisposeSavepoint) and not op.done.done():
+        op.done.set_exception(error)

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from snapflow.coordinator import convert
+from snapflow.coordinator import checkpoint_io, convert
 from snapflow.coordinator.agent_gateway import AgentClients
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage, s3_location
 from snapflow.coordinator.config import CoordinatorSettings
@@ -287,6 +287,8 @@ class JobManager:
         return runner
 
     async def dispose_savepoint(self, path: str) -> None:
+        """Dispose a savepoint by path: fenced, through its job's I/O queue when the job is
+        hosted here (``checkpoint_io.dispose_savepoint``; docs/coordinator.md)."""
         self.check_not_fenced()
         path = path.removeprefix("file://")
         if is_object_store_uri(path):
@@ -306,11 +308,13 @@ class JobManager:
             raise InvalidArgumentError(
                 f"{path} holds checkpoint {cp.checkpoint_id}, not a savepoint"
             )
-        await asyncio.to_thread(storage.dispose_savepoint, path)
         runner = self.jobs.get(cp.job_id)
         if runner is not None:
-            await self.guard(self.store.remove_savepoint(cp.job_id, cp.checkpoint_id))
-            runner.core.on_savepoint_disposed(cp.checkpoint_id)
+            # Every job hosted here (a finished one too) has a runner and its I/O queue.
+            await runner.dispose_savepoint(cp, path)
+        else:
+            # No job here, so no queue and no core: the same fenced steps, directly.
+            await self.guard(checkpoint_io.dispose_savepoint(self.store, storage, cp, path))
         log.info("savepoint.disposed", job_id=cp.job_id, checkpoint_id=cp.checkpoint_id, path=path)
 
     def in_progress_count(self) -> int:

@@ -55,6 +55,7 @@ from snapflow.coordinator.checkpoint_io import (
     DeleteRetired,
     DeleteUnused,
     DiscardFiles,
+    DisposeSavepoint,
     Finalize,
     SendTriggerRpc,
 )
@@ -267,6 +268,7 @@ class JobRunner:
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.io.stop()  # a disposal still queued is refused, not left waiting
         for task in list(self._background):
             task.cancel()
         self.agents.close()
@@ -492,6 +494,14 @@ class JobRunner:
     def savepoint_operation(self, request_id: str) -> SavepointOperation:
         return self.requests.savepoint_operation(request_id)
 
+    async def dispose_savepoint(self, savepoint: CompletedCheckpoint, path: str) -> None:
+        """Dispose one of this job's savepoints (``_metadata`` read and checked by the caller)
+        through the job's fenced I/O queue, after the I/O queued before it (a savepoint's
+        ``Finalize`` among it)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.io.submit(DisposeSavepoint(savepoint, path, done))
+        await done
+
     def naming_the_job_state(self, refused: CheckpointRefusedError) -> CheckpointRefusedError:
         return self.requests.naming_the_job_state(refused)
 
@@ -572,6 +582,9 @@ class JobRunner:
 
     def request_sweep(self) -> None:
         self.sweeps.request()
+
+    def savepoint_disposed(self, checkpoint_id: int) -> None:
+        self.core.on_savepoint_disposed(checkpoint_id)
 
     # --- action execution ----------------------------------------------------------------------
 

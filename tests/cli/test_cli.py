@@ -29,6 +29,7 @@ import structlog
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kit.coordinator import Running, is_serving, running_coordinator, submit, two_vertex_graph
 from kit.polling import wait_until
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.cli.formatting import format_bytes
 from snapflow.cli.main import main
@@ -36,7 +37,6 @@ from snapflow.cli.parser import build_parser
 from snapflow.logging import configure_logging
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -374,8 +374,8 @@ def test_parser_knows_every_command() -> None:
     args = parser.parse_args(["stop", "j", "--drain", "--target", "/x"])
     assert (args.drain, args.target, args.timeout, args.json) == (True, "/x", 30.0, False)
     args = parser.parse_args(["demo"])
-    assert (args.seconds, args.tasks, args.interval_ms, args.port) == (15.0, 8, 1000, 0)
-    assert args.storage_root == "./data/demo" and args.fail_at_s == 5.0
+    assert (args.interval_ms, args.storage_root) == (1000, "./data/demo")
+    assert not hasattr(args, "simulated")  # the simulated demo is gone (its agents are a test kit)
 
 
 def test_format_bytes() -> None:

@@ -3,7 +3,7 @@
 * The bid source: the vectorised generator equals the scalar definition, the rate limit emits
   whole batches, the watermark never makes a bid late, a restore replays exactly.
 * The query (a keyed process function) equals its plain-Python reference.
-* The demo's flags, its data directory and the simulated demo (no Spark).
+* The demo's flags and its data directory.
 * ``spark``: the demo in-process on the session's local Spark, with a task killed mid-run: the
   committed output equals the batch Spark result (exactly-once, exit code 0).
 * ``spark`` + ``slow``: the same demo as a subprocess against a Spark standalone master and
@@ -190,7 +190,7 @@ def test_price_stats_window_equals_the_reference() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Flags, data directory, simulated demo
+# Flags, data directory
 # ---------------------------------------------------------------------------------------------
 
 
@@ -283,18 +283,6 @@ def restore_logging() -> Iterator[None]:
         structlog.configure(**saved)
         root.handlers[:] = handlers
         root.setLevel(level)
-
-
-def test_simulated_demo(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], restore_logging: None
-) -> None:
-    args = parse(
-        "--simulated", "--seconds", "2.5", "--fail-at-s", "1", "--interval-ms", "200",
-        "--tasks", "4", "--data-dir", str(tmp_path / "sim"),
-    )  # fmt: skip
-    assert demo.run_demo(args) == 0
-    out = capsys.readouterr().out
-    assert "simulated agents" in out and "restored from checkpoint" in out
 
 
 # ---------------------------------------------------------------------------------------------

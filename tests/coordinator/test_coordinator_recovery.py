@@ -13,11 +13,11 @@ import redis
 from kit.coordinator import running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import fresh_namespace
 from kit.polling import holds_for_async, wait_until_async
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.coordinator.model import CheckpointKind, PendingCheckpointRecord
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 
 async def _start_agents(

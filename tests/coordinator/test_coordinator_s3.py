@@ -15,11 +15,11 @@ import pytest
 from kit.coordinator import running_coordinator, submit
 from kit.polling import wait_until_async
 from kit.s3 import S3Server
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.filestore import FileStore, S3Settings, store_for
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 # The coordinator gets S3 settings of its own, so its store (and request counts) are apart
 # from the agents' (which use the default settings, through the AWS_* variables).

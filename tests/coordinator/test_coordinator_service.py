@@ -11,10 +11,10 @@ import pytest
 import redis
 from kit.coordinator import running_coordinator, submit
 from kit.polling import wait_until_async
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 
 async def _agents(address: str, job_id: str, n: int = 2) -> list[SimulatedAgent]:

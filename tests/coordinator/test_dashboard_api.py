@@ -11,11 +11,11 @@ from typing import Any
 
 import aiohttp
 from kit.coordinator import Running, running_coordinator, submit
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.coordinator.dashboard_views import to_json
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 T = 10  # seconds: deadline of every call
 

@@ -28,11 +28,11 @@ from kit.coordinator_env import (
     redis_snapshot,
 )
 from kit.polling import wait_until_async
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 # ---------------------------------------------------------------------------------------------
 # 8. Fencing: a superseded coordinator refuses every mutation and stops serving

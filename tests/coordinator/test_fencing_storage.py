@@ -15,21 +15,28 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import ack_request, fresh_namespace, write_file
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow import wire
-from snapflow.coordinator.checkpoint_io import SweepOrphans
+from snapflow.coordinator.checkpoint_io import SweepOrphans, dispose_savepoint
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.model import (
     CheckpointConfig,
     CheckpointKind,
     CompletedCheckpoint,
+    ExecutionAttempt,
     JobGraph,
     JobRecord,
     JobState,
     JobVertex,
+    OperatorSubtaskState,
     PendingCheckpointRecord,
+    StateHandle,
+    SubtaskAck,
 )
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.errors import StaleEpochError
@@ -37,7 +44,6 @@ from snapflow.jobgraph import TaskState
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -227,5 +233,84 @@ def test_a_lost_commit_reply_never_deletes_the_committed_checkpoint(
             await runner.io.join()
             assert state.is_file(), "a checkpoint Redis holds as completed lost a file"
             assert not manager.fenced
+
+    asyncio.run(main())
+
+
+def test_a_superseded_coordinator_disposes_no_savepoint_and_the_leader_does(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """``DisposeSavepoint`` is a fenced deletion through the job's I/O queue: a coordinator
+    superseded without noticing deletes nothing and learns it is stale; the current one
+    disposes, and its core and Redis forget the savepoint."""
+
+    async def main() -> None:
+        namespace = fresh_namespace()
+        root = tmp_path / "cp"
+        async with contextlib.AsyncExitStack() as stack:
+            a, job_id, _ = await _job_with_agent(stack, redis_server.url, root, namespace, 1)
+            sp = await a.stub.TriggerSavepoint(
+                cpb.TriggerSavepointRequest(job_id=job_id, target_directory=str(tmp_path / "sp")),
+                timeout=T,
+            )
+            b = await stack.enter_async_context(
+                running_coordinator(redis_server.url, str(root), redis_namespace=namespace)
+            )
+            before = _files(tmp_path / "sp")
+            assert any(p.endswith("_metadata") for p in before)
+            assert not a.manager.fenced
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await a.stub.DisposeSavepoint(
+                    cpb.DisposeSavepointRequest(savepoint_path=sp.external_path), timeout=T
+                )
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert a.manager.fenced
+            assert _files(tmp_path / "sp") == before, "the stale coordinator deleted files"
+
+            runner_b = b.manager.jobs[job_id]
+            assert [s.checkpoint_id for s in runner_b.core.savepoints] == [sp.checkpoint_id]
+            await b.stub.DisposeSavepoint(
+                cpb.DisposeSavepointRequest(savepoint_path=sp.external_path), timeout=T
+            )
+            assert not os.path.exists(sp.external_path)
+            assert runner_b.core.savepoints == []
+            async with CheckpointStore.from_url(redis_server.url, namespace) as store:
+                assert await store.list_savepoints(job_id) == []
+            assert not b.manager.fenced
+
+    asyncio.run(main())
+
+
+def test_a_savepoint_of_a_job_not_hosted_is_disposed_fenced(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """No runner, no queue (a savepoint from another cluster): ``dispose_savepoint`` still
+    proves the epoch in Redis before it deletes anything."""
+
+    async def main() -> None:
+        namespace = fresh_namespace()
+        storage = CheckpointStorage(str(tmp_path / "cp"))
+        directory = tmp_path / "foreign" / "savepoint-fefefe-000000000001"
+        state = write_file(directory / "src-0.state")
+        handle = StateHandle(str(state), 5)
+        ack = SubtaskAck(ExecutionAttempt("src", 0, 1), 5, (OperatorSubtaskState("op", (handle,)),))
+        sp = CompletedCheckpoint(
+            "fe" * 16, 3, CheckpointKind.SAVEPOINT, 1, 2, str(directory), (ack,)
+        )
+        storage.write_metadata(sp.external_path, sp)
+        before = _files(directory)
+        async with (
+            CheckpointStore.from_url(redis_server.url, namespace) as old,
+            CheckpointStore.from_url(redis_server.url, namespace) as new,
+        ):
+            await old.acquire_epoch()
+            await new.acquire_epoch()
+            with pytest.raises(StaleEpochError):
+                await dispose_savepoint(old, storage, sp, str(directory))
+            assert _files(directory) == before
+            forgotten: list[int] = []
+            await dispose_savepoint(new, storage, sp, str(directory), forgotten.append)
+            assert forgotten == [3]
+            assert not directory.exists()
 
     asyncio.run(main())

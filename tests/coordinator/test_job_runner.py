@@ -42,9 +42,9 @@ from snapflow.coordinator.checkpoint_io import (
     CommitTimings,
     DeleteRetired,
     DiscardFiles,
+    DisposeSavepoint,
     Finalize,
     SendTriggerRpc,
-    StorePending,
 )
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.embedded import local_settings
@@ -73,7 +73,7 @@ from snapflow.coordinator.model import (
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.restore_point import RestorePoint
 from snapflow.coordinator.watch import WATCH_QUEUE_BOUND, JobWatch
-from snapflow.errors import CheckpointFailedError, StaleEpochError
+from snapflow.errors import CheckpointFailedError, StaleEpochError, UnavailableError
 from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -143,6 +143,9 @@ class Results:
     def request_sweep(self) -> None:
         self.events.append(("sweep_requested",))
 
+    def savepoint_disposed(self, checkpoint_id: int) -> None:
+        self.events.append(("savepoint_disposed", checkpoint_id))
+
 
 class Fencing:
     def __init__(self) -> None:
@@ -206,12 +209,14 @@ def test_allocate_store_trigger_finalize_in_order(redis_url: str, tmp_path: Path
             chk1 = s.storage.checkpoint_dir(JOB, 1)
             assert await s.execute(AllocateId(request)) == [("allocated", 1, 1, chk1)]
             assert os.path.isdir(chk1)
-            pending = PendingCheckpointRecord(JOB, 1, CheckpointKind.CHECKPOINT, 1, chk1)
+            # The pending record is written while the id is prepared, before any trigger.
+            assert [
+                (p.checkpoint_id, p.external_path) for p in await s.store.list_pending(JOB)
+            ] == [(1, chk1)]
             options = BarrierOptions(CheckpointKind.CHECKPOINT, CheckpointMode.ALIGNED, 0, chk1)
             cp1 = checkpoint(s.storage, 1, "a")
             s.results.pending = {1}
             events = await s.execute(
-                StorePending(pending),
                 SendTriggerRpc(SendTrigger(1, 1, options, (SRC,))),
                 Finalize(FinalizeCheckpoint(cp1, retained=1), last_ack_at=0.0),
             )
@@ -226,8 +231,8 @@ def test_allocate_store_trigger_finalize_in_order(redis_url: str, tmp_path: Path
             ]
             s.results.pending = {2}
             cp2 = checkpoint(s.storage, 2)
+            assert [p.checkpoint_id for p in await s.store.list_pending(JOB)] == [2]
             events = await s.execute(
-                StorePending(PendingCheckpointRecord(JOB, 2, CheckpointKind.CHECKPOINT, 2, "")),
                 Finalize(FinalizeCheckpoint(cp2, retained=1), last_ack_at=0.0),
                 DeleteRetired((1,)),
             )
@@ -314,6 +319,87 @@ def test_a_superseded_coordinator_stops_executing(redis_url: str, tmp_path: Path
             # The first allocation fails fenced and is reported; the second never runs.
             assert [e[:2] for e in events] == [("allocation_failed", 1)]
             assert s.fencing.fenced and len(s.fencing.errors) == 1
+
+    run(body())
+
+
+def savepoint(
+    storage: CheckpointStorage, directory: Path, checkpoint_id: int
+) -> CompletedCheckpoint:
+    """A savepoint with one state file and its ``_metadata`` in ``directory``."""
+    handle = StateHandle(write(str(directory / "src-0.state")), 5)
+    ack = SubtaskAck(SRC, 5, (OperatorSubtaskState("op", (handle,)),), SubtaskMetrics())
+    sp = CompletedCheckpoint(
+        JOB, checkpoint_id, CheckpointKind.SAVEPOINT, 1, 5, str(directory), (ack,)
+    )
+    storage.write_metadata(sp.external_path, sp)
+    return sp
+
+
+def test_dispose_savepoint_forgets_the_record_tells_the_core_then_deletes(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path) as s:
+            sp = savepoint(s.storage, tmp_path / "sp-7", 7)
+            await s.store.commit_completed(sp, retained=1)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            assert await s.execute(DisposeSavepoint(sp, sp.external_path, done)) == [
+                ("savepoint_disposed", 7)
+            ]
+            assert done.result() is None
+            assert not os.path.exists(sp.external_path)
+            assert await s.store.list_savepoints(JOB) == []
+            assert not s.fencing.fenced
+
+    run(body())
+
+
+def test_a_superseded_coordinator_disposes_no_savepoint(redis_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path) as s:
+            sp = savepoint(s.storage, tmp_path / "sp-8", 8)
+            await s.store.commit_completed(sp, retained=1)
+            files = sorted(os.listdir(sp.external_path))
+            async with CheckpointStore.from_url(redis_url) as newer:
+                await newer.acquire_epoch()
+                loop = asyncio.get_running_loop()
+                first, second = loop.create_future(), loop.create_future()
+                events = await s.execute(
+                    DisposeSavepoint(sp, sp.external_path, first),
+                    DisposeSavepoint(sp, sp.external_path, second),
+                )
+                # The first fails at the fenced step and fences the executor; the second is
+                # refused without running. The core is told nothing, nothing is deleted.
+                assert events == []
+                for done in (first, second):
+                    with pytest.raises(StaleEpochError):
+                        done.result()
+                assert s.fencing.fenced and len(s.fencing.errors) == 1
+                assert sorted(os.listdir(sp.external_path)) == files
+                assert [c.checkpoint_id for c in await newer.list_savepoints(JOB)] == [8]
+                await newer.remove_savepoint(JOB, 8)
+
+    run(body())
+
+
+def test_a_disposal_queued_when_the_executor_stops_is_refused(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with Setup(redis_url, tmp_path) as s:
+            sp = savepoint(s.storage, tmp_path / "sp-9", 9)
+            loop = asyncio.get_running_loop()
+            queued, late = loop.create_future(), loop.create_future()
+            s._loop.cancel()  # as JobRunner.close does, before the loop took the operation
+            s.io.submit(DisposeSavepoint(sp, sp.external_path, queued))
+            await asyncio.gather(s._loop, return_exceptions=True)
+            s.io.stop()
+            s.io.submit(DisposeSavepoint(sp, sp.external_path, late))
+            for done in (queued, late):
+                with pytest.raises(UnavailableError):
+                    done.result()
+            assert os.path.isfile(os.path.join(sp.external_path, "_metadata"))
 
     run(body())
 

@@ -21,6 +21,7 @@ from kit.coordinator import pending_ids, running_coordinator, submit, two_vertex
 from kit.coordinator_env import fresh_namespace, write_file
 from kit.polling import wait_until_async
 from kit.processes import free_port
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.coordinator.model import CheckpointKind
 from snapflow.errors import CheckpointRefusedError
@@ -28,7 +29,6 @@ from snapflow.jobgraph import TaskState
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 pytestmark = pytest.mark.timeout(90)
 

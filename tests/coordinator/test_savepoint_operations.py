@@ -18,13 +18,13 @@ import pytest
 from kit.coordinator import running_coordinator, submit, two_vertex_graph
 from kit.coordinator_env import fresh_namespace
 from kit.polling import wait_until_async
+from kit.simulated_agent import SimulatedAgent
 
 from snapflow.checkpointing import CheckpointKind, SavepointOperationStatus
 from snapflow.coordinator.model import CompletedCheckpoint
 from snapflow.coordinator.savepoint_operations import SavepointOperations
 from snapflow.errors import NotFoundError, ResourceExhaustedError
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 
 T = 10.0
 IN_PROGRESS = SavepointOperationStatus.IN_PROGRESS

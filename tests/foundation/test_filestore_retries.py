@@ -20,6 +20,7 @@ import pytest
 from kit.coordinator import running_coordinator, submit
 from kit.s3 import S3Server
 from kit.s3_faults import Fault, FaultProxy, fault_proxy
+from kit.simulated_agent import SimulatedAgent
 from kit.sinks import kb, sink_ctx
 
 from snapflow import filestore
@@ -28,7 +29,6 @@ from snapflow.filestore import MultipartUploads, S3FileStore, S3Settings
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent
 from snapflow.worker.state.operator_state import OperatorStateBackend
 
 TRANSIENT = [Fault.SLOW_DOWN, Fault.INTERNAL_ERROR]

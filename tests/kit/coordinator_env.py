@@ -29,11 +29,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kit.coordinator import Running, running_coordinator, submit, two_vertex_graph
 from kit.polling import wait_until_async
+from kit.simulated_agent import SimulatedAgent, always_ack
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-from snapflow.worker.runtime.simulated_agent import SimulatedAgent, always_ack
 
 T = 5.0  # deadline of every RPC a test makes (seconds)
 TEST_BUDGET_S = 30.0  # hard limit of one test body

@@ -6,8 +6,11 @@ sources, completion and abort notices, cancel) and ``DataExchangeService`` (its 
 channels), and talks to the coordinator: it registers its subtasks, reports their states and
 acknowledges checkpoints (acks coalesced by ``AckBatcher``).
 
-Slot sharing as in Flink: with ``num_slots`` agents, agent ``slot`` hosts subtask ``i`` of
-every vertex where ``i % num_slots == slot``. Deployment:
+Placement is round-robin by subtask index: with ``num_slots`` agents, agent ``slot`` hosts
+subtask ``i`` of every vertex where ``i % num_slots == slot``. With as many agents as the largest
+parallelism (what the Spark bridge starts) an agent hosts at most one subtask of each vertex,
+like one of Flink's shared slots; with fewer agents (``snapflow worker --slots N``) it hosts
+several subtasks of one vertex, which a Flink slot never does. Deployment:
 
 1. read the job graph (with the operators' pickled payloads) from the coordinator;
 2. register every hosted subtask: the coordinator answers with the deployment's attempt

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from snapflow.checkpointing import CHANNEL_INPUT, CHANNEL_OUTPUT, StateHandle
 from snapflow.filestore import is_object_store_uri, store_for
-from snapflow.worker.state.backend import MergedStateObject, SnapshotInProgress
+from snapflow.worker.state.snapshots import SnapshotInProgress
+from snapflow.worker.state.state_files import MergedStateObject
 
 ChannelData = Sequence[tuple[int, pa.RecordBatch]]
 """(channel index, batch) in the order the batches were captured."""

@@ -43,7 +43,7 @@ from snapflow.worker.runtime.snapshot_writer import join_location, write_snapsho
 from snapflow.worker.runtime.task_lifecycle import Event, SnapshotFailed, SnapshotSettled
 from snapflow.worker.runtime.task_output import TaskOutput
 from snapflow.worker.runtime.task_state import TaskState
-from snapflow.worker.state.backend import SnapshotInProgress
+from snapflow.worker.state.snapshots import SnapshotInProgress
 
 
 def now_ms() -> int:

@@ -27,12 +27,10 @@ from snapflow.checkpointing import (
 )
 from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.runtime.task_lifecycle import TaskFailedError
-from snapflow.worker.state.backend import (
-    KeyedStateBackend,
-    OperatorStateBackend,
-    SnapshotInProgress,
-)
 from snapflow.worker.state.factory import StateBackendConfig, create_keyed_backend
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.operator_state import OperatorStateBackend
+from snapflow.worker.state.snapshots import SnapshotInProgress
 
 END_OF_DATA_STATE = "snapflow/end-of-data"
 """Union list state (of the chain's first operator) holding the index of a subtask that had

@@ -3,9 +3,10 @@
 It serves ``WorkerControlService`` and, on a trigger, acknowledges the checkpoint for every
 subtask it hosts (as if the barrier had flowed through them), writing a small real state file
 per subtask into the checkpoint location through the file store (a directory or an S3 prefix);
-a write that fails declines the checkpoint (``IO_ERROR``) with the error. Used by the
-coordinator's tests and benchmark, where the coordinator must be exercised over the wire without
-the worker runtime.
+a write that fails declines the checkpoint (``IO_ERROR``) with the error. A test double, not
+shipped: used by the coordinator's tests and benchmark (``bench/coordinator_bench.py``, with
+``tests/`` on its path), where the coordinator must be exercised over the wire without the
+worker runtime.
 """
 
 from __future__ import annotations
