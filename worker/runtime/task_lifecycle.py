@@ -362,9 +362,9 @@ class TaskLifecycle:
             return SourceStep.FAIL
         if self.phase is Phase.STOPPED or self.input_exhausted:
             return SourceStep.END
-        if self._stop is not None:
+        if self._stop is not None or self.phase is not Phase.RUNNING:
             return SourceStep.WAIT
-        if self.phase is Phase.RUNNING and self.restored_end_of_data:
+        if self.restored_end_of_data:
             return SourceStep.END  # it ended before the snapshot it restored
         return SourceStep.POLL
 
@@ -405,7 +405,7 @@ class TaskLifecycle:
             case SnapshotFailed(checkpoint_id=cid):
                 previous = self.in_flight.pop(cid, None)
                 if previous is not None and self.last_snapshot_id == cid:
-                    self.last_snapshot_id = previous
+                    self.last_snapshot_id = max(previous, *self.in_flight, 0)
                 return []
             case SnapshotSettled(checkpoint_id=cid):
                 self.in_flight.pop(cid, None)
@@ -460,6 +460,8 @@ class TaskLifecycle:
         held, self._held_trigger = self._held_trigger, None
         if held is not None:  # a drain: the savepoint's barrier follows end of data
             return self._snapshot_at_source(held)
+        if self._drain_failed:
+            return []  # its savepoint was aborted during the flush: the task fails
         self.input_exhausted = True  # only now may a snapshot say so: its barrier follows
         if self.final_completed:
             return self._finish()
@@ -475,8 +477,8 @@ class TaskLifecycle:
         self._check_id(event.checkpoint_id)
         if self.phase is Phase.ENDING_DATA:
             raise InvalidTransitionError("a source defers triggers while its data ends")
-        if self.phase not in (Phase.RUNNING, Phase.DATA_ENDED):
-            return []  # finishing, stopped or closing: nothing more to snapshot
+        if self.phase not in (Phase.RUNNING, Phase.DATA_ENDED) or self._drain_failed:
+            return []  # finishing, stopped, failing or closing: nothing more to snapshot
         if event.checkpoint_id <= self.last_snapshot_id:
             return []
         if event.options.kind is CheckpointKind.SAVEPOINT_TERMINATE and self.phase is Phase.RUNNING:
@@ -538,7 +540,8 @@ class TaskLifecycle:
         self.last_completed_id = max(self.last_completed_id, checkpoint_id)
         if final:
             self.final_completed = True
-        if self._stop is not None and checkpoint_id >= self._stop.checkpoint_id:
+        held = self._held_trigger is not None  # its savepoint cannot complete before its ack
+        if self._stop is not None and checkpoint_id >= self._stop.checkpoint_id and not held:
             self._stop = None
             if self.phase in (Phase.RUNNING, Phase.DATA_ENDED):
                 self.phase = Phase.STOPPED
@@ -553,6 +556,7 @@ class TaskLifecycle:
             if self._stop.drain:
                 self._drain_failed = True
             self._stop = None
+            self._held_trigger = None  # aborted during the flush: no barrier for it
         return [NotifyAborted(checkpoint_id)] if self.accepts_notices else []
 
     def _finish(self) -> list[Action]:
@@ -590,7 +594,7 @@ class TaskLifecycle:
         assert self.last_completed_id >= 0
         assert self.last_snapshot_id >= 0
         for cid, previous in self.in_flight.items():
-            assert 0 <= previous <= self.last_snapshot_id and cid <= self.last_snapshot_id
+            assert previous >= 0 and 0 <= cid <= self.last_snapshot_id
         assert self.ended_inputs <= set(range(self.num_inputs))
         if self.is_source:
             assert not self.ended_inputs
