@@ -121,6 +121,42 @@ def test_end_of_data_on_some_inputs_only_does_not_end_the_input(tmp_path: Path) 
     run(main())
 
 
+def test_two_inputs_align_on_one_handler_and_end_input_runs_once_both_ended(
+    tmp_path: Path,
+) -> None:
+    """A task with two logical inputs (one channel each): the barrier of input 0 blocks only
+    that channel while input 1 keeps flowing; the snapshot follows once input 1's barrier
+    came; end_input runs once, after end of data on both inputs."""
+
+    async def main() -> None:
+        h = harness([CountAtEnd()], input_of=[0, 1])
+        options = BarrierOptions(target_location=str(tmp_path))
+        first, second = h.inputs
+        await first.output.send(BarrierFrame(1, 1_000, options))
+        await first.output.send(DataFrame(batch(1)))  # behind the barrier: after the snapshot
+        await first.output.send(EndOfDataFrame())
+        await second.output.send(DataFrame(batch(2, 3)))  # flows while input 0 is blocked
+        await second.output.send(BarrierFrame(1, 1_000, options))
+        await second.output.send(EndOfDataFrame())
+        for channel in h.inputs:
+            await channel.output.close()
+        await h.task.run()
+
+        assert await h.outputs() == [
+            DataFrame(batch(2, 3)),
+            BarrierFrame(1, 1_000, options),
+            DataFrame(batch(1)),
+            DataFrame(rows(3)),
+            EndOfDataFrame(),
+            WatermarkFrame(MAX_WATERMARK),  # both inputs' channels ended
+            EndOfPartitionFrame(),
+        ]
+        [report] = h.acks
+        assert report.checkpoint_id == 1 and report.records_in == 2
+
+    run(main())
+
+
 def test_a_restore_from_a_snapshot_after_end_input_does_not_run_it_again(tmp_path: Path) -> None:
     """The snapshot records that end_input ran; restored from it, the task forwards end of
     data without emitting its end_input output a second time (it is downstream already, and
