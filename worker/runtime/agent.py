@@ -823,7 +823,15 @@ class _ControlServicer(wgrpc.WorkerControlServiceServicer):
     ) -> wpb.WorkerAck:
         await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
         options = wire.barrier_options_from_pb(request.options)
-        for task in self.agent._tasks_for(request.tasks):
+        tasks = self.agent._tasks_for(request.tasks)
+        not_sources = [task.name for task in tasks if not task.is_source][:5]
+        if not_sources:
+            # Barriers reach the other tasks on their inputs; a trigger there is a bad request.
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"checkpoint triggers go to source tasks only; not sources: {', '.join(not_sources)}",
+            )
+        for task in tasks:
             task.trigger(request.checkpoint_id, request.timestamp_ms, options)
         return wpb.WorkerAck()
 

@@ -170,6 +170,11 @@ class Subtask:
         return self.runner.adaptive
 
     @property
+    def is_source(self) -> bool:
+        """Whether the chain starts with a source (it takes the coordinator's triggers)."""
+        return self.source_loop is not None
+
+    @property
     def records_in(self) -> int:
         return self._shell.records_in
 

@@ -135,6 +135,56 @@ def test_forged_notice_with_a_huge_epoch_changes_nothing(redis_url: str, tmp_pat
     check_exactly_once(read_committed(out), expected_counts(source, 2))
 
 
+def test_a_trigger_naming_a_task_that_is_not_a_source_is_invalid_argument(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Barriers reach the other tasks on their inputs: a trigger for one is refused, names the
+    task, and changes nothing (the job still checkpoints and finishes exactly once)."""
+    out = tmp_path / "out"
+    source = _source(200_000, 50_000)
+
+    async def main() -> None:
+        async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
+            graph = count_graph(source, KeyedCount("key"), TransactionalFileSink(str(out)))
+            job_id = await submit_graph(c.stub, graph, pb.CheckpointConfig(interval_ms=100))
+            agent = Agent(c.address, job_id)
+            await agent.start()
+            run = asyncio.ensure_future(agent.run())
+            try:
+                seen = await wait_checkpoints_completed(c.stub, job_id, 1)
+                count = next(
+                    h.attempt for h in agent.hosted.values() if h.attempt.vertex_id == "count"
+                )
+                request = wpb.TriggerTaskCheckpointRequest(
+                    job_id=job_id,
+                    coordinator_epoch=agent.epoch,
+                    tasks=[count],
+                    checkpoint_id=10_000,
+                    timestamp_ms=1,
+                    options=pb.CheckpointOptions(target_location=str(tmp_path / "forged")),
+                )
+                async with aio_channel(agent.address, PLAINTEXT) as channel:
+                    trigger = channel.unary_unary(
+                        "/snapflow.v1.WorkerControlService/TriggerCheckpoint",
+                        request_serializer=wpb.TriggerTaskCheckpointRequest.SerializeToString,
+                        response_deserializer=wpb.WorkerAck.FromString,
+                    )
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await trigger(request, timeout=5)
+                assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "source tasks only; not sources: count#" in (refused.value.details() or "")
+                await wait_checkpoints_completed(c.stub, job_id, seen + 2)
+                async with asyncio.timeout(60):
+                    await run
+            finally:
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+                await agent.stop()
+
+    asyncio.run(main())
+    check_exactly_once(read_committed(out), expected_counts(source, 2))
+
+
 # --- heartbeats and re-registration (processes) ----------------------------------------------
 
 
