@@ -20,9 +20,9 @@ from kit.coordinator import Running, running_coordinator, submit, two_vertex_gra
 from kit.coordinator_env import ack_request, fresh_namespace, write_file
 
 from snapflow import wire
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.checkpoint_io import SweepOrphans
 from snapflow.coordinator.model import (
-    CheckpointConfig,
     CheckpointKind,
     CompletedCheckpoint,
     JobGraph,
