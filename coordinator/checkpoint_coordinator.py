@@ -40,11 +40,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
     BarrierOptions,
-    CheckpointConfig,
     CheckpointKind,
     CheckpointMode,
     CompletedCheckpoint,
@@ -235,26 +235,11 @@ Action = (
 )
 
 
-def _validate_config(config: CheckpointConfig, max_queued_requests: int) -> None:
-    """Edge values are refused loudly here rather than misread later (``convert`` maps the
-    API's zeros to the defaults before a config gets this far)."""
-    problems = [
-        f"{name} {value} must be at least {low}"
-        for name, value, low in (
-            ("interval_ms", config.interval_ms, 0),
-            ("timeout_ms", config.timeout_ms, 1),
-            ("min_pause_ms", config.min_pause_ms, 0),
-            ("max_concurrent", config.max_concurrent, 1),
-            ("aligned_checkpoint_timeout_ms", config.aligned_checkpoint_timeout_ms, 0),
-            ("retained", config.retained, 1),
-            ("max_queued_requests", max_queued_requests, 1),
-        )
-        if value < low
-    ]
-    if config.tolerable_failures is not None and config.tolerable_failures < 0:
-        problems.append(f"tolerable_failures {config.tolerable_failures} must be at least 0")
-    if problems:
-        raise ValueError("invalid checkpoint config: " + "; ".join(problems))
+def _check_queue_bound(max_queued_requests: int) -> None:
+    """Refused loudly here rather than misread later. (The config validated itself on
+    construction: ``snapflow.checkpoint_config``.)"""
+    if max_queued_requests < 1:
+        raise ValueError(f"max_queued_requests {max_queued_requests} must be at least 1")
 
 
 # --- state -------------------------------------------------------------------------------
@@ -349,7 +334,7 @@ class CheckpointCoordinator:
         rng: random.Random,
         max_queued_requests: int = 16,
     ) -> None:
-        _validate_config(config, max_queued_requests)
+        _check_queue_bound(max_queued_requests)
         self.job_id = job_id
         self.graph = graph
         self.config = config

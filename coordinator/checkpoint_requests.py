@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable
 
 from snapflow.coordinator.checkpoint_coordinator import TriggerRequest
-from snapflow.coordinator.checkpoint_storage import s3_location
 from snapflow.coordinator.model import (
     CheckpointKind,
     CompletedCheckpoint,
@@ -30,6 +29,7 @@ from snapflow.errors import (
     SnapflowError,
 )
 from snapflow.filestore import is_object_store_uri
+from snapflow.storage_location import s3_location
 
 
 class CheckpointRequests:

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from snapflow.coordinator.checkpoint_storage import check_storage_location
 from snapflow.errors import ConfigError
 from snapflow.filestore import S3Settings
 from snapflow.redis_client import parse_redis_url
 from snapflow.security import SECURITY_FIELDS, SecuritySettings
+from snapflow.storage_location import check_storage_location
 
 ENV_PREFIX = "SNAPFLOW_"
 CONFIG_FILE_ENV = "SNAPFLOW_CONFIG"

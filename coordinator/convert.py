@@ -1,4 +1,7 @@
-"""Protobuf <-> domain model, with validation of everything a client sends.
+"""Protobuf <-> the coordinator's domain model, with validation of everything a client sends.
+
+A job's checkpoint config is the foundation's type and validates itself; its mapping is
+``snapflow.wire.checkpoint_config_from_pb`` / ``checkpoint_config_to_pb``.
 
 Validation errors are ``InvalidArgumentError`` with a message that says which field is wrong and
 what would be accepted, so a caller can fix the request.
@@ -6,21 +9,15 @@ what would be accepted, so a caller can fix the request.
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import Iterable
 
 from snapflow import limits, wire
-from snapflow.coordinator.checkpoint_storage import local_path_from_uri, s3_location
 from snapflow.coordinator.model import (
     DEFAULT_MAX_PARALLELISM,
     JOB_ID_PATTERN,
-    ROCKSDB_COMPACTION_STYLES,
-    STATE_BACKENDS,
     AckResult,
-    CheckpointConfig,
-    CheckpointMode,
     CompletedCheckpoint,
     DeclineReason,
     ExecutionAttempt,
@@ -29,12 +26,10 @@ from snapflow.coordinator.model import (
     JobVertex,
     OperatorSpec,
     OperatorSubtaskState,
-    StateBackendOptions,
     SubtaskMetrics,
 )
 from snapflow.coordinator.savepoint_operations import SavepointOperation
-from snapflow.errors import ConfigError, InvalidArgumentError
-from snapflow.filestore import is_object_store_uri
+from snapflow.errors import InvalidArgumentError
 from snapflow.jobgraph import PartitionerKind
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -43,7 +38,6 @@ from snapflow.v1 import coordinator_pb2 as cpb
 MAX_PARALLELISM_LIMIT = limits.MAX_PARALLELISM
 MAX_VERTICES = limits.MAX_VERTICES
 MAX_ID_LENGTH = limits.MAX_ID_CHARS
-MIN_INTERVAL_MS = limits.MIN_DURATION_MS
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
 # The coordinator's own enums; the shared vocabulary (job and task states, checkpoint kinds,
@@ -111,7 +105,7 @@ def checkpoint_id_from_pb(value: int) -> int:
     return value
 
 
-# --- job graph and config ------------------------------------------------------------------
+# --- job graph ------------------------------------------------------------------------
 
 
 def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
@@ -247,157 +241,6 @@ def graph_to_pb(g: JobGraph, include_payloads: bool = True) -> pb.JobGraph:
             )
             for e in g.edges
         ],
-    )
-
-
-def config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
-    defaults = CheckpointConfig()
-    for name in ("interval_ms", "timeout_ms", "min_pause_ms", "aligned_checkpoint_timeout_ms"):
-        if getattr(msg, name) < 0:
-            raise InvalidArgumentError(
-                f"checkpoint_config.{name} must be >= 0, got {getattr(msg, name)}"
-            )
-        limits.check_duration_ms(getattr(msg, name), f"checkpoint_config.{name}")
-    for name in ("max_concurrent", "tolerable_failures", "retained"):
-        if getattr(msg, name) < 0:
-            raise InvalidArgumentError(
-                f"checkpoint_config.{name} must be >= 0, got {getattr(msg, name)}"
-            )
-    for name, most in (
-        ("max_concurrent", limits.MAX_CONCURRENT_CHECKPOINTS),
-        ("retained", limits.MAX_RETAINED_CHECKPOINTS),
-    ):
-        if getattr(msg, name) > most:
-            raise InvalidArgumentError(
-                f"checkpoint_config.{name} {getattr(msg, name)} is above the maximum of {most}"
-            )
-    limits.check_location(msg.storage_uri, "checkpoint_config.storage_uri")
-    if 0 < msg.interval_ms < MIN_INTERVAL_MS:
-        raise InvalidArgumentError(
-            f"checkpoint_config.interval_ms {msg.interval_ms} is below the minimum of {MIN_INTERVAL_MS} ms"
-        )
-    if 0 < msg.timeout_ms < MIN_INTERVAL_MS:
-        raise InvalidArgumentError(
-            f"checkpoint_config.timeout_ms {msg.timeout_ms} is below the minimum of {MIN_INTERVAL_MS} ms"
-        )
-    mode = wire.CHECKPOINT_MODE.from_pb(msg.mode, field="checkpoint_config.mode")
-    state_backend = msg.state_backend.strip().lower() or defaults.state_backend
-    if state_backend not in STATE_BACKENDS:
-        raise InvalidArgumentError(
-            f"checkpoint_config.state_backend {limits.echo(msg.state_backend)} is not one of "
-            f"{', '.join(STATE_BACKENDS)}"
-        )
-    if msg.aligned_checkpoint_timeout_ms and mode is not CheckpointMode.ALIGNED:
-        raise InvalidArgumentError(
-            "checkpoint_config.aligned_checkpoint_timeout_ms applies only to ALIGNED mode"
-        )
-    max_concurrent = msg.max_concurrent or defaults.max_concurrent
-    unaligned_enabled = mode is CheckpointMode.UNALIGNED or msg.aligned_checkpoint_timeout_ms > 0
-    if unaligned_enabled and max_concurrent > 1:
-        # Flink's CheckpointCoordinatorConfiguration refuses the same: a newer unaligned
-        # barrier would have to overtake the older checkpoint's in-flight data.
-        raise InvalidArgumentError(
-            f"checkpoint_config.max_concurrent {max_concurrent} needs aligned checkpoints: "
-            f"with UNALIGNED mode or an aligned_checkpoint_timeout_ms at most 1 checkpoint "
-            f"may be in flight"
-        )
-    if msg.storage_uri and is_object_store_uri(msg.storage_uri):
-        s3_location(msg.storage_uri, what="checkpoint_config.storage_uri")
-    elif msg.storage_uri:
-        try:
-            local = local_path_from_uri(msg.storage_uri, what="checkpoint_config.storage_uri")
-        except ConfigError as e:
-            raise InvalidArgumentError(str(e)) from None
-        if "\x00" in local:
-            raise InvalidArgumentError("checkpoint_config.storage_uri contains a NUL byte")
-        if not os.path.isabs(local):
-            raise InvalidArgumentError(
-                f"checkpoint_config.storage_uri {limits.echo(msg.storage_uri)} must be an absolute path or "
-                f"file:///absolute/path (every worker must see the same location)"
-            )
-    return CheckpointConfig(
-        interval_ms=msg.interval_ms,
-        timeout_ms=msg.timeout_ms or defaults.timeout_ms,
-        min_pause_ms=msg.min_pause_ms,
-        max_concurrent=max_concurrent,
-        mode=mode,
-        aligned_checkpoint_timeout_ms=msg.aligned_checkpoint_timeout_ms,
-        tolerable_failures=None if msg.tolerable_failures_unlimited else msg.tolerable_failures,
-        retained=msg.retained or defaults.retained,
-        storage_uri=msg.storage_uri,
-        state_backend=state_backend,
-        state_backend_options=state_backend_options_from_pb(msg.state_backend_options),
-    )
-
-
-_OPTION_BOUNDS = {
-    "memory_budget_bytes": (
-        limits.MIN_STATE_MEMORY_BUDGET_BYTES,
-        limits.MAX_STATE_MEMORY_BUDGET_BYTES,
-    ),
-    "cache_entries": (0, limits.MAX_STATE_CACHE_ENTRIES),
-    "compaction_trigger": (2, limits.MAX_COMPACTION_TRIGGER),
-    "max_size_amplification_percent": (1, limits.MAX_SIZE_AMPLIFICATION_PERCENT),
-    "upload_threads": (1, limits.MAX_UPLOAD_THREADS),
-}
-
-
-def state_backend_options_from_pb(msg: pb.StateBackendOptions) -> StateBackendOptions:
-    """The rocksdb sizing of a job's config, each set field within ``snapflow.limits``."""
-    values: dict[str, int | str | None] = {}
-    for name, (low, high) in _OPTION_BOUNDS.items():
-        if not msg.HasField(name):
-            values[name] = None
-            continue
-        value = getattr(msg, name)
-        if not low <= value <= high:
-            raise InvalidArgumentError(
-                f"checkpoint_config.state_backend_options.{name} {value} is outside [{low}, {high}]"
-            )
-        values[name] = value
-    style: str | None = None
-    if msg.HasField("compaction_style"):
-        style = msg.compaction_style.strip().lower()
-        if style not in ROCKSDB_COMPACTION_STYLES:
-            raise InvalidArgumentError(
-                f"checkpoint_config.state_backend_options.compaction_style "
-                f"{limits.echo(msg.compaction_style)} is not one of "
-                f"{', '.join(ROCKSDB_COMPACTION_STYLES)}"
-            )
-    local_recovery = msg.local_recovery if msg.HasField("local_recovery") else None
-    return StateBackendOptions(
-        compaction_style=style,
-        local_recovery=local_recovery,
-        **values,  # type: ignore[arg-type]
-    )
-
-
-def state_backend_options_to_pb(o: StateBackendOptions) -> pb.StateBackendOptions:
-    return pb.StateBackendOptions(
-        memory_budget_bytes=o.memory_budget_bytes,
-        cache_entries=o.cache_entries,
-        compaction_style=o.compaction_style,
-        compaction_trigger=o.compaction_trigger,
-        max_size_amplification_percent=o.max_size_amplification_percent,
-        upload_threads=o.upload_threads,
-        local_recovery=o.local_recovery,
-    )
-
-
-def config_to_pb(c: CheckpointConfig) -> pb.CheckpointConfig:
-    return pb.CheckpointConfig(
-        interval_ms=c.interval_ms,
-        timeout_ms=c.timeout_ms,
-        min_pause_ms=c.min_pause_ms,
-        max_concurrent=c.max_concurrent,
-        mode=wire.CHECKPOINT_MODE.to_pb(c.mode),
-        aligned_checkpoint_timeout_ms=c.aligned_checkpoint_timeout_ms,
-        tolerable_failures=c.tolerable_failures or 0,
-        tolerable_failures_unlimited=c.tolerable_failures is None,
-        retained=c.retained,
-        storage_uri=c.storage_uri,
-        state_backend=c.state_backend,
-        state_backend_options=state_backend_options_to_pb(c.state_backend_options),
     )
 
 

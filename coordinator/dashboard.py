@@ -34,12 +34,12 @@ from snapflow.coordinator.grpc_errors import status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.errors import ConfigError, SnapflowError
-from snapflow.security import PLAINTEXT, Authenticator, Role, SecuritySettings
+from snapflow.security import PLAINTEXT, Authenticator, CallerRole, SecuritySettings
 
 log = structlog.get_logger("snapflow.coordinator")
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard_static"
-HTTP_ROLES = frozenset({Role.READ, Role.OPERATOR})
+HTTP_ROLES = frozenset({CallerRole.READ, CallerRole.OPERATOR})
 """Roles that may read ``/metrics`` and the dashboard's API: everything there is read-only."""
 
 MAX_ERROR_CHARS = 500

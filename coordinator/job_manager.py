@@ -17,15 +17,15 @@ from typing import Any
 
 import structlog
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator import checkpoint_io, convert
 from snapflow.coordinator.agent_gateway import AgentClients
-from snapflow.coordinator.checkpoint_storage import CheckpointStorage, s3_location
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.config import CoordinatorSettings
 from snapflow.coordinator.job_runner import JobRunner
 from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.coordinator.model import (
     AbortReason,
-    CheckpointConfig,
     CompletedCheckpoint,
     JobGraph,
     JobRecord,
@@ -43,6 +43,7 @@ from snapflow.errors import (
     UnavailableError,
 )
 from snapflow.filestore import is_object_store_uri
+from snapflow.storage_location import s3_location
 from snapflow.v1 import coordinator_pb2 as cpb
 
 __all__ = ["JobManager", "JobRunner", "wall_clock_ms"]

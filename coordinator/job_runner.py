@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar, assert_never
 
 import structlog
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway, ByAddress, TriggerFailed
 from snapflow.coordinator.checkpoint_coordinator import (
     Action,
@@ -69,7 +70,6 @@ from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
-    CheckpointConfig,
     CheckpointKind,
     CompletedCheckpoint,
     ExecutionAttempt,

@@ -58,7 +58,7 @@ class JobViews:
             name=record.graph.name,
             state=wire.JOB_STATE.to_pb(self.execution.state),
             graph=convert.graph_to_pb(record.graph, include_payloads),
-            checkpoint_config=convert.config_to_pb(record.checkpoint_config),
+            checkpoint_config=wire.checkpoint_config_to_pb(record.checkpoint_config),
             created_at_ms=record.created_at_ms,
             restarts=self.execution.restarts,
             latest_completed_checkpoint_id=latest.checkpoint_id if latest else 0,

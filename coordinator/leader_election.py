@@ -31,10 +31,10 @@ from snapflow.coordinator.leadership import (
     Action,
     Lead,
     LeaderElection,
+    LeadershipRole,
     LeaseTiming,
     Release,
     Renew,
-    Role,
     StepDown,
     TryAcquire,
 )
@@ -181,7 +181,7 @@ class LeaderElector:
                 if self._leading is not None and not self._leading.done():
                     self._leading.cancel()
                 self._leading = None
-                stopping = self.election.role is Role.STOPPED
+                stopping = self.election.role is LeadershipRole.STOPPED
                 (log.info if stopping else log.error)(
                     "coordinator.stepped_down", epoch=action.epoch, reason=action.reason
                 )

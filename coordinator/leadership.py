@@ -52,16 +52,19 @@ __all__ = [
     "Action",
     "Lead",
     "LeaderElection",
+    "LeadershipRole",
     "LeaseTiming",
     "Release",
     "Renew",
-    "Role",
     "StepDown",
     "TryAcquire",
 ]
 
 
-class Role(enum.Enum):
+class LeadershipRole(enum.Enum):
+    """Where this coordinator stands in the leader election (not a caller's access role:
+    that is ``snapflow.security.CallerRole``)."""
+
     STANDBY = "standby"
     LEADER = "leader"
     STOPPED = "stopped"
@@ -141,7 +144,7 @@ class LeaderElection:
     def __init__(self, timing: LeaseTiming, address: str, now: float) -> None:
         self.timing = timing
         self.address = address
-        self._role = Role.STANDBY
+        self._role = LeadershipRole.STANDBY
         self._epoch = 0
         self._in_flight: Literal["acquire", "renew"] | None = None
         self._sent_at = now
@@ -155,12 +158,12 @@ class LeaderElection:
     # --- queries -----------------------------------------------------------------------------
 
     @property
-    def role(self) -> Role:
+    def role(self) -> LeadershipRole:
         return self._role
 
     @property
     def is_leader(self) -> bool:
-        return self._role is Role.LEADER
+        return self._role is LeadershipRole.LEADER
 
     @property
     def epoch(self) -> int:
@@ -187,7 +190,7 @@ class LeaderElection:
 
     def next_wakeup(self) -> float | None:
         """When the shell must call ``tick`` next (None: only when a request returns)."""
-        if self._role is Role.STOPPED:
+        if self._role is LeadershipRole.STOPPED:
             return None
         times = []
         if self._in_flight is None:
@@ -197,7 +200,7 @@ class LeaderElection:
         return min(times) if times else None
 
     def check_invariants(self) -> None:
-        if self._role is Role.LEADER:
+        if self._role is LeadershipRole.LEADER:
             assert self._epoch >= 1, "a leader has an epoch"
             assert self._step_down_at is not None, "a leader has a step-down deadline"
             assert self._step_down_at == self._lease_from + self.timing.step_down_after_s, (
@@ -208,7 +211,7 @@ class LeaderElection:
             assert self._in_flight != "acquire", "a leader never acquires"
         else:
             assert self._step_down_at is None, "only a leader has a step-down deadline"
-        if self._role is Role.STOPPED:
+        if self._role is LeadershipRole.STOPPED:
             assert self._in_flight is None or self._in_flight in ("acquire", "renew")
         assert self._in_flight in (None, "acquire", "renew")
         if self._in_flight == "renew":
@@ -220,7 +223,7 @@ class LeaderElection:
     def tick(self, now: float) -> list[Action]:
         """Time passed: step down past the deadline; send the next request when due."""
         actions: list[Action] = []
-        if self._role is Role.STOPPED:
+        if self._role is LeadershipRole.STOPPED:
             return actions
         if self._step_down_at is not None and now >= self._step_down_at:
             actions.extend(
@@ -236,7 +239,7 @@ class LeaderElection:
         if self._in_flight is None and now >= self._next_attempt_at:
             self._sent_at = now
             self._next_attempt_at = now + self.timing.renew_interval_s
-            if self._role is Role.LEADER:
+            if self._role is LeadershipRole.LEADER:
                 self._in_flight = "renew"
                 actions.append(Renew(self._epoch))
             else:
@@ -247,14 +250,14 @@ class LeaderElection:
     def acquired(self, now: float, epoch: int) -> list[Action]:
         """The acquire script won the lease with a new ``epoch``."""
         self._expect("acquire")
-        if self._role is Role.STOPPED:
+        if self._role is LeadershipRole.STOPPED:
             return [Release(epoch)]
         if now >= self._sent_at + self.timing.step_down_after_s:
             # Too late to be sure nobody else can win meanwhile: try again (a new epoch).
             self._last_error = f"the acquisition of epoch {epoch} answered too late"
             self._next_attempt_at = now
             return [Release(epoch), *self.tick(now)]
-        self._role = Role.LEADER
+        self._role = LeadershipRole.LEADER
         self._epoch = epoch
         self._leader_address = self.address
         self._leader_epoch = epoch
@@ -274,7 +277,7 @@ class LeaderElection:
     def renewed(self, now: float) -> list[Action]:
         """The renew script extended this term's lease."""
         self._expect("renew")
-        if self._role is Role.LEADER:
+        if self._role is LeadershipRole.LEADER:
             self._lease_from = self._sent_at
             self._step_down_at = self._sent_at + self.timing.step_down_after_s
             self._last_error = ""
@@ -285,7 +288,7 @@ class LeaderElection:
         ``epoch``: the lease holder and the current epoch as Redis has them)."""
         self._expect("renew")
         actions: list[Action] = []
-        if self._role is Role.LEADER:
+        if self._role is LeadershipRole.LEADER:
             holder = f"held by {address}" if address else "not held"
             actions.extend(
                 self._step_down(
@@ -310,7 +313,7 @@ class LeaderElection:
 
     def superseded(self, now: float, reason: str) -> list[Action]:
         """A fenced write found a newer epoch in Redis: another coordinator leads."""
-        if self._role is not Role.LEADER:
+        if self._role is not LeadershipRole.LEADER:
             return []
         actions = self._step_down(
             now, reason, retry_at=now + self.timing.renew_interval_s, forget_leader=True
@@ -319,7 +322,7 @@ class LeaderElection:
 
     def resign(self, now: float, reason: str) -> list[Action]:
         """The shell could not lead (the recovery of the jobs failed): give the lease up."""
-        if self._role is not Role.LEADER:
+        if self._role is not LeadershipRole.LEADER:
             return []
         epoch = self._epoch
         actions = self._step_down(
@@ -329,14 +332,14 @@ class LeaderElection:
 
     def stop(self, now: float) -> list[Action]:
         """The coordinator stops: step down and release the lease."""
-        if self._role is Role.STOPPED:
+        if self._role is LeadershipRole.STOPPED:
             return []
         actions: list[Action] = []
-        if self._role is Role.LEADER:
+        if self._role is LeadershipRole.LEADER:
             epoch = self._epoch
             actions = [*self._step_down(now, "the coordinator is stopping", retry_at=now)]
             actions.append(Release(epoch))
-        self._role = Role.STOPPED
+        self._role = LeadershipRole.STOPPED
         return actions
 
     # --- internals ---------------------------------------------------------------------------
@@ -349,7 +352,7 @@ class LeaderElection:
     def _step_down(
         self, now: float, reason: str, retry_at: float, forget_leader: bool = False
     ) -> list[Action]:
-        self._role = Role.STANDBY
+        self._role = LeadershipRole.STANDBY
         self._step_down_at = None
         self._next_attempt_at = max(retry_at, now)
         if forget_leader or self._leader_address == self.address:

@@ -14,7 +14,9 @@ from typing import Any
 
 # The vocabulary shared with the workers and the API clients lives in the foundation
 # (snapflow.checkpointing, snapflow.jobgraph); the coordinator's modules take it from here like
-# the rest.
+# the rest. A job's CheckpointConfig is the foundation's too (snapflow.checkpoint_config),
+# imported from there.
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.checkpointing import BarrierOptions as BarrierOptions
 from snapflow.checkpointing import CheckpointKind as CheckpointKind
 from snapflow.checkpointing import CheckpointMode as CheckpointMode
@@ -23,6 +25,7 @@ from snapflow.checkpointing import DeclineReason as DeclineReason
 from snapflow.checkpointing import StateHandle as StateHandle
 from snapflow.jobgraph import JobState as JobState
 from snapflow.jobgraph import PartitionerKind
+from snapflow.state_backend_options import StateBackendOptions
 
 JOB_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 DEFAULT_MAX_PARALLELISM = 128
@@ -156,55 +159,6 @@ class JobGraph:
             if v.is_source
             for i in range(v.parallelism)
         ]
-
-
-@dataclass(frozen=True)
-class StateBackendOptions:
-    """The rocksdb backend's sizing as a job's config carries it (validated against
-    ``snapflow.limits``); ``None`` keeps the worker's default. The worker's
-    ``StateBackendConfig`` documents each field."""
-
-    memory_budget_bytes: int | None = None
-    cache_entries: int | None = None
-    compaction_style: str | None = None
-    compaction_trigger: int | None = None
-    max_size_amplification_percent: int | None = None
-    upload_threads: int | None = None
-    local_recovery: bool | None = None
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """Checkpoint settings of one job. Defaults follow Flink's."""
-
-    interval_ms: int = 0
-    """Period of automatic checkpoints; 0 disables them (manual triggers still work)."""
-    timeout_ms: int = 600_000
-    """A pending checkpoint older than this expires."""
-    min_pause_ms: int = 0
-    """Minimum time from the completion of one checkpoint to the trigger of the next."""
-    max_concurrent: int = 1
-    """Most checkpoints pending at once (savepoints included)."""
-    mode: CheckpointMode = CheckpointMode.ALIGNED
-    """Barrier handling on the task side."""
-    aligned_checkpoint_timeout_ms: int = 0
-    """ALIGNED only: switch a checkpoint to unaligned when alignment takes longer; 0 = never."""
-    tolerable_failures: int | None = 0
-    """Consecutive failed checkpoints tolerated before the job fails; None = unlimited."""
-    retained: int = 1
-    """Completed checkpoints kept; older ones are deleted from storage."""
-    storage_uri: str = ""
-    """Checkpoint storage root for this job; empty = the coordinator's default."""
-    state_backend: str = "heap"
-    """Keyed state backend of the tasks: one of ``STATE_BACKENDS`` (the worker's
-    ``snapflow.worker.state.factory.BACKENDS``; a test keeps the two equal)."""
-    state_backend_options: StateBackendOptions = StateBackendOptions()
-    """Sizing of the rocksdb backend's instances; unset fields keep the worker's defaults."""
-
-
-STATE_BACKENDS = ("heap", "rocksdb")
-ROCKSDB_COMPACTION_STYLES = ("level", "universal")
-"""The worker's ``rocksdb_backend.COMPACTION_STYLES`` (a test keeps the two equal)."""
 
 
 @dataclass(frozen=True)

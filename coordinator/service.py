@@ -67,7 +67,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     ) -> cpb.SubmitJobResponse:
         job_id = convert.parse_job_id(request.job_id, allow_empty=True)
         graph = convert.graph_from_pb(request.graph)
-        config = convert.config_from_pb(request.checkpoint_config)
+        config = wire.checkpoint_config_from_pb(request.checkpoint_config)
         roots = self.manager.settings.allowed_roots()
         check_confined(config.storage_uri, roots, "checkpoint_config.storage_uri", allow_root=True)
         if request.restore.WhichOneof("source") == "savepoint_path":
@@ -136,7 +136,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
             restore=convert.task_restore_to_pb(
                 restore.checkpoint if restore else None, request.vertex_id
             ),
-            checkpoint_config=convert.config_to_pb(runner.record.checkpoint_config),
+            checkpoint_config=wire.checkpoint_config_to_pb(runner.record.checkpoint_config),
             checkpoint_storage_uri=runner.storage.job_dir(runner.job_id),
             heartbeat_interval_ms=round(self.manager.settings.heartbeat_interval_s * 1000),
             heartbeat_timeout_ms=round(self.manager.settings.heartbeat_timeout_s * 1000),

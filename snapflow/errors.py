@@ -90,6 +90,20 @@ class StorageError(SnapflowError):
     status = grpc.StatusCode.UNAVAILABLE
 
 
+class InvalidFieldError(InvalidArgumentError):
+    """One field of a config or request is invalid. The message starts with the field's name
+    (``field``), so whoever read the field from a larger message can say where it sat
+    (:meth:`within`: ``checkpoint_config.retained must be >= 1, got 0``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def within(self, parent: str) -> InvalidFieldError:
+        """The same error, its field and message prefixed with ``parent.``."""
+        return InvalidFieldError(f"{parent}.{self.field}", f"{parent}.{self}")
+
+
 class InvalidStatePathError(InvalidArgumentError):
     """A state handle points outside the job's checkpoint storage; it is never touched."""
 

@@ -48,8 +48,8 @@ MAX_FAILURE_CHARS = 16 * 1024
 """A task failure or decline message is kept (stored, shown, logged) cut to this length: a
 failure is always accepted, a huge traceback is not kept whole."""
 
-MIN_DURATION_MS = 10
-"""Flink's minimum checkpoint interval and timeout."""
+MIN_INTERVAL_MS = 10
+"""Flink's minimum checkpoint interval and timeout (``snapflow.checkpoint_config``)."""
 MAX_DURATION_MS = 2**31 - 1
 """Checkpoint interval, timeout, minimum pause and aligned timeout (about 24.8 days: the int32
 range of Kubernetes' duration fields and of JavaScript timers; a longer interval is periodic
@@ -58,8 +58,9 @@ MAX_CONCURRENT_CHECKPOINTS = 1000
 MAX_RETAINED_CHECKPOINTS = 1000
 """Each retained checkpoint is a Redis record and a directory kept on storage."""
 
-# The rocksdb state backend's sizing in a job's checkpoint config (StateBackendOptions): wide
-# enough for any real machine, narrow enough that a typo cannot ask for an absurd instance.
+# The rocksdb state backend's sizing in a job's checkpoint config
+# (snapflow.state_backend_options): wide enough for any real machine, narrow enough that a typo
+# cannot ask for an absurd instance.
 MIN_STATE_MEMORY_BUDGET_BYTES = 1 << 20
 MAX_STATE_MEMORY_BUDGET_BYTES = 1 << 40
 """One instance's memtables and block cache: 1 MiB to 1 TiB."""

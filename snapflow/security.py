@@ -46,8 +46,10 @@ MAX_SECRET_FILE_BYTES = 1024 * 1024
 TOKEN_RELOAD_INTERVAL_S = 1.0
 
 
-class Role(enum.StrEnum):
-    """What a caller may do. A caller has a set of roles; no role implies another."""
+class CallerRole(enum.StrEnum):
+    """What a caller may do (not a coordinator's place in the leader election: that is
+    ``coordinator.leadership.LeadershipRole``). A caller has a set of roles; no role implies
+    another."""
 
     READ = "read"
     """Read-only: list and get jobs and tasks, statistics, watch."""
@@ -59,9 +61,9 @@ class Role(enum.StrEnum):
     decline, the agents' control service and the data exchange."""
 
 
-_R, _O, _S = Role.READ, Role.OPERATOR, Role.SERVICE
+_R, _O, _S = CallerRole.READ, CallerRole.OPERATOR, CallerRole.SERVICE
 
-RPC_ROLES: Mapping[str, frozenset[Role]] = {
+RPC_ROLES: Mapping[str, frozenset[CallerRole]] = {
     # --- CoordinatorService ---
     "/snapflow.v1.CoordinatorService/SubmitJob": frozenset({_O}),
     # Agents read the graph (with payloads) and the peers' addresses at deployment.
@@ -100,9 +102,9 @@ OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 reflection (service and message names only)."""
 
 
-def parse_identities(text: str) -> dict[str, frozenset[Role]]:
+def parse_identities(text: str) -> dict[str, frozenset[CallerRole]]:
     """``"agent=service,ops=operator+read"`` -> {name: roles}."""
-    out: dict[str, frozenset[Role]] = {}
+    out: dict[str, frozenset[CallerRole]] = {}
     for item in text.split(","):
         item = item.strip()
         if not item:
@@ -116,15 +118,15 @@ def parse_identities(text: str) -> dict[str, frozenset[Role]]:
     return out
 
 
-def _roles(text: str, what: str) -> frozenset[Role]:
+def _roles(text: str, what: str) -> frozenset[CallerRole]:
     roles = set()
     for word in text.split(","):
         word = word.strip().lower()
         try:
-            roles.add(Role(word))
+            roles.add(CallerRole(word))
         except ValueError:
             raise ConfigError(
-                f"{what}: {word[:40]!r} is not a role; roles: {', '.join(r.value for r in Role)}"
+                f"{what}: {word[:40]!r} is not a role; roles: {', '.join(r.value for r in CallerRole)}"
             ) from None
     return frozenset(roles)
 
@@ -393,7 +395,9 @@ def sync_channel(
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_tokens(text: str, what: str = "auth_tokens_file") -> list[tuple[bytes, frozenset[Role]]]:
+def parse_tokens(
+    text: str, what: str = "auth_tokens_file"
+) -> list[tuple[bytes, frozenset[CallerRole]]]:
     """Lines ``ROLE[,ROLE] TOKEN`` -> [(token, roles)]; errors name the line, never a token."""
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -414,7 +418,7 @@ def parse_tokens(text: str, what: str = "auth_tokens_file") -> list[tuple[bytes,
 class Principal:
     """Who a call comes from (for logs: the kind and the certificate name, never a token)."""
 
-    roles: frozenset[Role]
+    roles: frozenset[CallerRole]
     via: str
 
 
@@ -425,7 +429,7 @@ class Authenticator:
     def __init__(self, settings: SecuritySettings) -> None:
         self.settings = settings
         self.identities = parse_identities(settings.auth_identities)
-        self._tokens: list[tuple[bytes, frozenset[Role]]] = []
+        self._tokens: list[tuple[bytes, frozenset[CallerRole]]] = []
         self._stamp: float | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
@@ -446,7 +450,7 @@ class Authenticator:
         self._tokens = parse_tokens(text)
         self._stamp = stamp
 
-    def _tokens_now(self) -> list[tuple[bytes, frozenset[Role]]]:
+    def _tokens_now(self) -> list[tuple[bytes, frozenset[CallerRole]]]:
         now = time.monotonic()
         if now - self._checked >= TOKEN_RELOAD_INTERVAL_S:
             with self._lock:
@@ -457,18 +461,18 @@ class Authenticator:
                     log.warning("auth.tokens_reload_failed", error=str(e)[:300])
         return self._tokens
 
-    def token_roles(self, token: str) -> frozenset[Role] | None:
+    def token_roles(self, token: str) -> frozenset[CallerRole] | None:
         """The roles of ``token``, or None if it is unknown; every entry is compared in
         constant time, so timing tells nothing about how close a guess was."""
         candidate = token.encode()
-        found: frozenset[Role] | None = None
+        found: frozenset[CallerRole] | None = None
         for known, roles in self._tokens_now():
             if hmac.compare_digest(candidate, known):
                 found = roles
         return found
 
-    def identity_roles(self, names: Iterable[str]) -> tuple[frozenset[Role], str]:
-        roles: set[Role] = set()
+    def identity_roles(self, names: Iterable[str]) -> tuple[frozenset[CallerRole], str]:
+        roles: set[CallerRole] = set()
         matched = ""
         for name in names:
             if name in self.identities:
@@ -519,7 +523,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     PERMISSION_DENIED when the caller's roles are not in :data:`RPC_ROLES` for the method."""
 
     def __init__(
-        self, authenticator: Authenticator, table: Mapping[str, frozenset[Role]] = RPC_ROLES
+        self, authenticator: Authenticator, table: Mapping[str, frozenset[CallerRole]] = RPC_ROLES
     ) -> None:
         self.authenticator = authenticator
         self.table = table
@@ -537,7 +541,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return _guarded(handler, lambda context: self._check(context, method, allowed))
 
     async def _check(
-        self, context: grpc.aio.ServicerContext, method: str, allowed: frozenset[Role]
+        self, context: grpc.aio.ServicerContext, method: str, allowed: frozenset[CallerRole]
     ) -> None:
         principal = self.authenticator.authenticate(
             context.invocation_metadata() or (), context.auth_context()

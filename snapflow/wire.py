@@ -1,7 +1,9 @@
-"""The one place where the checkpoint vocabulary meets proto enum numbers.
+"""The one place where the checkpoint vocabulary meets proto enum numbers and messages.
 
 Every enum of ``snapflow.checkpointing`` and ``snapflow.jobgraph`` has one ``EnumMapping``
-here, and ``BarrierOptions`` and ``StateHandle`` have their message conversions; the
+here, and ``BarrierOptions``, ``StateHandle``, a job's ``CheckpointConfig``
+(``snapflow.checkpoint_config``) and its ``StateBackendOptions``
+(``snapflow.state_backend_options``) have their message conversions; the
 coordinator, the workers and the API clients (the Spark bridge, the CLI) convert through them
 and compare nothing else against ``snapflow.v1`` enum numbers for these concepts
 (``tests/project/test_vocabulary.py`` checks that no other module names a proto enum
@@ -19,7 +21,9 @@ Numbers that are not in a mapping:
   unspecified kind as ``CHECKPOINT`` and an unknown mode as ``ALIGNED``.
 
 A state handle's ``kind`` is a string, not an enum: it passes through as it is, an empty one
-read as ``keyed``. Validating what a client sends is ``coordinator/convert.py``'s job.
+read as ``keyed``. Validating what a client sends is ``coordinator/convert.py``'s job, except
+for a job's checkpoint config, which validates itself: ``checkpoint_config_from_pb`` reads the
+proto's zeros as the defaults and names the field of any refusal (``checkpoint_config.<field>``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any, Generic, TypeVar
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.checkpointing import (
     KEYED,
     BarrierOptions,
@@ -40,8 +45,9 @@ from snapflow.checkpointing import (
     SavepointOperationStatus,
     StateHandle,
 )
-from snapflow.errors import InvalidArgumentError
+from snapflow.errors import InvalidArgumentError, InvalidFieldError
 from snapflow.jobgraph import JobState, PartitionerKind, TaskState
+from snapflow.state_backend_options import StateBackendOptions, parse_state_backend
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -59,6 +65,10 @@ __all__ = [
     "UnknownEnumValueError",
     "barrier_options_from_pb",
     "barrier_options_to_pb",
+    "checkpoint_config_from_pb",
+    "checkpoint_config_to_pb",
+    "state_backend_options_from_pb",
+    "state_backend_options_to_pb",
     "state_handle_from_pb",
     "state_handle_to_pb",
 ]
@@ -267,3 +277,66 @@ def state_handle_from_pb(msg: pb.StateHandle) -> StateHandle:
         key_group_end=msg.key_group_end,
         offset=msg.offset,
     )
+
+
+def state_backend_options_to_pb(options: StateBackendOptions) -> pb.StateBackendOptions:
+    """The message of ``options``: the fields it sets (``None`` stays unset)."""
+    chosen = {name: getattr(options, name) for name in StateBackendOptions.field_names()}
+    return pb.StateBackendOptions(**{k: v for k, v in chosen.items() if v is not None})
+
+
+def state_backend_options_from_pb(msg: pb.StateBackendOptions) -> StateBackendOptions:
+    """The options a message sets (a compaction style in any case); ``InvalidFieldError``
+    naming ``state_backend_options.<field>`` when one is out of range."""
+    values = {
+        name: getattr(msg, name) for name in StateBackendOptions.field_names() if msg.HasField(name)
+    }
+    if "compaction_style" in values:
+        values["compaction_style"] = values["compaction_style"].strip().lower()
+    try:
+        return StateBackendOptions(**values)
+    except InvalidFieldError as e:
+        raise e.within("state_backend_options") from None
+
+
+def checkpoint_config_to_pb(config: CheckpointConfig) -> pb.CheckpointConfig:
+    """The message of ``config`` (``tolerable_failures=None`` is the ``unlimited`` flag)."""
+    return pb.CheckpointConfig(
+        interval_ms=config.interval_ms,
+        timeout_ms=config.timeout_ms,
+        min_pause_ms=config.min_pause_ms,
+        max_concurrent=config.max_concurrent,
+        mode=CHECKPOINT_MODE.to_pb(config.mode),
+        aligned_checkpoint_timeout_ms=config.aligned_checkpoint_timeout_ms,
+        tolerable_failures=config.tolerable_failures or 0,
+        tolerable_failures_unlimited=config.tolerable_failures is None,
+        retained=config.retained,
+        storage_uri=config.storage_uri,
+        state_backend=config.state_backend,
+        state_backend_options=state_backend_options_to_pb(config.state_backend_options),
+    )
+
+
+def checkpoint_config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
+    """The config a client sent. The proto's zeros mean "unset": ``timeout_ms``,
+    ``max_concurrent`` and ``retained`` then take the defaults, an empty ``state_backend`` is
+    heap (a name is read in any case) and UNSPECIFIED mode is ALIGNED. A refusal is an
+    ``InvalidFieldError`` naming ``checkpoint_config.<field>`` and what would be accepted."""
+    defaults = CheckpointConfig()
+    mode = CHECKPOINT_MODE.from_pb(msg.mode, field="checkpoint_config.mode")
+    try:
+        return CheckpointConfig(
+            interval_ms=msg.interval_ms,
+            timeout_ms=msg.timeout_ms or defaults.timeout_ms,
+            min_pause_ms=msg.min_pause_ms,
+            max_concurrent=msg.max_concurrent or defaults.max_concurrent,
+            mode=mode,
+            aligned_checkpoint_timeout_ms=msg.aligned_checkpoint_timeout_ms,
+            tolerable_failures=None if msg.tolerable_failures_unlimited else msg.tolerable_failures,
+            retained=msg.retained or defaults.retained,
+            storage_uri=msg.storage_uri,
+            state_backend=parse_state_backend(msg.state_backend),
+            state_backend_options=state_backend_options_from_pb(msg.state_backend_options),
+        )
+    except InvalidFieldError as e:
+        raise e.within("checkpoint_config") from None

@@ -18,7 +18,7 @@ and :mod:`spark_bridge.restart` (restart strategies, the driver's decisions).
 """
 
 from snapflow.spark_bridge.driver import JobFailedError, JobHandle, JobResult, run, submit
-from snapflow.spark_bridge.pipeline import CheckpointSettings, KeyedStream, Pipeline, Stream
+from snapflow.spark_bridge.pipeline import KeyedStream, Pipeline, Stream
 from snapflow.spark_bridge.restart import (
     ExponentialBackoff,
     FixedDelay,
@@ -29,7 +29,6 @@ from snapflow.spark_bridge.restart import (
 from snapflow.spark_bridge.submission import execute, spark_session
 
 __all__ = [
-    "CheckpointSettings",
     "ExponentialBackoff",
     "FixedDelay",
     "JobFailedError",

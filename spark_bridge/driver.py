@@ -51,6 +51,7 @@ import grpc
 import structlog
 
 from snapflow import wire
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.errors import (
     AlreadyExistsError,
@@ -87,10 +88,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("snapflow.spark")
 
 
-class CheckpointConfigSource(Protocol):
-    def to_pb(self) -> pb.CheckpointConfig: ...
-
-
 class JobDefinition(Protocol):
     """What the driver needs of a job: :class:`snapflow.spark_bridge.pipeline.Pipeline` is one.
 
@@ -102,7 +99,7 @@ class JobDefinition(Protocol):
     restart: RestartStrategy
 
     @property
-    def checkpoint_settings(self) -> CheckpointConfigSource: ...
+    def checkpoint_config(self) -> CheckpointConfig: ...
 
     @property
     def slots(self) -> int: ...
@@ -843,7 +840,7 @@ def submit(
             "SubmitJob",
             cpb.SubmitJobRequest(
                 graph=graph,
-                checkpoint_config=pipeline.checkpoint_settings.to_pb(),
+                checkpoint_config=wire.checkpoint_config_to_pb(pipeline.checkpoint_config),
                 restore=restore,
                 job_id=opts.job_id or "",
             ),

@@ -49,15 +49,17 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark import cloudpickle
 
-from snapflow import wire
+from snapflow import limits, wire
+from snapflow.checkpoint_config import CheckpointConfig, parse_checkpoint_mode
 from snapflow.checkpointing import CheckpointMode
-from snapflow.coordinator.checkpoint_storage import check_storage_location
-from snapflow.errors import ConfigError, InvalidArgumentError
+from snapflow.errors import ConfigError, InvalidArgumentError, InvalidFieldError
 from snapflow.jobgraph import PartitionerKind
 from snapflow.spark_bridge.driver import JobHandle, JobResult, run, submit
 from snapflow.spark_bridge.restart import DEFAULT_RESTART_STRATEGY, RestartStrategy
 from snapflow.spark_bridge.submission import default_parallelism
 from snapflow.spark_bridge.submission import execute as execute_pipeline
+from snapflow.state_backend_options import StateBackendOptions, parse_state_backend
+from snapflow.storage_location import check_storage_location
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.api.functions import (
     KeyedBatchFunction,
@@ -84,18 +86,15 @@ from snapflow.worker.api.operators import (
 )
 from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
 from snapflow.worker.runtime.operator import Operator, SourceOperator
-from snapflow.worker.state.factory import HEAP, StateBackendConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["CheckpointSettings", "KeyedStream", "Pipeline", "Stream"]
+__all__ = ["KeyedStream", "Pipeline", "Stream"]
 
-MAX_PARALLELISM_LIMIT = 32_768  # Flink's bound on key groups (the coordinator's too)
-MIN_INTERVAL_MS = 10  # the coordinator's minimum checkpoint interval and timeout
-
-CHECKPOINT_MODES = tuple(m.value for m in CheckpointMode)
-"""The ``mode`` names: the values of ``snapflow.checkpointing.CheckpointMode``."""
+DEFAULT_INTERVAL_MS = 1000
+"""A pipeline checkpoints every second unless ``checkpointing()`` says otherwise (a job
+submitted through the API without an interval has none)."""
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
@@ -127,86 +126,22 @@ def _slug(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CheckpointSettings:
-    """The job's checkpointing (``snapflow.v1.CheckpointConfig``), validated.
-
-    ``interval_ms``: periodic checkpoints (>= 10), or 0: no periodic checkpoints (a bounded job
-    still ends with a final checkpoint, which commits the sinks; a failure then restarts the
-    job from its beginning or its restore point). ``mode``: ``"aligned"`` (exactly once), ``"unaligned"`` (exactly once, barriers
-    overtake in-flight data) or ``"at_least_once"``. ``aligned_checkpoint_timeout_ms``: aligned
-    only, switch a checkpoint to unaligned after this long (0: never). ``timeout_ms``: expire a
-    checkpoint after this long. ``retained``: completed checkpoints kept. ``storage``: an
-    absolute path or ``file://`` URI every executor sees (empty: the coordinator's root).
-    """
-
-    interval_ms: int = 1000
-    mode: str = "aligned"
-    timeout_ms: int = 600_000
-    aligned_checkpoint_timeout_ms: int = 0
-    min_pause_ms: int = 0
-    max_concurrent: int = 1
-    tolerable_failures: int = 0
-    retained: int = 1
-    storage: str = ""
-    state_backend: str | StateBackendConfig = HEAP
-    """Keyed state backend: ``"heap"``, ``"rocksdb"`` or a :class:`StateBackendConfig` with
-    the rocksdb sizing (see :meth:`Pipeline.state_backend`); kept as a config."""
-
-    def __post_init__(self) -> None:
-        _check_int("interval_ms", self.interval_ms, 0)
-        # InvalidArgumentError naming the choices
-        object.__setattr__(self, "state_backend", StateBackendConfig.parse(self.state_backend))
-        if 0 < self.interval_ms < MIN_INTERVAL_MS:
-            raise InvalidArgumentError(
-                f"interval_ms must be 0 (checkpointing off) or >= {MIN_INTERVAL_MS}, got {self.interval_ms}"
-            )
-        _check_int("timeout_ms", self.timeout_ms, MIN_INTERVAL_MS)
-        _check_int("aligned_checkpoint_timeout_ms", self.aligned_checkpoint_timeout_ms, 0)
-        _check_int("min_pause_ms", self.min_pause_ms, 0)
-        _check_int("max_concurrent", self.max_concurrent, 1)
-        _check_int("tolerable_failures", self.tolerable_failures, 0)
-        _check_int("retained", self.retained, 1)
-        if self.mode not in CHECKPOINT_MODES:
-            raise InvalidArgumentError(
-                f"mode must be one of {', '.join(map(repr, CHECKPOINT_MODES))}, got {self.mode!r}"
-            )
-        if self.aligned_checkpoint_timeout_ms and self.mode != "aligned":
-            raise InvalidArgumentError(
-                f"aligned_checkpoint_timeout_ms applies only to mode 'aligned', not {self.mode!r}"
-            )
-        storage = self.storage
-        if isinstance(storage, os.PathLike):
-            storage = os.fspath(storage)
-        if not isinstance(storage, str):
-            raise InvalidArgumentError(f"storage must be a path or a URI, got {storage!r}")
-        if storage and "://" not in storage:
-            storage = os.path.abspath(storage)
-        elif storage:
-            try:  # the coordinator's own rule: a path, file:// or s3://bucket/prefix
-                storage = check_storage_location(storage, what="storage")
-            except ConfigError as e:
-                raise InvalidArgumentError(str(e)) from None
-        object.__setattr__(self, "storage", storage)
-
-    def to_pb(self) -> pb.CheckpointConfig:
-        return pb.CheckpointConfig(
-            interval_ms=self.interval_ms,
-            timeout_ms=self.timeout_ms,
-            min_pause_ms=self.min_pause_ms,
-            max_concurrent=self.max_concurrent,
-            mode=wire.CHECKPOINT_MODE.to_pb(CheckpointMode(self.mode)),
-            aligned_checkpoint_timeout_ms=self.aligned_checkpoint_timeout_ms,
-            tolerable_failures=self.tolerable_failures,
-            retained=self.retained,
-            storage_uri=self.storage,
-            state_backend=self.backend_config.kind,
-            state_backend_options=self.backend_config.options_pb(),
-        )
-
-    @property
-    def backend_config(self) -> StateBackendConfig:
-        return StateBackendConfig.parse(self.state_backend)
+def _storage_uri(storage: object) -> str:
+    """A user's checkpoint storage as the job's config carries it: a relative path made
+    absolute here (against the driver's working directory), a URI checked and normalised (a
+    ``file://`` URI to its path, ``s3://`` without ``.``/``..`` segments)."""
+    if isinstance(storage, os.PathLike):
+        storage = os.fspath(storage)
+    if not isinstance(storage, str):
+        raise InvalidFieldError("storage", f"storage must be a path or a URI, got {storage!r:.80}")
+    if storage and "://" not in storage:
+        return os.path.abspath(storage)
+    if storage:
+        try:
+            return check_storage_location(storage, what="storage")
+        except ConfigError as e:
+            raise InvalidFieldError("storage", str(e)) from None
+    return storage
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,12 +477,13 @@ class Pipeline:
         command line's, as an explicit ``env.setParallelism`` does over ``flink run -p``)."""
         self.name = _check_name("pipeline name", name)
         self.max_parallelism = _check_int(
-            "max_parallelism", max_parallelism, 1, MAX_PARALLELISM_LIMIT
+            "max_parallelism", max_parallelism, 1, limits.MAX_PARALLELISM
         )
         if parallelism is None:
             parallelism = default_parallelism() or 1
         self.parallelism = _check_int("parallelism", parallelism, 1, self.max_parallelism)
-        self.checkpoint_settings = CheckpointSettings()
+        self.checkpoint_config = CheckpointConfig(interval_ms=DEFAULT_INTERVAL_MS)
+        """The job's checkpointing, as :meth:`checkpointing` and :meth:`state_backend` set it."""
         self.restart: RestartStrategy = DEFAULT_RESTART_STRATEGY
         self._vertices: list[_Vertex] = []
         self._edges: list[_Edge] = []
@@ -592,51 +528,63 @@ class Pipeline:
 
     def checkpointing(
         self,
-        interval_ms: int = 1000,
-        mode: str = "aligned",
+        interval_ms: int = DEFAULT_INTERVAL_MS,
+        mode: str | CheckpointMode = "aligned",
         *,
         timeout_ms: int = 600_000,
         aligned_checkpoint_timeout_ms: int = 0,
         min_pause_ms: int = 0,
         max_concurrent: int = 1,
-        tolerable_failures: int = 0,
+        tolerable_failures: int | None = 0,
         retained: int = 1,
         storage: str | os.PathLike[str] = "",
     ) -> Pipeline:
-        """Checkpoint settings (see :class:`CheckpointSettings`). Returns the pipeline."""
-        self.checkpoint_settings = CheckpointSettings(
+        """The job's checkpointing: a :class:`snapflow.checkpoint_config.CheckpointConfig`,
+        whose fields document each setting; the state backend set by :meth:`state_backend`
+        is kept. ``interval_ms=0``: no periodic checkpoints (a bounded job still ends with a
+        final checkpoint, which commits the sinks; a failure then restarts the job from its
+        beginning or its restore point). ``mode``: ``"aligned"``, ``"unaligned"`` or
+        ``"at_least_once"``. ``tolerable_failures=None``: unlimited. ``storage``: a path
+        (relative ones are made absolute here) or a ``file://`` or ``s3://`` URI every executor
+        sees (empty: the coordinator's root). Returns the pipeline."""
+        current = self.checkpoint_config
+        self.checkpoint_config = CheckpointConfig(
             interval_ms=interval_ms,
-            mode=mode,
+            mode=parse_checkpoint_mode(mode),
             timeout_ms=timeout_ms,
             aligned_checkpoint_timeout_ms=aligned_checkpoint_timeout_ms,
             min_pause_ms=min_pause_ms,
             max_concurrent=max_concurrent,
             tolerable_failures=tolerable_failures,
             retained=retained,
-            storage=storage,  # type: ignore[arg-type]  # normalised to str in __post_init__
-            state_backend=self.checkpoint_settings.state_backend,
+            storage_uri=_storage_uri(storage),
+            state_backend=current.state_backend,
+            state_backend_options=current.state_backend_options,
         )
         return self
 
-    def state_backend(self, kind: str | StateBackendConfig, **tuning: Any) -> Pipeline:
+    def state_backend(self, kind: str, **tuning: Any) -> Pipeline:
         """The keyed state backend of the job's tasks: ``"heap"`` (the default: Python dicts,
         full snapshots) or ``"rocksdb"`` (RocksDB on the executors' local disk: state larger
         than memory, incremental checkpoints; docs/storage.md). A savepoint of either restores
-        into the other. ``tuning``: rocksdb sizing fields of :class:`StateBackendConfig`
-        (``memory_budget_bytes``, ``cache_entries``, ``compaction_style``,
-        ``compaction_trigger``, ``max_size_amplification_percent``, ``upload_threads``,
-        ``local_recovery``); they travel in the job's config to every task. Returns the
-        pipeline."""
-        config = StateBackendConfig.parse(kind)
-        unknown = sorted(set(tuning) - set(StateBackendConfig.OPTION_FIELDS))
+        into the other. ``tuning``: rocksdb sizing, the fields of
+        :class:`snapflow.state_backend_options.StateBackendOptions` (``memory_budget_bytes``,
+        ``cache_entries``, ``compaction_style``, ``compaction_trigger``,
+        ``max_size_amplification_percent``, ``upload_threads``, ``local_recovery``); they
+        travel in the job's config to every task, and those not given keep the worker's
+        defaults. Returns the pipeline."""
+        name = parse_state_backend(kind)
+        choices = StateBackendOptions.field_names()
+        unknown = sorted(set(tuning) - set(choices))
         if unknown:
             raise InvalidArgumentError(
                 f"state_backend: unknown setting(s) {', '.join(unknown)}; choose from "
-                f"{', '.join(StateBackendConfig.OPTION_FIELDS)}"
+                f"{', '.join(choices)}"
             )
-        config = dataclasses.replace(config, **tuning)
-        self.checkpoint_settings = dataclasses.replace(
-            self.checkpoint_settings, state_backend=config
+        self.checkpoint_config = dataclasses.replace(
+            self.checkpoint_config,
+            state_backend=name,
+            state_backend_options=StateBackendOptions(**tuning),
         )
         return self
 

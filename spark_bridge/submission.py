@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from snapflow.checkpoint_config import CheckpointConfig, parse_checkpoint_mode
+from snapflow.checkpointing import CheckpointMode
 from snapflow.errors import InvalidArgumentError
 from snapflow.spark_bridge.driver import JobDefinition, JobResult, run
 
@@ -39,7 +41,7 @@ class Executable(JobDefinition, Protocol):
     """What :func:`execute` needs of a pipeline (:class:`snapflow.spark_bridge.pipeline.Pipeline`
     is one; typed structurally so that the builder can import this module)."""
 
-    checkpoint_settings: Any
+    checkpoint_config: CheckpointConfig
 
 
 __all__ = ["SubmitContext", "current", "execute", "spark_session", "submission"]
@@ -135,16 +137,18 @@ def execute(pipeline: Executable, spark: SparkSession | None = None, **options: 
     restore: str | None = None
     allow = False
     if ctx is not None:
-        settings = pipeline.checkpoint_settings
-        changes: dict[str, Any] = {}
+        config = pipeline.checkpoint_config
         if ctx.checkpoint_interval_ms is not None:
-            changes["interval_ms"] = ctx.checkpoint_interval_ms
+            config = dataclasses.replace(config, interval_ms=ctx.checkpoint_interval_ms)
         if ctx.checkpoint_mode is not None:
-            changes["mode"] = ctx.checkpoint_mode
-            if ctx.checkpoint_mode != "aligned":
-                changes["aligned_checkpoint_timeout_ms"] = 0
-        if changes:
-            pipeline.checkpoint_settings = dataclasses.replace(settings, **changes)
+            mode = parse_checkpoint_mode(ctx.checkpoint_mode)
+            aligned_timeout = config.aligned_checkpoint_timeout_ms
+            if mode is not CheckpointMode.ALIGNED:
+                aligned_timeout = 0
+            config = dataclasses.replace(
+                config, mode=mode, aligned_checkpoint_timeout_ms=aligned_timeout
+            )
+        pipeline.checkpoint_config = config
         with _lock:
             first = ctx.executions == 0
             ctx.executions += 1

@@ -29,6 +29,7 @@ import pytest
 from kit.coordinator import running_coordinator
 from kit.polling import wait_until
 
+from snapflow.checkpointing import CheckpointMode
 from snapflow.cli.main import main
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.spark_bridge import Pipeline, submission
@@ -121,7 +122,7 @@ def test_run_hands_its_options_to_execute(
                 "name": pipeline.name,
                 "spark": spark,
                 "parallelism": [v.parallelism for v in graph.vertices],
-                "checkpoints": pipeline.checkpoint_settings,
+                "checkpoints": pipeline.checkpoint_config,
                 **kwargs,
             }
         )
@@ -151,7 +152,11 @@ def test_run_hands_its_options_to_execute(
     assert first["spark"] == "the-session"
     assert first["parallelism"] == [3, 1]  # the default; an explicit parallelism wins
     cp = first["checkpoints"]
-    assert (cp.interval_ms, cp.mode, cp.aligned_checkpoint_timeout_ms) == (0, "unaligned", 0)
+    assert (cp.interval_ms, cp.mode, cp.aligned_checkpoint_timeout_ms) == (
+        0,
+        CheckpointMode.UNALIGNED,
+        0,
+    )
     assert first["coordinator_address"] == second["coordinator_address"] == "10.0.0.1:50051"
     assert first["restore_from"] == str(tmp_path / "sp")
     assert first["allow_non_restored_state"] is True and first["job_id"] == job_id

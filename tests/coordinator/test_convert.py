@@ -18,8 +18,6 @@ from snapflow.coordinator import convert
 from snapflow.coordinator.model import (
     DEFAULT_MAX_PARALLELISM,
     AckResult,
-    CheckpointConfig,
-    CheckpointMode,
     CompletedCheckpoint,
     DeclineReason,
     ExecutionAttempt,
@@ -28,7 +26,6 @@ from snapflow.coordinator.model import (
     JobVertex,
     OperatorSpec,
     OperatorSubtaskState,
-    StateBackendOptions,
     StateHandle,
     SubtaskAck,
     SubtaskMetrics,
@@ -286,120 +283,6 @@ def test_an_unknown_partitioner_number_is_refused() -> None:
     _refused(
         r"partitioner must be",
         lambda: convert.graph_from_pb(pb.JobGraph(vertices=[SRC, SINK], edges=[edge])),
-    )
-
-
-# --- checkpoint config -----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "config",
-    [
-        CheckpointConfig(),
-        CheckpointConfig(
-            interval_ms=500,
-            timeout_ms=20_000,
-            min_pause_ms=100,
-            max_concurrent=3,
-            tolerable_failures=None,
-            retained=5,
-            storage_uri="/shared/checkpoints",
-        ),
-        CheckpointConfig(mode=CheckpointMode.UNALIGNED, tolerable_failures=2),
-        CheckpointConfig(aligned_checkpoint_timeout_ms=50, storage_uri="file:///shared/chk"),
-        CheckpointConfig(mode=CheckpointMode.AT_LEAST_ONCE, storage_uri="s3://bucket/prefix"),
-        CheckpointConfig(
-            state_backend="rocksdb",
-            state_backend_options=StateBackendOptions(
-                memory_budget_bytes=64 << 20,
-                cache_entries=0,
-                compaction_style="universal",
-                compaction_trigger=4,
-                max_size_amplification_percent=200,
-                upload_threads=2,
-                local_recovery=True,
-            ),
-        ),
-        CheckpointConfig(
-            state_backend="rocksdb", state_backend_options=StateBackendOptions(local_recovery=False)
-        ),
-    ],
-    ids=lambda c: f"{c.mode.value}-{c.state_backend}-{c.storage_uri or 'default'}",
-)
-def test_checkpoint_configs_round_trip(config: CheckpointConfig) -> None:
-    msg = convert.config_to_pb(config)
-    assert convert.config_from_pb(pb.CheckpointConfig.FromString(msg.SerializeToString())) == config
-
-
-def test_an_empty_config_gets_the_defaults() -> None:
-    assert convert.config_from_pb(pb.CheckpointConfig()) == CheckpointConfig()
-    # UNSPECIFIED is ALIGNED; a state backend name is read case-insensitively.
-    got = convert.config_from_pb(pb.CheckpointConfig(state_backend=" RocksDB "))
-    assert (got.mode, got.state_backend) == (CheckpointMode.ALIGNED, "rocksdb")
-
-
-@pytest.mark.parametrize(
-    ("msg", "match"),
-    [
-        (
-            pb.CheckpointConfig(interval_ms=-1),
-            r"^checkpoint_config.interval_ms must be >= 0, got -1$",
-        ),
-        (pb.CheckpointConfig(retained=-1), r"^checkpoint_config.retained must be >= 0, got -1$"),
-        (
-            pb.CheckpointConfig(interval_ms=5),
-            r"^checkpoint_config.interval_ms 5 is below the minimum of 10 ms$",
-        ),
-        (
-            pb.CheckpointConfig(timeout_ms=5),
-            r"^checkpoint_config.timeout_ms 5 is below the minimum of 10 ms$",
-        ),
-        (
-            pb.CheckpointConfig(max_concurrent=limits.MAX_CONCURRENT_CHECKPOINTS + 1),
-            r"^checkpoint_config.max_concurrent 1001 is above the maximum of 1000$",
-        ),
-        (
-            pb.CheckpointConfig(state_backend="disk"),
-            r"^checkpoint_config.state_backend 'disk' is not one of heap, rocksdb$",
-        ),
-        (
-            pb.CheckpointConfig(
-                mode=wire.CHECKPOINT_MODE.to_pb(CheckpointMode.UNALIGNED),
-                aligned_checkpoint_timeout_ms=50,
-            ),
-            r"aligned_checkpoint_timeout_ms applies only to ALIGNED mode$",
-        ),
-        (
-            pb.CheckpointConfig(aligned_checkpoint_timeout_ms=50, max_concurrent=2),
-            r"^checkpoint_config.max_concurrent 2 needs aligned checkpoints",
-        ),
-        (
-            pb.CheckpointConfig(storage_uri="relative/dir"),
-            r"must be an absolute path or file:///absolute/path",
-        ),
-        (pb.CheckpointConfig(storage_uri="hdfs://nn/x"), r"uses the URI scheme 'hdfs'"),
-        (
-            pb.CheckpointConfig(state_backend_options=pb.StateBackendOptions(upload_threads=0)),
-            r"^checkpoint_config.state_backend_options.upload_threads 0 is outside \[1, 64\]$",
-        ),
-        (
-            pb.CheckpointConfig(
-                state_backend_options=pb.StateBackendOptions(compaction_style="fifo")
-            ),
-            r"compaction_style 'fifo' is not one of level, universal$",
-        ),
-    ],
-)
-def test_invalid_configs_are_refused(msg: pb.CheckpointConfig, match: str) -> None:
-    _refused(match, lambda: convert.config_from_pb(msg))
-
-
-def test_an_unknown_mode_number_is_refused_naming_the_field() -> None:
-    msg = pb.CheckpointConfig()
-    msg.mode = 99  # type: ignore[assignment]
-    _refused(
-        r"^checkpoint_config.mode 99 is not a known CheckpointMode$",
-        lambda: convert.config_from_pb(msg),
     )
 
 

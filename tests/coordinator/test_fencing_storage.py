@@ -22,10 +22,10 @@ from kit.coordinator_env import ack_request, fresh_namespace, write_file
 from kit.simulated_agent import SimulatedAgent
 
 from snapflow import wire
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.checkpoint_io import SweepOrphans, dispose_savepoint
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.model import (
-    CheckpointConfig,
     CheckpointKind,
     CompletedCheckpoint,
     ExecutionAttempt,

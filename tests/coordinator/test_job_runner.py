@@ -25,6 +25,7 @@ import structlog
 from kit.coordinator import two_vertex_graph
 from kit.polling import wait_until_async
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator import convert
 from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway, ByAddress, TriggerFailed
 from snapflow.coordinator.checkpoint_coordinator import (
@@ -54,7 +55,6 @@ from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
-    CheckpointConfig,
     CheckpointKind,
     CheckpointMode,
     CompletedCheckpoint,

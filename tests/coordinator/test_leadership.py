@@ -12,10 +12,10 @@ from snapflow.coordinator.leadership import (
     Action,
     Lead,
     LeaderElection,
+    LeadershipRole,
     LeaseTiming,
     Release,
     Renew,
-    Role,
     StepDown,
     TryAcquire,
 )
@@ -40,7 +40,7 @@ def leading(epoch: int = 7) -> LeaderElection:
 
 def test_a_sole_candidate_leads_and_renews_every_interval() -> None:
     core = leading()
-    assert (core.role, core.epoch, core.leader_address) == (Role.LEADER, 7, ME)
+    assert (core.role, core.epoch, core.leader_address) == (LeadershipRole.LEADER, 7, ME)
     assert core.step_down_at() == 4.0  # sent at 0 + ttl 5 - interval 1
     assert core.next_wakeup() == 1.0
     assert step(core, core.tick(0.5)) == []
@@ -65,11 +65,15 @@ def test_failed_renewals_step_down_at_the_deadline_even_with_a_request_hanging()
     assert len(actions) == 1 and isinstance(actions[0], StepDown)
     assert actions[0].epoch == 7
     assert "not renewed within 4 s" in actions[0].reason
-    assert (core.role, core.leader_address, core.step_down_at()) == (Role.STANDBY, "", None)
+    assert (core.role, core.leader_address, core.step_down_at()) == (
+        LeadershipRole.STANDBY,
+        "",
+        None,
+    )
     # the hanging renewal comes back late: ignored; the standby tries to acquire at once
     assert step(core, core.renewed(4.2)) == [TryAcquire()]
     assert step(core, core.acquired(4.25, 8)) == [Lead(8)]  # its own lease: a new term
-    assert (core.role, core.epoch, core.step_down_at()) == (Role.LEADER, 8, 8.2)
+    assert (core.role, core.epoch, core.step_down_at()) == (LeadershipRole.LEADER, 8, 8.2)
 
 
 def test_a_timed_out_renewal_steps_down_and_the_rewon_lease_is_a_new_term_that_renews() -> None:
@@ -85,10 +89,10 @@ def test_a_timed_out_renewal_steps_down_and_the_rewon_lease_is_a_new_term_that_r
     assert "last error: TimeoutError" in actions[0].reason  # type: ignore[union-attr]
     # the retry renewal succeeded in Redis but answers after the step-down: a standby now
     assert step(core, core.renewed(4.3)) == [TryAcquire()]
-    assert core.role is Role.STANDBY and core.next_wakeup() is None
+    assert core.role is LeadershipRole.STANDBY and core.next_wakeup() is None
     assert step(core, core.acquired(4.4, 31)) == [Lead(31)]
     assert (core.role, core.epoch, core.leader_epoch, core.step_down_at()) == (
-        Role.LEADER,
+        LeadershipRole.LEADER,
         31,
         31,
         8.3,
@@ -110,7 +114,7 @@ def test_a_standby_follows_the_holder_and_takes_over_when_the_lease_is_free() ->
     core = LeaderElection(TIMING, ME, now=10.0)
     assert step(core, core.tick(10.0)) == [TryAcquire()]
     assert step(core, core.held_by(10.01, OTHER, 3)) == []
-    assert (core.role, core.leader_address, core.leader_epoch) == (Role.STANDBY, OTHER, 3)
+    assert (core.role, core.leader_address, core.leader_epoch) == (LeadershipRole.STANDBY, OTHER, 3)
     assert core.next_wakeup() == 11.0
     assert step(core, core.tick(10.9)) == []
     assert step(core, core.tick(11.0)) == [TryAcquire()]
@@ -118,7 +122,7 @@ def test_a_standby_follows_the_holder_and_takes_over_when_the_lease_is_free() ->
     assert core.last_error == "TimeoutError"
     assert step(core, core.tick(12.0)) == [TryAcquire()]
     assert step(core, core.acquired(12.01, 4)) == [Lead(4)]
-    assert (core.role, core.leader_address, core.leader_epoch) == (Role.LEADER, ME, 4)
+    assert (core.role, core.leader_address, core.leader_epoch) == (LeadershipRole.LEADER, ME, 4)
 
 
 def test_a_lost_lease_steps_down_and_names_the_new_holder() -> None:
@@ -132,7 +136,7 @@ def test_a_lost_lease_steps_down_and_names_the_new_holder() -> None:
             "the current epoch is 9)",
         )
     ]
-    assert (core.role, core.leader_address, core.leader_epoch) == (Role.STANDBY, OTHER, 9)
+    assert (core.role, core.leader_address, core.leader_epoch) == (LeadershipRole.STANDBY, OTHER, 9)
     assert step(core, core.tick(1.5)) == []
     assert step(core, core.tick(2.0)) == [TryAcquire()]  # one interval after the renewal
 
@@ -142,7 +146,7 @@ def test_an_acquisition_answered_too_late_is_released_and_tried_again() -> None:
     assert step(core, core.tick(0.0)) == [TryAcquire()]
     # sent at 0, answered at 4: another standby may win at 5 -> do not lead on it
     assert step(core, core.acquired(4.0, 5)) == [Release(5), TryAcquire()]
-    assert core.role is Role.STANDBY
+    assert core.role is LeadershipRole.STANDBY
     assert step(core, core.acquired(4.01, 6)) == [Lead(6)]
     assert core.step_down_at() == 8.0
 
@@ -151,7 +155,7 @@ def test_superseded_resign_and_stop() -> None:
     core = leading()
     actions = step(core, core.superseded(0.5, "stale epoch: 9 in Redis"))
     assert actions == [StepDown(7, "stale epoch: 9 in Redis")]
-    assert (core.role, core.leader_address) == (Role.STANDBY, "")
+    assert (core.role, core.leader_address) == (LeadershipRole.STANDBY, "")
     assert step(core, core.superseded(0.6, "again")) == []  # only a leader steps down
     assert step(core, core.tick(1.5)) == [TryAcquire()]
     assert step(core, core.acquired(1.6, 10)) == [Lead(10)]
@@ -166,7 +170,7 @@ def test_superseded_resign_and_stop() -> None:
         StepDown(11, "the coordinator is stopping"),
         Release(11),
     ]
-    assert core.role is Role.STOPPED and core.next_wakeup() is None
+    assert core.role is LeadershipRole.STOPPED and core.next_wakeup() is None
     assert step(core, core.renewed(3.9)) == []
     assert step(core, core.tick(100.0)) == []
 
@@ -176,7 +180,7 @@ def test_an_acquisition_won_after_stop_is_released() -> None:
     assert step(core, core.tick(0.0)) == [TryAcquire()]
     assert step(core, core.stop(0.1)) == []
     assert step(core, core.acquired(0.2, 3)) == [Release(3)]
-    assert core.role is Role.STOPPED
+    assert core.role is LeadershipRole.STOPPED
 
 
 def test_answers_without_a_request_are_shell_bugs() -> None:

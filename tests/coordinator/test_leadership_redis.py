@@ -26,9 +26,10 @@ from kit.coordinator_env import health_status
 from kit.polling import wait_until_async
 from kit.processes import free_port
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator import convert
 from snapflow.coordinator.config import load_settings
-from snapflow.coordinator.model import CheckpointConfig, JobRecord, JobState
+from snapflow.coordinator.model import JobRecord, JobState
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.errors import ConfigError, FailedPreconditionError, StaleEpochError
 from snapflow.leader_channel import LEADER_METADATA_KEY, AioLeaderChannel, aio_leader_channel

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.checkpoint_coordinator import (
     AllocateCheckpointId,
     CheckpointAborted,
@@ -21,7 +22,6 @@ from snapflow.coordinator.checkpoint_coordinator import (
 from snapflow.coordinator.model import (
     AbortReason,
     AckResult,
-    CheckpointConfig,
     CheckpointKind,
     CompletedCheckpoint,
     ExecutionAttempt,

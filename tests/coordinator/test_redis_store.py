@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.model import (
-    CheckpointConfig,
     CheckpointKind,
     CheckpointMode,
     CompletedCheckpoint,
@@ -46,6 +46,7 @@ from snapflow.errors import (
 )
 from snapflow.jobgraph import PartitionerKind
 from snapflow.redis_server import RedisServer, find_redis_server_binary
+from snapflow.state_backend_options import StateBackendOptions
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -100,11 +101,14 @@ def make_job(job_id: str = JOB, created_at_ms: int = 1_000, **changes: Any) -> J
             timeout_ms=60_000,
             min_pause_ms=250,
             max_concurrent=2,
-            mode=CheckpointMode.UNALIGNED,
-            aligned_checkpoint_timeout_ms=100,
+            # A valid config cannot set every field at once: an aligned timeout needs ALIGNED
+            # mode and one checkpoint at a time.
+            mode=CheckpointMode.AT_LEAST_ONCE,
             tolerable_failures=None,
             retained=3,
             storage_uri="file:///tmp/chk ünïcode",
+            state_backend="rocksdb",
+            state_backend_options=StateBackendOptions(upload_threads=2, local_recovery=True),
         ),
         state=JobState.RUNNING,
         created_at_ms=created_at_ms,

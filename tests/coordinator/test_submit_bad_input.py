@@ -197,7 +197,7 @@ INVALID_CONFIGS = [
     pytest.param({"timeout_ms": -100}, "timeout_ms must be >= 0", id="negative-timeout"),
     pytest.param({"min_pause_ms": -1}, "min_pause_ms must be >= 0", id="negative-min-pause"),
     pytest.param(
-        {"max_concurrent": -1}, "max_concurrent must be >= 0", id="negative-max-concurrent"
+        {"max_concurrent": -1}, "max_concurrent must be >= 1", id="negative-max-concurrent"
     ),
     pytest.param(
         {"mode": pb.CHECKPOINT_MODE_UNALIGNED, "max_concurrent": 2},
@@ -214,7 +214,7 @@ INVALID_CONFIGS = [
         "tolerable_failures must be >= 0",
         id="negative-tolerable-failures",
     ),
-    pytest.param({"retained": -1}, "retained must be >= 0", id="negative-retained"),
+    pytest.param({"retained": -1}, "retained must be >= 1", id="negative-retained"),
     pytest.param({"mode": 99}, "mode 99 is not a known CheckpointMode", id="unknown-mode-99"),
     pytest.param(
         {"mode": pb.CHECKPOINT_MODE_UNALIGNED, "aligned_checkpoint_timeout_ms": 100},

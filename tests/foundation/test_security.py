@@ -14,7 +14,7 @@ from snapflow.coordinator.config import load_settings
 from snapflow.errors import ConfigError
 from snapflow.security import (
     Authenticator,
-    Role,
+    CallerRole,
     SecuritySettings,
     channel_credentials,
     load_token,
@@ -66,16 +66,16 @@ def test_token_table_parsing_names_lines_not_tokens() -> None:
         "# comment\nread,operator tok-aaaaaaaaaaaaaaaa\n\nservice tok-bbbbbbbbbbbbbbbb\n"
     )
     assert entries == [
-        (b"tok-aaaaaaaaaaaaaaaa", frozenset({Role.READ, Role.OPERATOR})),
-        (b"tok-bbbbbbbbbbbbbbbb", frozenset({Role.SERVICE})),
+        (b"tok-aaaaaaaaaaaaaaaa", frozenset({CallerRole.READ, CallerRole.OPERATOR})),
+        (b"tok-bbbbbbbbbbbbbbbb", frozenset({CallerRole.SERVICE})),
     ]
     for text in ("admin secret-token-secret-token", "read short", "read a b"):
         with pytest.raises(ConfigError, match="line 1") as e:
             parse_tokens(text)
         assert "secret-token" not in str(e.value)
     assert parse_identities("agent=service, ops=operator+read") == {
-        "agent": frozenset({Role.SERVICE}),
-        "ops": frozenset({Role.OPERATOR, Role.READ}),
+        "agent": frozenset({CallerRole.SERVICE}),
+        "ops": frozenset({CallerRole.OPERATOR, CallerRole.READ}),
     }
     with pytest.raises(ConfigError, match="NAME=ROLE"):
         parse_identities("agent")
@@ -86,17 +86,17 @@ def test_tokens_file_is_reloaded_when_it_changes(
 ) -> None:
     pki = make_pki(tmp_path)
     auth = Authenticator(pki.server(mutual=False))
-    assert auth.token_roles(pki.tokens["read"]) == frozenset({Role.READ})
+    assert auth.token_roles(pki.tokens["read"]) == frozenset({CallerRole.READ})
     assert auth.token_roles("x" * 32) is None
     monkeypatch.setattr("snapflow.security.TOKEN_RELOAD_INTERVAL_S", 0.0)
     pki.tokens_file.write_text("operator new-token-0123456789abcdef\n")
     later = time.time() + 5
     os.utime(pki.tokens_file, (later, later))
-    assert auth.token_roles("new-token-0123456789abcdef") == frozenset({Role.OPERATOR})
+    assert auth.token_roles("new-token-0123456789abcdef") == frozenset({CallerRole.OPERATOR})
     assert auth.token_roles(pki.tokens["read"]) is None
     pki.tokens_file.write_text("garbage\n")  # a bad edit keeps the last good table
     os.utime(pki.tokens_file, (later + 5, later + 5))
-    assert auth.token_roles("new-token-0123456789abcdef") == frozenset({Role.OPERATOR})
+    assert auth.token_roles("new-token-0123456789abcdef") == frozenset({CallerRole.OPERATOR})
 
 
 def test_coordinator_settings_carry_security_and_validate_it(tmp_path: Path) -> None:

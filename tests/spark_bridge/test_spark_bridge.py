@@ -22,6 +22,7 @@ import pytest
 from kit.workers import check_exactly_once, expected_counts
 from pyspark import cloudpickle
 
+from snapflow import wire
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError
 from snapflow.filestore import store_for
 from snapflow.spark_bridge import (
@@ -469,10 +470,10 @@ def test_builder_fan_out_and_settings(tmp_path: Path) -> None:
         pb.PARTITIONER_KIND_HASH,
         pb.PARTITIONER_KIND_REBALANCE,
     ]
-    config = p.checkpoint_settings.to_pb()
+    config = wire.checkpoint_config_to_pb(p.checkpoint_config)
     assert config.interval_ms == 200 and config.mode == pb.CHECKPOINT_MODE_UNALIGNED
     assert config.storage_uri == str(tmp_path / "cp")
-    relative = Pipeline("x").checkpointing(storage="cp").checkpoint_settings.storage
+    relative = Pipeline("x").checkpointing(storage="cp").checkpoint_config.storage_uri
     assert os.path.isabs(relative)
 
 
@@ -592,7 +593,8 @@ def test_embedded_coordinator_serves_the_driver_and_stops_cleanly(tmp_path: Path
             job = client.call(
                 "SubmitJob",
                 cpb.SubmitJobRequest(
-                    graph=p.job_graph(), checkpoint_config=p.checkpoint_settings.to_pb()
+                    graph=p.job_graph(),
+                    checkpoint_config=wire.checkpoint_config_to_pb(p.checkpoint_config),
                 ),
             ).job
             assert JobStatus.from_pb(client.job(job.job_id).state) is JobStatus.CREATED

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 
+from snapflow import wire
 from snapflow.errors import InvalidArgumentError
 from snapflow.spark_bridge import Pipeline
 from snapflow.worker.api.functions import KeyedBatchFunction, KeyedProcessFunction
@@ -68,7 +69,7 @@ def test_map_pandas_converts_at_the_edge() -> None:
 
 def test_checkpointing_off_is_a_valid_setting() -> None:
     p = Pipeline("off").checkpointing(interval_ms=0)
-    assert p.checkpoint_settings.interval_ms == 0
-    assert p.checkpoint_settings.to_pb().interval_ms == 0
+    assert p.checkpoint_config.interval_ms == 0
+    assert wire.checkpoint_config_to_pb(p.checkpoint_config).interval_ms == 0
     with pytest.raises(InvalidArgumentError, match=r"0 \(checkpointing off\) or >= 10"):
         Pipeline("x").checkpointing(interval_ms=5)

@@ -371,7 +371,12 @@ class Agent:
         graph = info.graph
         # As before the shared vocabulary: a mode this worker does not know runs aligned.
         mode = wire.CHECKPOINT_MODE.from_pb_or(info.checkpoint_config.mode, CheckpointMode.ALIGNED)
-        self._state_backend = StateBackendConfig.from_pb(info.checkpoint_config)
+        self._state_backend = StateBackendConfig(
+            kind=info.checkpoint_config.state_backend,
+            options=wire.state_backend_options_from_pb(
+                info.checkpoint_config.state_backend_options
+            ),
+        )
         vertices = {v.vertex_id: v for v in graph.vertices}
         for v in graph.vertices:
             for i in range(v.parallelism):

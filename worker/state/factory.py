@@ -4,17 +4,20 @@ recovery contract; a savepoint of either restores into the other."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
-from snapflow.errors import InvalidArgumentError, StateError
-from snapflow.v1 import common_pb2 as pb
+from snapflow.state_backend_options import (
+    HEAP,
+    ROCKSDB,
+    StateBackendOptions,
+    parse_state_backend,
+)
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.rocksdb_backend import (
-    COMPACTION_STYLES,
     DEFAULT_CACHE_ENTRIES,
     RocksDBKeyedStateBackend,
     RocksDBTuning,
@@ -23,11 +26,7 @@ from snapflow.worker.state.rocksdb_backend import (
 )
 from snapflow.worker.state.ttl import Clock
 
-__all__ = ["BACKENDS", "HEAP", "ROCKSDB", "StateBackendConfig", "create_keyed_backend"]
-
-HEAP = "heap"
-ROCKSDB = "rocksdb"
-BACKENDS = (HEAP, ROCKSDB)
+__all__ = ["StateBackendConfig", "create_keyed_backend"]
 
 LOCAL_DIR_ENV = "SNAPFLOW_STATE_DIR"
 
@@ -36,94 +35,56 @@ _TUNING = RocksDBTuning()  # the instance defaults, stated once (in rocksdb_back
 
 @dataclass(frozen=True)
 class StateBackendConfig:
-    """Which keyed state backend a job's tasks use, and how the disk backend is sized."""
+    """How this worker opens a job's keyed state backends: the job's choice (``kind`` and
+    ``options``, as the job's ``CheckpointConfig`` carries them; an unset option takes the
+    worker's default) and this machine's directories."""
 
     kind: str = HEAP
-    """``heap`` (Python dicts) or ``rocksdb`` (a local RocksDB per keyed subtask)."""
+    """One of ``snapflow.state_backend_options.STATE_BACKENDS``."""
+    options: StateBackendOptions = field(default_factory=StateBackendOptions)
+    """The rocksdb sizing the job chose (each field documented there)."""
     local_dir: str = ""
     """rocksdb: where the instances live; empty = ``$SNAPFLOW_STATE_DIR``, else the system
     temporary directory."""
-    cache_entries: int = DEFAULT_CACHE_ENTRIES
-    """rocksdb: decoded values kept in the write-back cache (0 = none)."""
-    memory_budget_bytes: int = _TUNING.memory_budget_bytes
-    """rocksdb: memtables (a quarter) and block cache (a half) of one instance."""
-    compaction_style: str = _TUNING.compaction_style
-    """rocksdb: ``universal`` (tiered: sorted runs merged when enough of similar size
-    accumulate; low write amplification, so an incremental checkpoint uploads a few times the
-    bytes it changed; up to ``max_size_amplification_percent`` more space) or ``level``
-    (RocksDB's default: least space, but compactions rewrite about ten times the changed
-    bytes, all of which the next checkpoint uploads). Why universal: docs/storage.md."""
-    compaction_trigger: int = _TUNING.compaction_trigger
-    """rocksdb: sorted runs (each checkpoint's memtable flush adds one) that accumulate before
-    a compaction merges them; more runs, fewer rewrites, slower reads of absent keys."""
-    max_size_amplification_percent: int = _TUNING.max_size_amplification_percent
-    """rocksdb, universal: a full compaction runs when the runs above the oldest hold this
-    percentage of its size (bounds the space; that checkpoint uploads the whole state)."""
-    upload_threads: int = _TUNING.upload_threads
-    """rocksdb: new SST files uploaded at once by a checkpoint's asynchronous part."""
-    local_recovery: bool = False
-    """rocksdb: keep the last completed checkpoint's files on the local disk and restore from
-    them, not from checkpoint storage, when the subtask restarts on the same machine (Flink's
-    ``state.backend.local-recovery``, off by default there too). Costs the disk space of
-    one extra checkpoint per subtask; docs/storage.md, "Local recovery"."""
     local_recovery_dir: str = ""
     """rocksdb, local recovery: the root of the local copies (``<root>/<job>/<vertex>/
     <subtask>``); empty = ``snapflow-local-recovery`` in the system temporary directory."""
 
     def __post_init__(self) -> None:
-        if self.kind not in BACKENDS:
-            raise InvalidArgumentError(
-                f"unknown state backend {self.kind!r:.100}: choose one of {', '.join(BACKENDS)}"
-            )
-        if self.cache_entries < 0:
-            raise InvalidArgumentError("state backend: cache_entries must be >= 0")
-        if self.compaction_style not in COMPACTION_STYLES:
-            raise InvalidArgumentError(
-                f"unknown compaction style {self.compaction_style!r}: choose one of "
-                f"{', '.join(COMPACTION_STYLES)}"
-            )
-        try:
-            self.tuning()
-        except StateError as e:
-            raise InvalidArgumentError(f"state backend: {e}") from None
+        # The name rule is the job config's (any case; empty = heap); the options validated
+        # themselves.
+        object.__setattr__(self, "kind", parse_state_backend(self.kind))
+
+    @property
+    def cache_entries(self) -> int:
+        """rocksdb: decoded values kept in the write-back cache (0 = none)."""
+        chosen = self.options.cache_entries
+        return DEFAULT_CACHE_ENTRIES if chosen is None else chosen
+
+    @property
+    def local_recovery(self) -> bool:
+        """rocksdb: keep local copies of the last completed checkpoint (off by default)."""
+        return bool(self.options.local_recovery)
 
     def tuning(self) -> RocksDBTuning:
-        """The disk backend's instance settings."""
+        """The disk backend's instance settings: the job's options over the defaults."""
+        o = self.options
         return RocksDBTuning(
-            memory_budget_bytes=self.memory_budget_bytes,
-            compaction_style=self.compaction_style,
-            compaction_trigger=self.compaction_trigger,
-            max_size_amplification_percent=self.max_size_amplification_percent,
-            upload_threads=self.upload_threads,
+            memory_budget_bytes=_or(o.memory_budget_bytes, _TUNING.memory_budget_bytes),
+            compaction_style=_or(o.compaction_style, _TUNING.compaction_style),
+            compaction_trigger=_or(o.compaction_trigger, _TUNING.compaction_trigger),
+            max_size_amplification_percent=_or(
+                o.max_size_amplification_percent, _TUNING.max_size_amplification_percent
+            ),
+            upload_threads=_or(o.upload_threads, _TUNING.upload_threads),
         )
 
     @classmethod
     def parse(cls, value: str | StateBackendConfig | None) -> StateBackendConfig:
-        """A config from a name (``""`` means heap) or a config."""
+        """A config from a backend name (any case; ``""`` means heap) or a config."""
         if isinstance(value, StateBackendConfig):
             return value
-        return cls(kind=(value or HEAP).strip().lower())
-
-    #: The fields a job's config (``StateBackendOptions``) can set.
-    OPTION_FIELDS = (
-        "memory_budget_bytes",
-        "cache_entries",
-        "compaction_style",
-        "compaction_trigger",
-        "max_size_amplification_percent",
-        "upload_threads",
-        "local_recovery",
-    )
-
-    @classmethod
-    def from_pb(cls, config: pb.CheckpointConfig, local_dir: str = "") -> StateBackendConfig:
-        """The config a job's ``CheckpointConfig`` names: its backend, and each sizing field
-        its ``state_backend_options`` sets (the others keep the defaults above)."""
-        options = config.state_backend_options
-        chosen = {
-            name: getattr(options, name) for name in cls.OPTION_FIELDS if options.HasField(name)
-        }
-        return dataclasses.replace(cls.parse(config.state_backend), local_dir=local_dir, **chosen)
+        return cls(kind=value or HEAP)
 
     def local_recovery_root(self) -> str:
         """The root directory of the local copies."""
@@ -137,16 +98,12 @@ class StateBackendConfig:
         if self.kind == ROCKSDB and self.local_recovery:
             discard_local_copies(self.local_recovery_root(), job_id)
 
-    def options_pb(self) -> pb.StateBackendOptions:
-        """The sizing fields that differ from the defaults, for a job's config."""
-        default = StateBackendConfig()
-        return pb.StateBackendOptions(
-            **{
-                name: getattr(self, name)
-                for name in self.OPTION_FIELDS
-                if getattr(self, name) != getattr(default, name)
-            }
-        )
+
+T = TypeVar("T")
+
+
+def _or(chosen: T | None, default: T) -> T:
+    return default if chosen is None else chosen
 
 
 def create_keyed_backend(

@@ -312,8 +312,8 @@ COMPACTION_STYLES = (LEVEL, UNIVERSAL)
 
 @dataclass(frozen=True)
 class RocksDBTuning:
-    """How one RocksDB instance is sized and compacted (``StateBackendConfig`` carries the
-    same fields, documented there)."""
+    """How one RocksDB instance is sized and compacted (a job chooses these fields in its
+    ``snapflow.state_backend_options.StateBackendOptions``, documented there)."""
 
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
     compaction_style: str = UNIVERSAL

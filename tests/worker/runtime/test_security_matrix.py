@@ -21,7 +21,7 @@ from google.protobuf.message_factory import GetMessageClass
 from kit.coordinator import running_coordinator, two_vertex_graph
 from kit.tls import Pki, make_pki
 
-from snapflow.security import RPC_ROLES, Role, SecuritySettings, aio_channel
+from snapflow.security import RPC_ROLES, CallerRole, SecuritySettings, aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import worker_pb2 as wpb
@@ -107,11 +107,13 @@ class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(details._replace(metadata=metadata), request)
 
 
-def _wrong_role(allowed: frozenset[Role]) -> Role | None:
-    return next((r for r in Role if r not in allowed), None)
+def _wrong_role(allowed: frozenset[CallerRole]) -> CallerRole | None:
+    return next((r for r in CallerRole if r not in allowed), None)
 
 
-def _bad_clients(pki: Pki, allowed: frozenset[Role], mutual: bool) -> dict[str, SecuritySettings]:
+def _bad_clients(
+    pki: Pki, allowed: frozenset[CallerRole], mutual: bool
+) -> dict[str, SecuritySettings]:
     cert = "nobody" if mutual else "none"
     out = {
         "no credentials": pki.client(cert=cert),
@@ -125,11 +127,13 @@ def _bad_clients(pki: Pki, allowed: frozenset[Role], mutual: bool) -> dict[str, 
     return out
 
 
-def _good_clients(pki: Pki, allowed: frozenset[Role], mutual: bool) -> dict[str, SecuritySettings]:
+def _good_clients(
+    pki: Pki, allowed: frozenset[CallerRole], mutual: bool
+) -> dict[str, SecuritySettings]:
     cert = "nobody" if mutual else "none"
     role = sorted(allowed)[0]
     out = {f"token of role {role}": pki.client(role.value, cert=cert)}
-    if mutual and Role.SERVICE in allowed:
+    if mutual and CallerRole.SERVICE in allowed:
         out["service certificate"] = pki.client(cert="service")
     return out
 

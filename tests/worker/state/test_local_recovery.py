@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from snapflow import wire
 from snapflow.checkpointing import SHARED, SHARED_NEW, BarrierOptions, StateHandle
 from snapflow.filestore import store_for
+from snapflow.state_backend_options import StateBackendOptions
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.state import factory
 from snapflow.worker.state.keygroups import key_group_for_key
@@ -210,11 +212,17 @@ def test_without_local_recovery_nothing_is_kept(tmp_path: Path) -> None:
 
 def test_config_travels_and_the_job_end_discards_its_copies(tmp_path: Path) -> None:
     on = factory.StateBackendConfig(
-        kind="rocksdb", local_recovery=True, local_recovery_dir=str(tmp_path / "lr")
+        kind="rocksdb",
+        options=StateBackendOptions(local_recovery=True),
+        local_recovery_dir=str(tmp_path / "lr"),
     )
-    assert on.options_pb() == pb.StateBackendOptions(local_recovery=True)
-    config = pb.CheckpointConfig(state_backend="rocksdb", state_backend_options=on.options_pb())
-    travelled = factory.StateBackendConfig.from_pb(config)
+    options = wire.state_backend_options_to_pb(on.options)
+    assert options == pb.StateBackendOptions(local_recovery=True)
+    config = pb.CheckpointConfig(state_backend="rocksdb", state_backend_options=options)
+    travelled = factory.StateBackendConfig(
+        kind=config.state_backend,
+        options=wire.checkpoint_config_from_pb(config).state_backend_options,
+    )
     assert travelled.local_recovery and not factory.StateBackendConfig().local_recovery
     backends = [
         factory.create_keyed_backend(on, MAXP, 2, i, name="v/keyed", job_id=job)

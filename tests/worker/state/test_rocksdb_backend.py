@@ -22,11 +22,11 @@ from snapflow.checkpointing import (
     CheckpointKind,
     StateHandle,
 )
-from snapflow.coordinator import model as coordinator_model
 from snapflow.coordinator import shared_state as coordinator_shared
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.errors import InvalidArgumentError, StorageError
 from snapflow.filestore import store_for
+from snapflow.state_backend_options import ROCKSDB, StateBackendOptions
 from snapflow.worker.state import factory
 from snapflow.worker.state import keyed_backend as heap_module
 from snapflow.worker.state.errors import CorruptStateError, IncompatibleStateError
@@ -354,7 +354,7 @@ def test_restore_refuses_a_kind_change_and_overlapping_snapshots(tmp_path: Path)
 
 def test_dispose_removes_the_local_files(tmp_path: Path) -> None:
     backend = factory.create_keyed_backend(
-        factory.StateBackendConfig(kind=factory.ROCKSDB, local_dir=str(tmp_path)), MAXP, 2, 1
+        factory.StateBackendConfig(kind=ROCKSDB, local_dir=str(tmp_path)), MAXP, 2, 1
     )
     assert isinstance(backend, RocksDBKeyedStateBackend)
     assert backend.key_group_range == key_group_range_for_subtask(MAXP, 2, 1)
@@ -372,7 +372,6 @@ def test_the_coordinator_and_the_worker_agree_on_names(tmp_path: Path) -> None:
     s3 = CheckpointStorage("s3://bucket-name/prefix")
     assert shared_dir_for(s3.checkpoint_dir(job, 7)) == s3.shared_dir(job)
     assert (coordinator_shared.SHARED, coordinator_shared.SHARED_NEW) == (SHARED, SHARED_NEW)
-    assert coordinator_model.STATE_BACKENDS == factory.BACKENDS
     assert heap_module.INCREMENTAL == INCREMENTAL
 
 
@@ -382,11 +381,9 @@ def test_each_compaction_style_checkpoints_incrementally(tmp_path: Path, style: 
     runs, compactions replace files between checkpoints, later checkpoints reuse what is left
     (uploaded 3 at a time) and the last one restores every value."""
     config = factory.StateBackendConfig(
-        kind=factory.ROCKSDB,
+        kind=ROCKSDB,
         local_dir=str(tmp_path / "local"),
-        compaction_style=style,
-        compaction_trigger=2,
-        upload_threads=3,
+        options=StateBackendOptions(compaction_style=style, compaction_trigger=2, upload_threads=3),
     )
     backend = factory.create_keyed_backend(config, MAXP, 1, 0, name="v/keyed")
     assert isinstance(backend, RocksDBKeyedStateBackend)
@@ -427,15 +424,17 @@ def test_each_compaction_style_checkpoints_incrementally(tmp_path: Path, style: 
 
 def test_bad_tuning_is_refused_with_what_to_fix() -> None:
     with pytest.raises(
-        InvalidArgumentError, match="compaction style 'fifo': choose one of level, universal"
+        InvalidArgumentError, match="compaction_style 'fifo' is not one of level, universal"
     ):
-        factory.StateBackendConfig(kind=factory.ROCKSDB, compaction_style="fifo")
-    with pytest.raises(InvalidArgumentError, match="upload_threads >= 1"):
-        factory.StateBackendConfig(kind=factory.ROCKSDB, upload_threads=0)
-    with pytest.raises(InvalidArgumentError, match="compaction_trigger >= 2"):
-        factory.StateBackendConfig(compaction_trigger=1)
-    with pytest.raises(InvalidArgumentError, match="memory_budget_bytes must be > 0"):
-        factory.StateBackendConfig(memory_budget_bytes=0)
+        factory.StateBackendConfig(
+            kind=ROCKSDB, options=StateBackendOptions(compaction_style="fifo")
+        )
+    with pytest.raises(InvalidArgumentError, match=r"upload_threads 0 is outside \[1, "):
+        factory.StateBackendConfig(kind=ROCKSDB, options=StateBackendOptions(upload_threads=0))
+    with pytest.raises(InvalidArgumentError, match=r"compaction_trigger 1 is outside \[2, "):
+        factory.StateBackendConfig(options=StateBackendOptions(compaction_trigger=1))
+    with pytest.raises(InvalidArgumentError, match="memory_budget_bytes 0 is outside"):
+        factory.StateBackendConfig(options=StateBackendOptions(memory_budget_bytes=0))
 
 
 def test_incremental_checkpoints_stream_to_s3_and_restore(tmp_path: Path, s3_bucket: str) -> None:

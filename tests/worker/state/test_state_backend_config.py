@@ -12,11 +12,12 @@ import pytest
 from kit.coordinator import running_coordinator
 from kit.workers import check_exactly_once, count_graph, expected_counts, run_job
 
-from snapflow import limits
-from snapflow.coordinator import convert
+from snapflow import limits, wire
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator import model as coordinator_model
 from snapflow.errors import InvalidArgumentError
-from snapflow.spark_bridge.pipeline import CheckpointSettings, Pipeline
+from snapflow.spark_bridge.pipeline import Pipeline
+from snapflow.state_backend_options import COMPACTION_STYLES, StateBackendOptions
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.operators import KeyedCount
@@ -37,18 +38,15 @@ TUNED: dict[str, Any] = {
 
 
 def test_the_styles_agree_with_the_worker() -> None:
-    assert (
-        tuple(sorted(rocksdb_backend.COMPACTION_STYLES))
-        == coordinator_model.ROCKSDB_COMPACTION_STYLES
-    )
+    assert tuple(sorted(rocksdb_backend.COMPACTION_STYLES)) == COMPACTION_STYLES
 
 
 def test_settings_round_trip_through_proto_coordinator_and_worker() -> None:
     p = Pipeline("tuned").state_backend("rocksdb", **TUNED)
-    msg = p.checkpoint_settings.to_pb()
+    msg = wire.checkpoint_config_to_pb(p.checkpoint_config)
     assert msg.state_backend == "rocksdb"
-    stored = convert.config_from_pb(msg)
-    assert stored.state_backend_options == coordinator_model.StateBackendOptions(**TUNED)
+    stored = wire.checkpoint_config_from_pb(msg)
+    assert stored.state_backend_options == StateBackendOptions(**TUNED)
     # The coordinator's record persists them (JSON in Redis) and hands them to the agents.
     record = coordinator_model.JobRecord(
         job_id="a" * 32,
@@ -59,16 +57,27 @@ def test_settings_round_trip_through_proto_coordinator_and_worker() -> None:
     )
     loaded = coordinator_model.JobRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     assert loaded.checkpoint_config == stored
-    again = convert.config_to_pb(loaded.checkpoint_config)
-    config = StateBackendConfig.from_pb(again)
-    assert {name: getattr(config, name) for name in TUNED} == TUNED
+    again = wire.checkpoint_config_from_pb(wire.checkpoint_config_to_pb(loaded.checkpoint_config))
+    config = StateBackendConfig(kind=again.state_backend, options=again.state_backend_options)
+    tuning = vars(config.tuning()) | {"cache_entries": config.cache_entries}
+    assert {name: tuning[name] for name in TUNED} == TUNED
     assert config.kind == "rocksdb"
     # Unset fields keep the worker's defaults; heap carries none.
-    plain = StateBackendConfig.from_pb(
-        convert.config_to_pb(convert.config_from_pb(pb.CheckpointConfig(state_backend="rocksdb")))
+    plain_config = wire.checkpoint_config_from_pb(
+        wire.checkpoint_config_to_pb(
+            wire.checkpoint_config_from_pb(pb.CheckpointConfig(state_backend="rocksdb"))
+        )
+    )
+    plain = StateBackendConfig(
+        kind=plain_config.state_backend, options=plain_config.state_backend_options
     )
     assert plain == StateBackendConfig(kind="rocksdb")
-    assert CheckpointSettings().to_pb().state_backend_options == pb.StateBackendOptions()
+    assert plain.tuning() == StateBackendConfig().tuning()
+    assert (
+        wire.checkpoint_config_to_pb(Pipeline("x").checkpoint_config).state_backend_options
+        == pb.StateBackendOptions()
+    )
+    assert CheckpointConfig().state_backend_options == StateBackendOptions()
 
 
 @pytest.mark.parametrize(
@@ -88,7 +97,7 @@ def test_the_coordinator_refuses_out_of_range_sizing(field: str, value: Any, nee
     msg = pb.CheckpointConfig(state_backend="rocksdb")
     setattr(msg.state_backend_options, field, value)
     with pytest.raises(InvalidArgumentError) as e:
-        convert.config_from_pb(msg)
+        wire.checkpoint_config_from_pb(msg)
     assert needle in str(e.value)
     assert len(str(e.value)) < 300
 
@@ -96,7 +105,7 @@ def test_the_coordinator_refuses_out_of_range_sizing(field: str, value: Any, nee
 def test_the_pipeline_refuses_unknown_or_bad_settings() -> None:
     with pytest.raises(InvalidArgumentError, match=r"unknown setting.*budget"):
         Pipeline("x").state_backend("rocksdb", budget=1)
-    with pytest.raises(InvalidArgumentError, match="compaction style 'fifo'"):
+    with pytest.raises(InvalidArgumentError, match="compaction_style 'fifo'"):
         Pipeline("x").state_backend("rocksdb", compaction_style="fifo")
 
 
@@ -122,7 +131,7 @@ def test_a_running_job_opens_its_backends_with_the_configured_sizing(
     reports.mkdir()
     source = GeneratorSource(total_records=20_000, rate_per_s=40_000, num_keys=500, seed=3)
     p = Pipeline("tuned").checkpointing(interval_ms=100).state_backend("rocksdb", **TUNED)
-    config = p.checkpoint_settings.to_pb()
+    config = wire.checkpoint_config_to_pb(p.checkpoint_config)
 
     async def main() -> None:
         async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
