@@ -20,12 +20,12 @@ from kit.channels import run
 from snapflow.request_parsing import add_servicer
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.worker.runtime.agent import MAX_MESSAGE_BYTES
-from snapflow.worker.runtime.channels import InputChannel
 from snapflow.worker.runtime.exchange import (
     ChannelRegistry,
     DataExchangeServicer,
     exchange_grpc_options,
 )
+from snapflow.worker.runtime.input_channel import InputChannel
 
 # chaos/ is a top-level package of the repository (like bench/), not an installed one.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from snapflow.checkpointing import CheckpointMode, DeclineReason
-from snapflow.worker.runtime.channels import InputGate, LocalChannel
 from snapflow.worker.runtime.frames import Frame
+from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.local_channel import LocalChannel
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
 from snapflow.worker.runtime.placement import PlacementSettings

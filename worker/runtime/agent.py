@@ -61,7 +61,6 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.ack_batcher import AckBatcher
-from snapflow.worker.runtime.channels import InputChannel, InputGate, LocalChannel, OutputChannel
 from snapflow.worker.runtime.debloat import DEFAULT_TARGET_MS, DebloatSettings
 from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
@@ -70,7 +69,11 @@ from snapflow.worker.runtime.exchange import (
     RemoteOutputChannel,
     exchange_grpc_options,
 )
+from snapflow.worker.runtime.input_channel import InputChannel
+from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.local_channel import LocalChannel
 from snapflow.worker.runtime.operator import Operator
+from snapflow.worker.runtime.output_channel import OutputChannel
 from snapflow.worker.runtime.partitioners import (
     BroadcastPartitioner,
     ForwardPartitioner,

@@ -13,22 +13,23 @@ Protocol (``protos/snapflow/v1/worker.proto``)
    buffers, i.e. ``buffers_per_channel`` on a fresh channel). Every later grant adds the
    buffers freed since the previous one (grants are coalesced while a write is pending).
 4. The producer sends ``frame`` messages in stream order under the credit rules of
-   ``snapflow.worker.runtime.channels``: a data batch spends one credit, events are free. Batches whose Arrow
-   IPC encoding would exceed ``max_message_bytes`` (minus an envelope allowance) are split by
-   rows before encoding; every chunk is a batch of its own and spends one credit.
+   ``snapflow.worker.runtime.output_channel``: a data batch spends one credit, events are free.
+   Batches whose Arrow IPC encoding would exceed ``max_message_bytes`` (minus an envelope
+   allowance) are split by rows before encoding; every chunk is a batch of its own and spends
+   one credit.
 5. After ``end_of_partition`` the producer half-closes; the consumer finishes the call with OK.
 
 Failures: a stream that ends without end of partition, breaks, is cancelled, or carries a
 protocol violation (data without credit, undecodable frame) fails the consumer's input channel
 (its task fails on the next ``InputGate.next``). The producer's next ``send`` (or a waiting
-one) raises :class:`~snapflow.worker.runtime.channels.ChannelFailedError` when the call fails, including when the
-consumer's server stops or its task releases the channel (ABORTED).
+one) raises :class:`~snapflow.worker.runtime.channel_errors.ChannelFailedError` when the call
+fails, including when the consumer's server stops or its task releases the channel (ABORTED).
 
 The same flow-control contract and the same guarantees for unaligned checkpoints hold as for
-in-process channels (see ``snapflow.worker.runtime.channels``): ``RemoteOutputChannel.send_priority`` overtakes
-frames still in its output queue, which are not yet written to the stream; frames already
-written are in the consumer's input channel or in transit, and the consumer-side input channel
-lets priority frames overtake what it holds.
+in-process channels (see ``snapflow.worker.runtime.output_channel`` and ``input_gate``):
+``RemoteOutputChannel.send_priority`` overtakes frames still in its output queue, which are not
+yet written to the stream; frames already written are in the consumer's input channel or in
+transit, and the consumer-side input channel lets priority frames overtake what it holds.
 
 The streams carry no deadline (they live as long as the job); a dead peer is detected by gRPC
 keepalive or the transport error.
@@ -46,13 +47,7 @@ from snapflow.errors import FailedPreconditionError, InvalidArgumentError
 from snapflow.request_parsing import MalformedRequest
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from snapflow.worker.runtime.channels import (
-    DEFAULT_OUTPUT_QUEUE,
-    ChannelError,
-    ChannelFailedError,
-    InputChannel,
-    OutputChannel,
-)
+from snapflow.worker.runtime.channel_errors import ChannelError, ChannelFailedError
 from snapflow.worker.runtime.debloat import DebloatSettings
 from snapflow.worker.runtime.frames import (
     DataFrame,
@@ -62,6 +57,8 @@ from snapflow.worker.runtime.frames import (
     frame_from_proto,
     frame_to_proto,
 )
+from snapflow.worker.runtime.input_channel import InputChannel
+from snapflow.worker.runtime.output_channel import DEFAULT_OUTPUT_QUEUE, OutputChannel
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -372,7 +369,7 @@ class _ConsumerStream:
 
 class RemoteOutputChannel(OutputChannel):
     """Producer side of a channel over an ``Exchange`` stream; same contract as
-    ``snapflow.worker.runtime.channels.OutputChannel``.
+    ``snapflow.worker.runtime.output_channel.OutputChannel``.
 
     Create with ``await RemoteOutputChannel.connect(stub, channel_id)``. Batches are split (to
     ``max_message_bytes`` minus ``ENVELOPE_BYTES`` of IPC bytes per message) and encoded in

@@ -10,7 +10,7 @@ record batch (schema message + batch message + end-of-stream marker), so each me
 self-describing and decodes without any per-channel state; decoding is zero-copy over the
 received bytes.
 
-Flow-control classes (see ``snapflow.worker.runtime.channels``):
+Flow-control classes (see ``snapflow.worker.runtime.output_channel``):
 
 - only a :class:`DataFrame` occupies a buffer, i.e. needs one credit; events need none;
 - :func:`is_priority` frames (barriers of *unaligned* checkpoints, cancel markers) overtake

@@ -16,7 +16,6 @@ import contextlib
 from typing import Never, NoReturn
 
 from snapflow.worker.runtime import barriers as b
-from snapflow.worker.runtime.channels import InputGate
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     CancelMarkerFrame,
@@ -27,6 +26,7 @@ from snapflow.worker.runtime.frames import (
     LatencyMarkerFrame,
     WatermarkFrame,
 )
+from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.subtask_checkpoints import now_ms
 from snapflow.worker.runtime.task_lifecycle import BarrierSnapshot, InputEnded
 from snapflow.worker.runtime.task_shell import TaskShell

@@ -35,10 +35,11 @@ import structlog
 
 from snapflow.checkpointing import BarrierOptions, DeclineReason, StateHandle
 from snapflow.worker.runtime.barriers import BarrierAbortReason
-from snapflow.worker.runtime.channels import ChannelError, OutputChannel
+from snapflow.worker.runtime.channel_errors import ChannelError
 from snapflow.worker.runtime.frames import BarrierFrame, CancelMarkerFrame
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
+from snapflow.worker.runtime.output_channel import OutputChannel
 from snapflow.worker.runtime.snapshot_writer import join_location, write_snapshot
 from snapflow.worker.runtime.task_lifecycle import Event, SnapshotFailed, SnapshotSettled
 from snapflow.worker.runtime.task_output import TaskOutput

@@ -27,8 +27,8 @@ import structlog
 
 from snapflow.checkpointing import CHANNEL_OUTPUT, BarrierOptions, CheckpointMode
 from snapflow.worker.runtime import barriers as b
-from snapflow.worker.runtime.channels import InputGate
 from snapflow.worker.runtime.frames import DataFrame
+from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.input_loop import InputLoop
 from snapflow.worker.runtime.operator import Chain, Operator, SourceOperator
 from snapflow.worker.runtime.operator_runner import OperatorRunner

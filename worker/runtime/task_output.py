@@ -14,8 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from snapflow.worker.runtime.channels import OutputChannel
 from snapflow.worker.runtime.frames import DataFrame, Frame
+from snapflow.worker.runtime.output_channel import OutputChannel
 from snapflow.worker.runtime.partitioners import BroadcastPartitioner, Partitioner
 
 BACKPRESSURE_POLL_S = 0.005

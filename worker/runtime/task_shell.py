@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from snapflow.event_time import MAX_WATERMARK
+from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.runtime.frames import EndOfDataFrame, WatermarkFrame
 from snapflow.worker.runtime.operator import Chain, Operator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
@@ -35,7 +35,6 @@ from snapflow.worker.runtime.task_lifecycle import (
 )
 from snapflow.worker.runtime.task_output import TaskOutput
 from snapflow.worker.runtime.task_state import TaskState, close_and_dispose
-from snapflow.worker.runtime.watermark_valve import MIN_WATERMARK
 
 
 class TaskShell:

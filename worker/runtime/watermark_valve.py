@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from snapflow.event_time import MAX_WATERMARK
-
-MIN_WATERMARK = -(2**63)
+from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 
 
 class WatermarkValve:

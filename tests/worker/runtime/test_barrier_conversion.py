@@ -14,8 +14,9 @@ from kit.channels import run
 from kit.subtasks import batch, harness
 
 from snapflow.checkpointing import BarrierOptions, CheckpointMode
-from snapflow.worker.runtime.channels import InputChannel, InputGate
 from snapflow.worker.runtime.frames import BarrierFrame, DataFrame, Frame, WatermarkFrame
+from snapflow.worker.runtime.input_channel import InputChannel
+from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport, now_ms
 from snapflow.worker.runtime.task_state import RestoreData

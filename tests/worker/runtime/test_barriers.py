@@ -1130,8 +1130,9 @@ def _is_priority(frame: Frame) -> bool:
 class SimulatedTask:
     """Upstreams write frames into channels; the task reads them as the handler allows.
 
-    Like ``snapflow.worker.runtime.channels``, a channel hands over priority frames (unaligned barriers, cancel
-    markers) ahead of the data still queued in it; a blocked channel hands over nothing.
+    Like ``snapflow.worker.runtime.input_gate``, a channel hands over priority frames (unaligned
+    barriers, cancel markers) ahead of the data still queued in it; a blocked channel hands over
+    nothing.
     """
 
     rng: random.Random

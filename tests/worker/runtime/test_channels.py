@@ -9,13 +9,10 @@ import pytest
 from kit.channels import UNALIGNED, data, ident, run
 
 from snapflow.checkpointing import BarrierOptions
-from snapflow.worker.runtime.channels import (
+from snapflow.worker.runtime.channel_errors import (
     ChannelClosedError,
     ChannelFailedError,
     CreditViolationError,
-    InputChannel,
-    InputGate,
-    LocalChannel,
 )
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
@@ -26,6 +23,9 @@ from snapflow.worker.runtime.frames import (
     LatencyMarkerFrame,
     WatermarkFrame,
 )
+from snapflow.worker.runtime.input_channel import InputChannel
+from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.local_channel import LocalChannel
 
 
 async def drain(gate: InputGate) -> list[tuple[int, object]]:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from kit.channels import run
 
-from snapflow.worker.runtime.channels import ChannelFailedError, InputGate, LocalChannel
+from snapflow.worker.runtime.channel_errors import ChannelFailedError
 from snapflow.worker.runtime.debloat import (
     UNBOUNDED,
     Budget,
@@ -18,6 +18,8 @@ from snapflow.worker.runtime.debloat import (
     DebloatSettings,
 )
 from snapflow.worker.runtime.frames import DataFrame
+from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.local_channel import LocalChannel
 
 MS = 1_000_000  # ns
 

@@ -26,7 +26,7 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.runtime.channels import ChannelFailedError, InputGate, LocalChannel
+from snapflow.worker.runtime.channel_errors import ChannelFailedError
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
     DataFrame,
@@ -35,6 +35,8 @@ from snapflow.worker.runtime.frames import (
     Frame,
     WatermarkFrame,
 )
+from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.local_channel import LocalChannel
 from snapflow.worker.runtime.operator import Operator, OperatorContext, SourceOperator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
 from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport

@@ -17,7 +17,7 @@ from kit.polling import holds_for_async, wait_until_async
 from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from snapflow.worker.runtime.channels import ChannelFailedError, InputChannel, InputGate
+from snapflow.worker.runtime.channel_errors import ChannelFailedError
 from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
     ChannelRegistry,
@@ -42,6 +42,8 @@ from snapflow.worker.runtime.frames import (
     is_event,
     is_priority,
 )
+from snapflow.worker.runtime.input_channel import InputChannel
+from snapflow.worker.runtime.input_gate import InputGate
 
 
 def rich_batch() -> pa.RecordBatch:

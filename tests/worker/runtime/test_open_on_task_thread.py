@@ -14,8 +14,9 @@ import pytest
 from kit.channels import run
 
 from snapflow.checkpointing import CheckpointMode
-from snapflow.worker.runtime.channels import InputGate, LocalChannel
 from snapflow.worker.runtime.frames import DataFrame
+from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.local_channel import LocalChannel
 from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
 from snapflow.worker.runtime.task import Subtask

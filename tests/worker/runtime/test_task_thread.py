@@ -22,9 +22,10 @@ from kit.subtasks import batch, harness
 
 from snapflow.checkpointing import BarrierOptions, CheckpointMode, DeclineReason
 from snapflow.worker.connectors.split_sources import SequenceSource
-from snapflow.worker.runtime.channels import InputGate, LocalChannel
 from snapflow.worker.runtime.debloat import DEBLOAT_OFF
 from snapflow.worker.runtime.frames import BarrierFrame, DataFrame
+from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.local_channel import LocalChannel
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.partitioners import ForwardPartitioner
 from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport
@@ -136,7 +137,7 @@ def test_a_source_injects_and_acks_while_the_sink_in_its_agent_is_stuck(tmp_path
             assert not pair.release.is_set() and pair.sink_op.rows == 0  # still stuck
             # aligned: the barrier waits behind the data in the channel
             assert any(isinstance(f, BarrierFrame) for f in pair.channel.output.queued) or any(
-                isinstance(f, BarrierFrame) for f in pair.channel.input._queue
+                isinstance(f, BarrierFrame) for f in pair.channel.input.queue
             )
             assert pair.acks["sink"] == []
             pair.release.set()

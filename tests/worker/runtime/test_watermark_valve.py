@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from snapflow.event_time import MAX_WATERMARK
-from snapflow.worker.runtime.channels import InputChannel, InputGate
+from snapflow.worker.runtime.input_channel import InputChannel
+from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.watermark_valve import WatermarkValve
 
 
