@@ -13,14 +13,9 @@ from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
-from snapflow.worker.state.rocksdb_backend import (
-    COMPACTION_STYLES,
-    DEFAULT_CACHE_ENTRIES,
-    RocksDBKeyedStateBackend,
-    RocksDBTuning,
-    discard_local_copies,
-    local_copy_dir,
-)
+from snapflow.worker.state.rocksdb_backend import DEFAULT_CACHE_ENTRIES, RocksDBKeyedStateBackend
+from snapflow.worker.state.rocksdb_local_recovery import discard_local_copies, local_copy_dir
+from snapflow.worker.state.rocksdb_tuning import COMPACTION_STYLES, RocksDBTuning
 from snapflow.worker.state.ttl import Clock
 
 __all__ = ["BACKENDS", "HEAP", "ROCKSDB", "StateBackendConfig", "create_keyed_backend"]

@@ -22,7 +22,7 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.state import rocksdb_backend
+from snapflow.worker.state import rocksdb_tuning
 from snapflow.worker.state.factory import StateBackendConfig
 from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
 
@@ -38,7 +38,7 @@ TUNED: dict[str, Any] = {
 
 def test_the_styles_agree_with_the_worker() -> None:
     assert (
-        tuple(sorted(rocksdb_backend.COMPACTION_STYLES))
+        tuple(sorted(rocksdb_tuning.COMPACTION_STYLES))
         == coordinator_model.ROCKSDB_COMPACTION_STYLES
     )
 
