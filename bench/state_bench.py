@@ -52,7 +52,8 @@ from snapflow.worker.api.operators import fold_and_get
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keyed_state import aggregate_batch
-from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend, RocksDBTuning
+from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
+from snapflow.worker.state.rocksdb_tuning import RocksDBTuning
 
 MAXP = 128
 BATCH = 10_000

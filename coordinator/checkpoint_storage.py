@@ -73,7 +73,7 @@ SAVEPOINTS_DIR = "savepoints"
 SHARED_DIR = "shared"
 """``<root>/<job>/shared/``: files shared between checkpoints (the disk state backend's SSTs),
 reference-counted in Redis (``coordinator/shared_state.py``). The worker derives the same
-directory from a checkpoint's target location (``rocksdb_backend.shared_dir_for``)."""
+directory from a checkpoint's target location (``rocksdb_snapshots.shared_dir_for``)."""
 
 # Only canonical names (no leading zeros): "chk-007" is not ours and is left alone.
 _CHECKPOINT_DIR_RE = re.compile(r"^chk-(0|[1-9][0-9]*)$")

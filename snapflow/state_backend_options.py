@@ -4,7 +4,7 @@ The one definition for everyone who handles it: the Spark bridge builds it
 (``Pipeline.state_backend``), the coordinator validates and stores it in the job's
 ``CheckpointConfig`` (``snapflow.checkpoint_config``), and each worker opens its backends with
 it (``snapflow.worker.state.factory``), where an unset field keeps the worker's default
-(``worker/state/rocksdb_backend.py``). Its proto mapping is in ``snapflow.wire``.
+(``worker/state/rocksdb_tuning.py``). Its proto mapping is in ``snapflow.wire``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ ROCKSDB = "rocksdb"
 checkpoints (docs/storage.md)."""
 STATE_BACKENDS = (HEAP, ROCKSDB)
 COMPACTION_STYLES = ("level", "universal")
-"""The rocksdb compaction styles (the worker's ``rocksdb_backend.COMPACTION_STYLES``)."""
+"""The rocksdb compaction styles (the worker's ``rocksdb_tuning.COMPACTION_STYLES``)."""
 
 # Each integer field's bounds: wide enough for any real machine, narrow enough that a typo
 # cannot ask for an absurd instance.

@@ -17,20 +17,16 @@ from snapflow.state_backend_options import (
 )
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
-from snapflow.worker.state.rocksdb_backend import (
-    DEFAULT_CACHE_ENTRIES,
-    RocksDBKeyedStateBackend,
-    RocksDBTuning,
-    discard_local_copies,
-    local_copy_dir,
-)
+from snapflow.worker.state.rocksdb_backend import DEFAULT_CACHE_ENTRIES, RocksDBKeyedStateBackend
+from snapflow.worker.state.rocksdb_local_recovery import discard_local_copies, local_copy_dir
+from snapflow.worker.state.rocksdb_tuning import RocksDBTuning
 from snapflow.worker.state.ttl import Clock
 
 __all__ = ["StateBackendConfig", "create_keyed_backend"]
 
 LOCAL_DIR_ENV = "SNAPFLOW_STATE_DIR"
 
-_TUNING = RocksDBTuning()  # the instance defaults, stated once (in rocksdb_backend.py)
+_TUNING = RocksDBTuning()  # the instance defaults, stated once (in rocksdb_tuning.py)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,8 @@ from snapflow.state_backend_options import StateBackendOptions
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.state import factory
 from snapflow.worker.state.keygroups import key_group_for_key
-from snapflow.worker.state.rocksdb_backend import (
-    LOCAL_COPY_META,
-    RocksDBKeyedStateBackend,
-    local_copy_dir,
-)
+from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
+from snapflow.worker.state.rocksdb_local_recovery import LOCAL_COPY_META, local_copy_dir
 
 MAXP = 128
 

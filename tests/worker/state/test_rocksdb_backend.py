@@ -32,7 +32,8 @@ from snapflow.worker.state import keyed_backend as heap_module
 from snapflow.worker.state.errors import CorruptStateError, IncompatibleStateError
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keygroups import KeyGroupRange, key_group_range_for_subtask
-from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend, shared_dir_for
+from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
+from snapflow.worker.state.rocksdb_snapshots import shared_dir_for
 
 MAXP = 128
 

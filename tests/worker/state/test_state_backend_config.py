@@ -23,7 +23,7 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.state import rocksdb_backend
+from snapflow.worker.state import rocksdb_tuning
 from snapflow.worker.state.factory import StateBackendConfig
 from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
 
@@ -38,7 +38,7 @@ TUNED: dict[str, Any] = {
 
 
 def test_the_styles_agree_with_the_worker() -> None:
-    assert tuple(sorted(rocksdb_backend.COMPACTION_STYLES)) == COMPACTION_STYLES
+    assert tuple(sorted(rocksdb_tuning.COMPACTION_STYLES)) == COMPACTION_STYLES
 
 
 def test_settings_round_trip_through_proto_coordinator_and_worker() -> None:
