@@ -131,16 +131,7 @@ class InputLoop:
                 for channel in action.channels:
                     gate.unblock(channel)
             elif isinstance(action, b.TriggerSnapshot):
-                await self._shell.handle(
-                    BarrierSnapshot(
-                        action.checkpoint_id,
-                        action.timestamp_ms,
-                        action.options,
-                        action.unaligned,
-                        action.alignment_duration_ms,
-                        action.start_delay_ms,
-                    )
-                )
+                await self._shell.handle(BarrierSnapshot(action))
             elif isinstance(action, b.StartPersistingChannel):
                 checkpoints.start_persisting(action.channel, action.checkpoint_id)
             elif isinstance(action, b.PersistOvertakenData):

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from snapflow.checkpointing import BarrierOptions, DeclineReason, StateHandle
+from snapflow.checkpointing import DeclineReason, StateHandle
 from snapflow.worker.runtime.barriers import BarrierAbortReason
 from snapflow.worker.runtime.channel_errors import ChannelError
 from snapflow.worker.runtime.frames import BarrierFrame, CancelMarkerFrame
@@ -41,7 +41,12 @@ from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
 from snapflow.worker.runtime.output_channel import OutputChannel
 from snapflow.worker.runtime.snapshot_writer import join_location, write_snapshot
-from snapflow.worker.runtime.task_lifecycle import Event, SnapshotFailed, SnapshotSettled
+from snapflow.worker.runtime.task_lifecycle import (
+    Event,
+    SnapshotFailed,
+    SnapshotSettled,
+    TakeSnapshot,
+)
 from snapflow.worker.runtime.task_output import TaskOutput
 from snapflow.worker.runtime.task_state import TaskState
 from snapflow.worker.state.snapshots import SnapshotInProgress
@@ -84,15 +89,11 @@ def _set_event() -> asyncio.Event:
 class PendingSnapshot:
     """A snapshot whose asynchronous part has not ended."""
 
-    checkpoint_id: int
-    timestamp_ms: int
-    options: BarrierOptions
-    unaligned: bool
-    alignment_duration_ms: int
-    start_delay_ms: int
+    take: TakeSnapshot
     started: float
-    input_ended: bool
     records_in: int
+    unaligned: bool
+    """Unaligned from the start, or since its output-side alignment timed out."""
     snapshots: list[tuple[str, SnapshotInProgress]] = field(default_factory=list)
     output_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
     input_state: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
@@ -180,30 +181,17 @@ class SubtaskCheckpoints:
 
     # --- taking a snapshot -------------------------------------------------------------------
 
-    async def take_snapshot(
-        self,
-        checkpoint_id: int,
-        timestamp_ms: int,
-        options: BarrierOptions,
-        *,
-        unaligned: bool,
-        alignment_duration_ms: int,
-        start_delay_ms: int,
-        input_ended: bool,
-        records_in: int,
-    ) -> None:
+    async def take_snapshot(self, take: TakeSnapshot, records_in: int) -> None:
+        """``take``, ``records_in`` the records the task had taken in before it."""
         started = time.perf_counter()
-        pending = PendingSnapshot(
-            checkpoint_id,
-            timestamp_ms,
-            options,
-            unaligned,
-            alignment_duration_ms,
-            start_delay_ms,
-            started,
-            input_ended,
-            records_in,
+        trigger = take.trigger
+        checkpoint_id, timestamp_ms, options = (
+            trigger.checkpoint_id,
+            trigger.timestamp_ms,
+            trigger.options,
         )
+        unaligned = trigger.unaligned
+        pending = PendingSnapshot(take, started, records_in, unaligned)
         if not self._has_inputs:
             pending.input_complete.set()  # a source has no input channels
         self.pending[checkpoint_id] = pending
@@ -260,10 +248,11 @@ class SubtaskCheckpoints:
         when the timeout passes (measured from the checkpoint's trigger, as on the input side)
         becomes unaligned and overtakes the data queued ahead of it, which becomes output
         channel state (Flink converts it in the output subpartition too)."""
-        checkpoint_id = pending.checkpoint_id
+        trigger = pending.take.trigger
+        checkpoint_id = trigger.checkpoint_id
         try:
             waits = [channel.barrier_sent(checkpoint_id) for channel in channels]
-            deadline_ms = pending.timestamp_ms + pending.options.aligned_checkpoint_timeout_ms
+            deadline_ms = trigger.timestamp_ms + trigger.options.aligned_checkpoint_timeout_ms
             remaining_s = (deadline_ms - now_ms()) / 1000.0
             if remaining_s > 0:
                 await asyncio.wait(waits, timeout=remaining_s)
@@ -296,16 +285,17 @@ class SubtaskCheckpoints:
             await self._write_and_ack(pending)
         finally:
             # Only now, the ack sent: a finishing task waits for this before it ends.
-            self._lifecycle(SnapshotSettled(pending.checkpoint_id))
+            self._lifecycle(SnapshotSettled(pending.take.checkpoint_id))
 
     async def _write_and_ack(self, pending: PendingSnapshot) -> None:
-        checkpoint_id = pending.checkpoint_id
+        trigger = pending.take.trigger
+        checkpoint_id = trigger.checkpoint_id
         try:
             await pending.input_complete.wait()
             await pending.output_complete.wait()
             if checkpoint_id not in self.pending:
                 return  # aborted meanwhile
-            directory = join_location(pending.options.target_location, self._snapshot_dir)
+            directory = join_location(trigger.options.target_location, self._snapshot_dir)
             started = time.perf_counter()
             handles_by_op, size, in_flight = await asyncio.to_thread(
                 write_snapshot,
@@ -338,13 +328,13 @@ class SubtaskCheckpoints:
             operator_states=sorted(handles_by_op.items()),
             sync_duration_ms=pending.sync_duration_ms,
             async_duration_ms=async_ms,
-            alignment_duration_ms=pending.alignment_duration_ms,
-            start_delay_ms=pending.start_delay_ms,
+            alignment_duration_ms=trigger.alignment_duration_ms,
+            start_delay_ms=trigger.start_delay_ms,
             state_size_bytes=size,
             processed_during_alignment_bytes=self.alignment_bytes.pop(checkpoint_id, 0),
             persisted_in_flight_bytes=in_flight,
             unaligned=pending.unaligned,
-            input_ended=pending.input_ended,
+            input_ended=pending.take.input_ended,
             records_in=pending.records_in,
         )
         await self._ack(report)

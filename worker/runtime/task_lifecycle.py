@@ -46,6 +46,7 @@ import enum
 from dataclasses import dataclass, field
 
 from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode
+from snapflow.worker.runtime.barriers import TriggerSnapshot
 
 
 class Phase(enum.Enum):
@@ -157,15 +158,9 @@ class TriggerAtSource:
 
 @dataclass(frozen=True)
 class BarrierSnapshot:
-    """A task with inputs is to snapshot ``checkpoint_id``: its barrier handler said so
-    (``barriers.TriggerSnapshot``, whose fields these are)."""
+    """A task with inputs is to snapshot: its barrier handler said so."""
 
-    checkpoint_id: int
-    timestamp_ms: int
-    options: BarrierOptions
-    unaligned: bool
-    alignment_duration_ms: int
-    start_delay_ms: int
+    trigger: TriggerSnapshot
 
 
 @dataclass(frozen=True)
@@ -248,14 +243,14 @@ class EndData:
 class TakeSnapshot:
     """Snapshot: barrier downstream, synchronous part, asynchronous part, ack."""
 
-    checkpoint_id: int
-    timestamp_ms: int
-    options: BarrierOptions
-    unaligned: bool
-    start_delay_ms: int
-    alignment_duration_ms: int = 0
-    input_ended: bool = False
+    trigger: TriggerSnapshot
+    """What to snapshot and how (a source's, made here, alignment 0; else the handler's)."""
+    input_ended: bool
     """The snapshot says the source's input ended (a final checkpoint may follow only such)."""
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.trigger.checkpoint_id
 
 
 @dataclass(frozen=True)
@@ -493,19 +488,11 @@ class TaskLifecycle:
     def _on_barrier_snapshot(self, event: BarrierSnapshot) -> list[Action]:
         if self.is_source:
             raise InvalidTransitionError("a source snapshots on triggers, not barriers")
-        self._check_id(event.checkpoint_id)
+        trigger = event.trigger
+        self._check_id(trigger.checkpoint_id)
         self._expect(event, Phase.RUNNING, Phase.ENDING_DATA, Phase.DATA_ENDED)
-        self._start_snapshot(event.checkpoint_id)
-        return [
-            TakeSnapshot(
-                checkpoint_id=event.checkpoint_id,
-                timestamp_ms=event.timestamp_ms,
-                options=event.options,
-                unaligned=event.unaligned,
-                start_delay_ms=event.start_delay_ms,
-                alignment_duration_ms=event.alignment_duration_ms,
-            )
-        ]
+        self._start_snapshot(trigger.checkpoint_id)
+        return [TakeSnapshot(trigger, input_ended=False)]
 
     def _snapshot_at_source(self, event: TriggerAtSource) -> list[Action]:
         options = event.options
@@ -520,16 +507,15 @@ class TaskLifecycle:
                 options, mode=CheckpointMode.ALIGNED, aligned_checkpoint_timeout_ms=0
             )
         self._start_snapshot(event.checkpoint_id)
-        return [
-            TakeSnapshot(
-                checkpoint_id=event.checkpoint_id,
-                timestamp_ms=event.timestamp_ms,
-                options=options,
-                unaligned=options.mode is CheckpointMode.UNALIGNED,
-                start_delay_ms=max(0, event.now_ms - event.timestamp_ms),
-                input_ended=self.input_exhausted,
-            )
-        ]
+        trigger = TriggerSnapshot(
+            event.checkpoint_id,
+            event.timestamp_ms,
+            options,
+            unaligned=options.mode is CheckpointMode.UNALIGNED,
+            alignment_duration_ms=0,
+            start_delay_ms=max(0, event.now_ms - event.timestamp_ms),
+        )
+        return [TakeSnapshot(trigger, input_ended=self.input_exhausted)]
 
     def _start_snapshot(self, checkpoint_id: int) -> None:
         self.in_flight[checkpoint_id] = self.last_snapshot_id

@@ -107,16 +107,7 @@ class TaskShell:
                 case EndData(run_end_input=run_end_input):
                     await self._end_data(run_end_input)
                 case TakeSnapshot():
-                    await self.checkpoints.take_snapshot(
-                        action.checkpoint_id,
-                        action.timestamp_ms,
-                        action.options,
-                        unaligned=action.unaligned,
-                        alignment_duration_ms=action.alignment_duration_ms,
-                        start_delay_ms=action.start_delay_ms,
-                        input_ended=action.input_ended,
-                        records_in=self.records_in,
-                    )
+                    await self.checkpoints.take_snapshot(action, self.records_in)
                 case RequestFinalCheckpoint():
                     if self._request_final_checkpoint is not None:
                         self._requester = asyncio.ensure_future(self._request_final_checkpoint())

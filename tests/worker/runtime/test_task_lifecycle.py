@@ -12,6 +12,7 @@ import random
 import pytest
 
 from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMode
+from snapflow.worker.runtime.barriers import TriggerSnapshot
 from snapflow.worker.runtime.task_lifecycle import (
     Action,
     AllPartitionsEnded,
@@ -82,16 +83,24 @@ def trigger(cid: int, options: BarrierOptions = ALIGNED, ts: int = 1000) -> Trig
     return TriggerAtSource(cid, ts, options, now_ms=ts + 7)
 
 
-def snap(cid: int, options: BarrierOptions = ALIGNED, **kw: object) -> TakeSnapshot:
-    fields: dict[str, object] = {
-        "checkpoint_id": cid,
-        "timestamp_ms": 1000,
-        "options": options,
-        "unaligned": options.mode is CheckpointMode.UNALIGNED,
-        "start_delay_ms": 7,
-    }
-    fields.update(kw)
-    return TakeSnapshot(**fields)  # type: ignore[arg-type]
+def snap(
+    cid: int,
+    options: BarrierOptions = ALIGNED,
+    *,
+    input_ended: bool = False,
+    start_delay_ms: int = 7,
+    alignment_duration_ms: int = 0,
+) -> TakeSnapshot:
+    unaligned = options.mode is CheckpointMode.UNALIGNED
+    trigger = TriggerSnapshot(cid, 1000, options, unaligned, alignment_duration_ms, start_delay_ms)
+    return TakeSnapshot(trigger, input_ended)
+
+
+def barrier(
+    cid: int, options: BarrierOptions = ALIGNED, alignment: int = 0, delay: int = 0
+) -> BarrierSnapshot:
+    unaligned = options.mode is CheckpointMode.UNALIGNED
+    return BarrierSnapshot(TriggerSnapshot(cid, 1000, options, unaligned, alignment, delay))
 
 
 def close(lc: TaskLifecycle, outcome: Phase) -> None:
@@ -265,8 +274,9 @@ def test_a_task_ends_its_data_when_every_input_ended() -> None:
     assert step(lc, InputEnded(2)) == [EndData(run_end_input=True)]
     assert step(lc, DataEnded()) == []
     assert phase_of(lc) is Phase.DATA_ENDED
-    barrier = BarrierSnapshot(4, 1000, ALIGNED, False, 12, 3)
-    assert step(lc, barrier) == [snap(4, start_delay_ms=3, alignment_duration_ms=12)]
+    assert step(lc, barrier(4, alignment=12, delay=3)) == [
+        snap(4, start_delay_ms=3, alignment_duration_ms=12)
+    ]
     assert step(lc, AllPartitionsEnded()) == []
     assert phase_of(lc) is Phase.FINISHING and lc.waiting_for_checkpoints()
     assert step(lc, CheckpointCompleted(4)) == [NotifyComplete(4)]
@@ -285,7 +295,7 @@ def test_a_task_restored_after_its_end_does_not_run_end_input_again() -> None:
 
 def test_end_of_partition_without_end_of_data_finishes_without_end_input() -> None:
     lc = running_task()  # a stop-with-savepoint without drain upstream
-    step(lc, BarrierSnapshot(2, 1000, SUSPEND, False, 0, 0))
+    step(lc, barrier(2, SUSPEND))
     assert step(lc, AllPartitionsEnded()) == []
     assert phase_of(lc) is Phase.FINISHING and lc.waiting_for_checkpoints()
     step(lc, SnapshotSettled(2))
@@ -371,7 +381,7 @@ def test_random_sequences_keep_the_invariants() -> None:
             options = rng.choice([ALIGNED, UNALIGNED, TIMEOUT, SUSPEND, TERMINATE])
             events: list[Event] = [
                 trigger(cid, options),
-                BarrierSnapshot(cid, 1000, options, False, 0, 0),
+                barrier(cid, options),
                 SnapshotSettled(cid),
                 SnapshotFailed(cid),
                 CheckpointCompleted(cid, final=rng.random() < 0.3),
