@@ -192,6 +192,11 @@ class InputGate:
     def blocked(self) -> frozenset[int]:
         return frozenset(self._blocked)
 
+    @property
+    def aligning(self) -> bool:
+        """Some channel is blocked (an aligned checkpoint is aligning); cheap, per frame."""
+        return bool(self._blocked)
+
     # -- channel state -----------------------------------------------------------------------------
 
     def persist_queued(self, index: int, until_checkpoint: int | None = None) -> list[DataFrame]:

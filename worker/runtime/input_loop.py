@@ -88,7 +88,7 @@ class InputLoop:
         shell = self._shell
         if isinstance(frame, DataFrame):
             batch = frame.batch
-            shell.checkpoints.on_input(channel, batch, aligning=bool(self.gate.blocked))
+            shell.checkpoints.on_input(channel, batch, aligning=self.gate.aligning)
             shell.records_in += batch.num_rows
             await shell.output.emit(await shell.runner.process(shell.chain, batch))
         elif isinstance(frame, BarrierFrame):

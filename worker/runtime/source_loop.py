@@ -44,11 +44,14 @@ class SourceLoop:
         self._source = source
         self._batch_records = batch_records
         self._triggers: asyncio.Queue[tuple[int, int, BarrierOptions]] = asyncio.Queue()
+        self._trigger_queued = asyncio.Event()
+        """Set while a trigger is queued: waiting on it leaves the queue's order alone."""
         shell.output.serve_mailbox = self.serve_triggers
 
     def trigger(self, checkpoint_id: int, timestamp_ms: int, options: BarrierOptions) -> None:
         """A checkpoint trigger from the coordinator: taken at the next chance."""
         self._triggers.put_nowait((checkpoint_id, timestamp_ms, options))
+        self._trigger_queued.set()
 
     async def serve_triggers(self) -> None:
         """Take the queued triggers (not while end of data is going out)."""
@@ -58,6 +61,8 @@ class SourceLoop:
             await self._shell.handle(
                 TriggerAtSource(checkpoint_id, timestamp_ms, options, now_ms())
             )
+        if self._triggers.empty():
+            self._trigger_queued.clear()
 
     async def run(self) -> None:
         """Until the source emits nothing more: its input is exhausted (end of data sent), it
@@ -168,5 +173,4 @@ class SourceLoop:
         return output.all_have_room() and self._triggers.empty()
 
     async def _wait_trigger(self) -> None:
-        item = await self._triggers.get()
-        self._triggers.put_nowait(item)
+        await self._trigger_queued.wait()

@@ -172,7 +172,7 @@ class SubtaskCheckpoints:
 
     async def abort(self, checkpoint_id: int, reason: BarrierAbortReason) -> None:
         """The input aborted ``checkpoint_id``: forward a cancel marker and decline."""
-        self.pending.pop(checkpoint_id, None)
+        self._drop(checkpoint_id)
         self.persisting = {c: n for c, n in self.persisting.items() if n != checkpoint_id}
         marker = CancelMarkerFrame(checkpoint_id)
         for channel in self._output.channels:
@@ -216,7 +216,7 @@ class SubtaskCheckpoints:
                 self._state.sync_snapshot, self._operators, checkpoint_id, options
             )
         except Exception as e:
-            self.pending.pop(checkpoint_id, None)
+            self._drop(checkpoint_id)
             self._lifecycle(SnapshotFailed(checkpoint_id))
             self._log.warning(
                 "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
@@ -230,6 +230,15 @@ class SubtaskCheckpoints:
         else:
             pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
             self._spawn(self._complete_snapshot(pending))
+
+    def _drop(self, checkpoint_id: int) -> None:
+        """Forget ``checkpoint_id``: its asynchronous part, if waiting for the rest of the
+        input's or output's channel state, wakes up, sees it gone and settles."""
+        pending = self.pending.pop(checkpoint_id, None)
+        self.alignment_bytes.pop(checkpoint_id, None)
+        if pending is not None:
+            pending.input_complete.set()
+            pending.output_complete.set()
 
     def cancel(self) -> None:
         """The task ends: stop every asynchronous part."""
@@ -310,7 +319,7 @@ class SubtaskCheckpoints:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self.pending.pop(checkpoint_id, None)
+            self._drop(checkpoint_id)
             self._log.warning(
                 "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
             )

@@ -197,7 +197,9 @@ class Subtask:
     def open(self) -> None:
         """Open operators with their (restored) state. Runs before the task reports RUNNING."""
         restored_end_of_data = self.state.open(self.operators)
-        self._shell.feed(Opened(restored_end_of_data))
+        # Possibly on the task thread: straight to the lifecycle (nothing waits on the shell's
+        # ``changed`` yet, and an asyncio event is the loop's to set).
+        self.lifecycle.handle(Opened(restored_end_of_data))
 
     async def discard(self) -> None:
         """Clean up a subtask that was opened (or tried to) but whose :meth:`run` never

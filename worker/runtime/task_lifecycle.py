@@ -140,6 +140,9 @@ class InputEnded:
 class DataEnded:
     """``EndData`` was executed: the flush ran and end of data is on every output channel."""
 
+    now_ms: int = 0
+    """When (a drain's savepoint trigger waited for the flush: its start delay includes it)."""
+
 
 @dataclass(frozen=True)
 class AllPartitionsEnded:
@@ -385,8 +388,8 @@ class TaskLifecycle:
                 return self._on_source_exhausted(event)
             case InputEnded(input_index=index):
                 return self._on_input_ended(event, index)
-            case DataEnded():
-                return self._on_data_ended(event)
+            case DataEnded(now_ms=now):
+                return self._on_data_ended(event, now)
             case AllPartitionsEnded():
                 if self.is_source:
                     raise InvalidTransitionError("a source has no input partitions")
@@ -447,14 +450,14 @@ class TaskLifecycle:
         self.phase = Phase.ENDING_DATA
         return [EndData(run_end_input=not self.restored_end_of_data)]
 
-    def _on_data_ended(self, event: Event) -> list[Action]:
+    def _on_data_ended(self, event: Event, now_ms: int) -> list[Action]:
         self._expect(event, Phase.ENDING_DATA)
         self.phase = Phase.DATA_ENDED
         if not self.is_source:
             return []
         held, self._held_trigger = self._held_trigger, None
         if held is not None:  # a drain: the savepoint's barrier follows end of data
-            return self._snapshot_at_source(held)
+            return self._snapshot_at_source(dataclasses.replace(held, now_ms=now_ms))
         if self._drain_failed:
             return []  # its savepoint was aborted during the flush: the task fails
         self.input_exhausted = True  # only now may a snapshot say so: its barrier follows
@@ -496,8 +499,10 @@ class TaskLifecycle:
 
     def _snapshot_at_source(self, event: TriggerAtSource) -> list[Action]:
         options = event.options
-        if options.kind.is_synchronous and self._stop is None:
-            self._stop = _Stop(event.checkpoint_id, drain=False)
+        if options.kind.is_synchronous:
+            # The newest stop-with-savepoint is the one to wait for (a drain stays a drain).
+            drained = self._stop is not None and self._stop.drain
+            self._stop = _Stop(event.checkpoint_id, drain=drained)
         if self.input_exhausted and options.mode is not CheckpointMode.AT_LEAST_ONCE:
             # A checkpoint may be the job's final one only if every source had ended, and the
             # final one must carry no in-flight data: nothing checkpoints after it, so data in

@@ -19,7 +19,12 @@ from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.runtime.frames import EndOfDataFrame, WatermarkFrame
 from snapflow.worker.runtime.operator import Chain, Operator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
-from snapflow.worker.runtime.subtask_checkpoints import AckFn, DeclineFn, SubtaskCheckpoints
+from snapflow.worker.runtime.subtask_checkpoints import (
+    AckFn,
+    DeclineFn,
+    SubtaskCheckpoints,
+    now_ms,
+)
 from snapflow.worker.runtime.task_lifecycle import (
     Action,
     CloseOperators,
@@ -166,7 +171,7 @@ class TaskShell:
             await self.advance_watermark(MAX_WATERMARK)
         await self.runner.call(self.state.record_end_of_data)
         await self.output.broadcast(EndOfDataFrame())
-        await self.handle(DataEnded())
+        await self.handle(DataEnded(now_ms()))
 
 
 def _notify_complete(operators: list[Operator], checkpoint_id: int) -> None:

@@ -167,11 +167,6 @@ class TaskState:
             snapshots.append((op_id, op_backend.snapshot(checkpoint_id)))
         return snapshots
 
-    def notify_complete(self, checkpoint_id: int) -> None:
-        """Incremental backends reuse the completed checkpoint's files from now on."""
-        for backend in self.keyed.values():
-            backend.notify_checkpoint_complete(checkpoint_id)
-
     @property
     def channel_state_owner(self) -> str:
         """The operator whose state holds the subtask's channel state (its chain's first)."""

@@ -224,3 +224,30 @@ def test_an_unaligned_barrier_taken_while_blocked_keeps_all_output_of_the_input(
     # overtakes it there); 2 and 3 were queued and 4 was produced by the same input: all three
     # are the sender's output channel state, so a restore loses none of them.
     assert taken["replayed"] == [2, 3, 4]
+
+
+def test_an_unaligned_snapshot_aborted_before_its_other_barriers_lets_the_task_finish(
+    tmp_path: Path,
+) -> None:
+    """Unaligned checkpoint 1 is taken at its first barrier and waits for the other channel's;
+    a cancel marker there aborts it. Its asynchronous part must settle (no ack), so that the
+    task finishes after checkpoint 2 completed and its inputs ended, instead of waiting for
+    the aborted one forever."""
+
+    async def main() -> None:
+        h = harness([])
+        options = BarrierOptions(mode=CheckpointMode.UNALIGNED, target_location=str(tmp_path))
+        aligned = BarrierOptions(target_location=str(tmp_path))
+        await h.inputs[0].output.send(BarrierFrame(1, 1_000, options))
+        await h.inputs[1].output.send(CancelMarkerFrame(1))
+        for channel in h.inputs:
+            await channel.output.send(BarrierFrame(2, 2_000, aligned))
+            await channel.output.close()
+        async with asyncio.timeout(10):
+            await h.task.run()
+        assert [report.checkpoint_id for report in h.acks] == [2]
+        assert [(cid, reason) for cid, reason, _ in h.declines] == [
+            (1, DeclineReason.ALIGNMENT_CANCELED)
+        ]
+
+    run(main())

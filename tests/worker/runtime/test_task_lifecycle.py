@@ -223,7 +223,7 @@ def test_stop_with_drain_ends_the_data_before_the_savepoint_barrier() -> None:
     assert step(lc, trigger(8, TERMINATE)) == [EndData(run_end_input=True)]
     assert phase_of(lc) is Phase.ENDING_DATA and lc.stopping_at == 8
     # The savepoint's barrier follows end of data; a drain is not an exhausted input.
-    assert step(lc, DataEnded()) == [snap(8, TERMINATE)]
+    assert step(lc, DataEnded(now_ms=1007)) == [snap(8, TERMINATE)]
     assert not lc.input_exhausted and lc.source_step() is SourceStep.WAIT
     assert step(lc, CheckpointCompleted(8)) == [NotifyComplete(8)]
     assert phase_of(lc) is Phase.STOPPED
@@ -246,6 +246,24 @@ def test_a_drain_whose_savepoint_is_aborted_during_the_flush_fails_without_a_bar
     assert step(lc, DataEnded()) == []  # no snapshot for an aborted checkpoint
     assert lc.source_step() is SourceStep.FAIL
     close(lc, Phase.FAILED)
+
+
+def test_a_newer_stop_with_savepoint_is_the_one_waited_for() -> None:
+    lc = running_source()
+    step(lc, trigger(5, SUSPEND))
+    assert step(lc, trigger(6, SUSPEND)) == [snap(6, SUSPEND)]
+    assert lc.stopping_at == 6
+    assert step(lc, CheckpointAborted(5)) == [NotifyAborted(5)]
+    assert lc.source_step() is SourceStep.WAIT  # 6 is still pending: emit nothing
+    step(lc, CheckpointCompleted(6))
+    assert phase_of(lc) is Phase.STOPPED
+
+
+def test_a_drains_start_delay_includes_the_flush() -> None:
+    lc = running_source()
+    step(lc, trigger(8, TERMINATE))  # taken at 1007
+    [take] = step(lc, DataEnded(now_ms=1500))  # the flush took until 1500
+    assert isinstance(take, TakeSnapshot) and take.trigger.start_delay_ms == 500
 
 
 def test_a_savepoint_after_the_input_ended_stops_the_ended_source() -> None:
