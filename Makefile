@@ -6,7 +6,7 @@
 #   make run          run the demo job on local Spark: a task killed, recovered, checked exactly-once
 #   make coordinator  run the coordinator service in the foreground (embedded Redis)
 #   make proto        regenerate snapflow/v1 from protos/
-#   make lint         ruff check, ruff format --check, mypy
+#   make lint         ruff check, ruff format --check, mypy, deptry (every import declared)
 #   make bench        run the benchmarks (BENCH=<name> selects one)
 #   make chaos        run the full chaos suite (SEED=<n> replays a run; docs/chaos.md)
 #   make clean        remove caches and build artefacts (distclean also removes .venv)
@@ -90,6 +90,7 @@ lint: install
 	echo "$(BIN)/ruff check ."; $(BIN)/ruff check . || status=1; \
 	echo "$(BIN)/ruff format --check ."; $(BIN)/ruff format --check . || status=1; \
 	echo "$(BIN)/mypy"; $(BIN)/mypy || status=1; \
+	echo "$(BIN)/deptry ."; $(BIN)/deptry . || status=1; \
 	exit $$status
 
 # tests/ on the path: the coordinator benchmark's simulated agents are the test kit's (not shipped).

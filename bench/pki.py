@@ -1,6 +1,6 @@
 """Throwaway certificates and tokens for the security benchmark (made with ``cryptography``).
 
-Certificates made by :mod:`snapflow.certificates`, as the tests make theirs: a CA, a service certificate (CN ``snapflow-service``, SANs ``localhost`` and 127.0.0.1,
+Certificates made by the test kit's ``kit.certificates``, as the tests make theirs: a CA, a service certificate (CN ``snapflow-service``, SANs ``localhost`` and 127.0.0.1,
 server and client use) that the coordinator and the agents present on every hop, a client
 certificate for the benchmark's own calls (CN ``snapflow-bench``), and a tokens file with a
 service and an operator token. Everything lives in the directory given and is valid for a day.
@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from snapflow.certificates import CertificateAuthority
+from kit.certificates import CertificateAuthority
 from snapflow.security import ENV_PREFIX, SECURITY_FIELDS, SecuritySettings
 
 SERVICE_NAME = "snapflow-service"

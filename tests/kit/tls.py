@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from snapflow.certificates import CertificateAuthority
+from kit.certificates import CertificateAuthority
 from snapflow.security import SecuritySettings
 
 SERVICE_NAME = "snapflow-service"

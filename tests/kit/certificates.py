@@ -1,10 +1,10 @@
 """Certificates for a local or test cluster: a CA and leaf certificates signed by it.
 
-For trying TLS and mutual TLS without an existing PKI (the tests and the security benchmark
-use it; production deployments bring their own certificates, see docs/security.md). Keys are
-P-256; a leaf certificate is valid for server and client authentication and names its CN,
-``localhost`` and 127.0.0.1. Needs the ``cryptography`` package (in the ``dev`` extra),
-imported only when a certificate is made.
+For trying TLS and mutual TLS without an existing PKI: the tests and the security benchmark
+(which runs with ``tests/`` on its path) use it; it is not shipped, since deployments bring their
+own certificates (docs/security.md). Keys are P-256; a leaf certificate is valid for server and
+client authentication and names its CN, ``localhost`` and 127.0.0.1. Needs the ``cryptography``
+package (in the ``dev`` extra), imported only when a certificate is made.
 """
 
 from __future__ import annotations
