@@ -91,7 +91,8 @@ from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-from snapflow.worker.api.operators import KeyedCount, Map
+from snapflow.worker.api.keyed_operators import KeyedCount
+from snapflow.worker.api.operators import Map
 from snapflow.worker.runtime.debloat import DEFAULT_TARGET_MS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -39,7 +39,7 @@ from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
-from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink
 from snapflow.worker.connectors.split_sources import GeneratorSource
 

@@ -31,13 +31,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from snapflow.worker.api.arrays import arange
 from snapflow.worker.api.functions import (
     KeyedBatchContext,
     KeyedBatchFunction,
+    KeyedContext,
     RichFunction,
     RuntimeContext,
 )
-from snapflow.worker.api.operators import KeyedContext, arange
 from snapflow.worker.connectors.split_sources import SequenceSource
 from snapflow.worker.runtime.operator import Operator, OperatorContext
 

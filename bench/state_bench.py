@@ -48,7 +48,7 @@ from snapflow.checkpointing import (
     CheckpointKind,
     StateHandle,
 )
-from snapflow.worker.api.operators import fold_and_get
+from snapflow.worker.api.keyed_operators import fold_and_get
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keyed_state import aggregate_batch

@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark import cloudpickle
 
 from snapflow.v1 import common_pb2 as pb
-from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
 

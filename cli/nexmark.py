@@ -35,7 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError
-from snapflow.worker.api.operators import KeyedContext, arange
+from snapflow.worker.api.arrays import arange
+from snapflow.worker.api.functions import KeyedContext
 from snapflow.worker.connectors.split_sources import SplitSource, split_base
 from snapflow.worker.state import keygroups as kgs
 

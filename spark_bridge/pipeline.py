@@ -62,28 +62,29 @@ from snapflow.state_backend_options import StateBackendOptions, parse_state_back
 from snapflow.storage_location import check_storage_location
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.api.functions import (
+    AggregateFunction,
     KeyedBatchFunction,
     KeyedProcessFunction,
-    from_pandas,
-    to_pandas,
 )
-from snapflow.worker.api.operators import (
+from snapflow.worker.api.keyed_operators import (
     Aggregate,
-    AggregateFunction,
-    Filter,
-    FilterBatches,
-    FlatMap,
-    FlatMapBatches,
     KeyedBatchProcess,
     KeyedCount,
     KeyedProcess,
     KeyedReduce,
-    Map,
-    MapBatches,
     RowsFn,
     TimerFn,
     keyed_process_function,
 )
+from snapflow.worker.api.operators import (
+    Filter,
+    FilterBatches,
+    FlatMap,
+    FlatMapBatches,
+    Map,
+    MapBatches,
+)
+from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
 from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
 from snapflow.worker.runtime.operator import Operator, SourceOperator
 

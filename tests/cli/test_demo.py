@@ -47,7 +47,7 @@ from snapflow.cli.nexmark import (
 )
 from snapflow.cli.parser import build_parser
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
-from snapflow.worker.api.operators import KeyedProcess
+from snapflow.worker.api.keyed_operators import KeyedProcess
 from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.operator_state import OperatorStateBackend

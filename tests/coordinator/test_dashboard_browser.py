@@ -27,7 +27,7 @@ from kit.workers import count_graph, submit_graph
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.agent import Agent

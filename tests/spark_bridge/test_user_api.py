@@ -13,7 +13,8 @@ from snapflow import wire
 from snapflow.errors import InvalidArgumentError
 from snapflow.spark_bridge import Pipeline
 from snapflow.worker.api.functions import KeyedBatchFunction, KeyedProcessFunction
-from snapflow.worker.api.operators import KeyedBatchProcess, KeyedProcess, MapBatches
+from snapflow.worker.api.keyed_operators import KeyedBatchProcess, KeyedProcess
+from snapflow.worker.api.operators import MapBatches
 from snapflow.worker.connectors.debug_sinks import CollectSink
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.operator import OperatorContext

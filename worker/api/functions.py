@@ -1,4 +1,4 @@
-"""User functions with a lifecycle, a runtime context and metrics; keyed functions with state.
+"""User functions with a lifecycle and a runtime context; keyed functions with state.
 
 * :class:`RichFunction`: any function object passed to ``map``, ``filter``, ``flat_map``,
   ``map_batches``, ``filter_batches``, ``flat_map_batches`` or a keyed process may subclass it:
@@ -8,30 +8,28 @@
   ``close()``).
 * :class:`KeyedProcessFunction`: record at a time, as in Flink: ``process_element(row, ctx)``
   per row with the row's key as the current key of ``ctx`` (a
-  :class:`snapflow.worker.api.operators.KeyedContext`: state and event-time timers), and
+  :class:`KeyedContext`: state and event-time timers), and
   ``on_timer(timestamp, ctx)``. Both return (or yield) output rows as dicts.
 * :class:`KeyedBatchFunction`: vectorised: ``process_batch(batch, ctx)`` once per input batch
   (every row belongs to this subtask's key groups), with the bulk state API on ``ctx``
   (:class:`KeyedBatchContext`: ``get_value_state(name).get_many(keys)`` /
   ``update_many(keys, values)``; ``ctx.key_groups`` spares the re-hashing) and bulk timers;
   ``on_timers(timers, ctx)`` gets the due timers as one batch (``key``, ``timestamp``).
-* pandas at the edge: :func:`to_pandas` / :func:`from_pandas` convert a batch; pandas is an
-  optional extra (``pip install snapflow[pandas]``), imported only when called.
 
-Metrics: :class:`MetricGroup` offers counters and gauges. The task runtime has no metrics
-registry for user metrics yet, so their values stay readable in the process, from
-``ctx.metrics.values()`` (e.g. in ``close()``, to log them).
+A function's metrics (``ctx.metrics``) are in :mod:`snapflow.worker.api.function_metrics`;
+pandas conversions at the edge of a batch function in :mod:`snapflow.worker.api.pandas_batches`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from snapflow.errors import InvalidArgumentError, StateError
+from snapflow.worker.api.function_metrics import MetricGroup
 from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keyed_state import (
@@ -42,76 +40,8 @@ from snapflow.worker.state.keyed_state import (
     ValueState,
 )
 
-if TYPE_CHECKING:
-    import pandas
-
-
 # ---------------------------------------------------------------------------------------------
-# Metrics
-# ---------------------------------------------------------------------------------------------
-
-
-class Counter:
-    """A count that only goes up (``inc``); ``count`` is its value."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def inc(self, n: int = 1) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InvalidArgumentError(f"a counter goes up by an integer >= 0, got {n!r}")
-        self.count += n
-
-
-class Gauge:
-    """A value read when asked: ``fn()``."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-
-    @property
-    def value(self) -> Any:
-        return self.fn()
-
-
-class MetricGroup:
-    """The metrics of one user function in one subtask: named counters and gauges. ``scope``
-    names the subtask (``vertex#subtask``) and the operator."""
-
-    def __init__(self, scope: str = "") -> None:
-        self.scope = scope
-        self._counters: dict[str, Counter] = {}
-        self._gauges: dict[str, Gauge] = {}
-
-    def counter(self, name: str) -> Counter:
-        """The counter ``name`` (created on first use; the same one afterwards)."""
-        self._check(name, self._gauges)
-        return self._counters.setdefault(name, Counter())
-
-    def gauge(self, name: str, fn: Callable[[], Any]) -> Gauge:
-        """Register ``fn`` as gauge ``name`` (replaces an earlier one of that name)."""
-        self._check(name, self._counters)
-        if not callable(fn):
-            raise InvalidArgumentError(f"gauge {name!r} needs a callable, got {fn!r:.100}")
-        gauge = self._gauges[name] = Gauge(fn)
-        return gauge
-
-    def values(self) -> dict[str, Any]:
-        """Every metric's current value by name."""
-        out: dict[str, Any] = {n: c.count for n, c in self._counters.items()}
-        out.update((n, g.value) for n, g in self._gauges.items())
-        return out
-
-    @staticmethod
-    def _check(name: str, other: dict[str, Any]) -> None:
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"metric names are non-empty strings, got {name!r}")
-        if name in other:
-            raise InvalidArgumentError(f"metric {name!r} already exists as another kind")
-
-
-# ---------------------------------------------------------------------------------------------
-# Keyed context and aggregate functions (used by the operators of snapflow.worker.api.operators)
+# Keyed context and aggregate functions (used by snapflow.worker.api.keyed_operators)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -407,35 +337,3 @@ class KeyedBatchFunction(RichFunction):
 
     def on_timers(self, timers: pa.RecordBatch, ctx: KeyedBatchContext) -> Any:
         return None
-
-
-# ---------------------------------------------------------------------------------------------
-# pandas at the edge
-# ---------------------------------------------------------------------------------------------
-
-
-def _pandas() -> Any:
-    try:
-        import pandas
-    except ImportError as e:
-        raise InvalidArgumentError(
-            "this needs pandas, which Snapflow does not require: install it with "
-            "`pip install 'snapflow[pandas]'` (or `pip install pandas`), or work on the "
-            "pyarrow.RecordBatch directly"
-        ) from e
-    return pandas
-
-
-def to_pandas(batch: pa.RecordBatch | pa.Table) -> pandas.DataFrame:
-    """``batch`` as a pandas DataFrame (pandas must be installed)."""
-    _pandas()
-    return batch.to_pandas()
-
-
-def from_pandas(df: pandas.DataFrame, schema: pa.Schema | None = None) -> pa.RecordBatch:
-    """A pandas DataFrame as a record batch (the index is dropped); ``schema`` fixes the
-    output types (recommended: pandas infers them per batch)."""
-    pd = _pandas()
-    if not isinstance(df, pd.DataFrame):
-        raise InvalidArgumentError(f"from_pandas needs a pandas.DataFrame, got {type(df).__name__}")
-    return pa.RecordBatch.from_pandas(df, schema=schema, preserve_index=False)

@@ -13,7 +13,7 @@ TransactionalParquetSink
     On ``s3://bucket/prefix`` the transaction is spooled to a local temporary file and, on
     pre-commit, uploaded as an S3 multipart upload under the part file's key; commit completes
     the upload, abort aborts it: the ``MultipartStaging`` of
-    :mod:`snapflow.worker.connectors.file_sink`, with the same contract and request counts as
+    :mod:`snapflow.worker.connectors.file_staging`, with the same contract and request counts as
     the Arrow IPC sink. An incomplete upload is not an object, so no reader lists it.
 
     Visibility: Spark's file listing skips every file and directory whose name starts with
@@ -38,11 +38,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from snapflow.errors import InvalidArgumentError
-from snapflow.worker.connectors.file_sink import (
-    TransactionalFileSink,
-    committed_part_files,
-    open_committed,
-)
+from snapflow.worker.connectors.committed_files import committed_part_files, open_committed
+from snapflow.worker.connectors.file_sink import TransactionalFileSink
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.]+")
 

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
-from snapflow.worker.api.operators import arange
+from snapflow.worker.api.arrays import arange
 from snapflow.worker.runtime.operator import OperatorContext, SourceOperator
 from snapflow.worker.runtime.watermarks import BoundedOutOfOrdernessWatermarks
 from snapflow.worker.state import keygroups as kgs

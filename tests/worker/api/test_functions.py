@@ -15,23 +15,18 @@ from pyspark import cloudpickle
 from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MAX_WATERMARK
 from snapflow.worker.api import functions
+from snapflow.worker.api.function_metrics import MetricGroup
 from snapflow.worker.api.functions import (
     KeyedBatchContext,
     KeyedBatchFunction,
+    KeyedContext,
     KeyedProcessFunction,
-    MetricGroup,
     RichFunction,
     RuntimeContext,
-    from_pandas,
-    to_pandas,
 )
-from snapflow.worker.api.operators import (
-    KeyedBatchProcess,
-    KeyedContext,
-    Map,
-    MapBatches,
-    keyed_process_function,
-)
+from snapflow.worker.api.keyed_operators import KeyedBatchProcess, keyed_process_function
+from snapflow.worker.api.operators import Map, MapBatches
+from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
 from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 

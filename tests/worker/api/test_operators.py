@@ -13,21 +13,22 @@ from pyspark import cloudpickle
 
 from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MAX_WATERMARK
-from snapflow.worker.api import operators as operators_module
-from snapflow.worker.api.operators import (
+from snapflow.worker.api import keyed_operators as keyed_operators_module
+from snapflow.worker.api.functions import AggregateFunction, KeyedContext
+from snapflow.worker.api.keyed_operators import (
     Aggregate,
-    AggregateFunction,
+    KeyedCount,
+    KeyedProcess,
+    KeyedReduce,
+    fold_and_get,
+)
+from snapflow.worker.api.operators import (
     Filter,
     FilterBatches,
     FlatMap,
     FlatMapBatches,
-    KeyedContext,
-    KeyedCount,
-    KeyedProcess,
-    KeyedReduce,
     Map,
     MapBatches,
-    fold_and_get,
 )
 from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext
 from snapflow.worker.state import keygroups as kgs
@@ -340,7 +341,7 @@ def _session_timer(ts: int, key: Any, ctx: KeyedContext) -> list[dict[str, Any]]
 def test_keyed_process_steps_between_whole_keys_and_returns_what_process_batch_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(operators_module, "STEP_ROWS", 3)
+    monkeypatch.setattr(keyed_operators_module, "STEP_ROWS", 3)
     calls: list[Any] = []
 
     def fn(key: Any, rows_: list[dict[str, Any]], ctx: KeyedContext) -> list[dict[str, Any]]:

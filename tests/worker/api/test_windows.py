@@ -11,7 +11,8 @@ from pyspark import cloudpickle
 
 from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MIN_WATERMARK
-from snapflow.worker.api.operators import KeyedContext, KeyedProcess
+from snapflow.worker.api.functions import KeyedContext
+from snapflow.worker.api.keyed_operators import KeyedProcess
 from snapflow.worker.api.windows import (
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,

@@ -30,11 +30,11 @@ from snapflow.errors import StateError, StorageError
 from snapflow.filestore import MultipartUploads, S3FileStore, store_for
 from snapflow.worker.connectors.file_sink import (
     FileTransaction,
-    MultipartStaging,
     TransactionalFileSink,
     committed_files,
     read_committed,
 )
+from snapflow.worker.connectors.file_staging import MultipartStaging
 from snapflow.worker.connectors.parquet_sink import (
     TransactionalParquetSink,
     committed_parquet_files,

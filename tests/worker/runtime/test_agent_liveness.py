@@ -29,7 +29,7 @@ from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
-from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.agent import Agent

@@ -18,7 +18,7 @@ from snapflow.spark_bridge.driver import RunOptions
 from snapflow.spark_bridge.executor import SlotConfig, _agent
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.agent import Agent, DataplaneSettings

@@ -23,7 +23,7 @@ from snapflow.checkpointing import BarrierOptions, CheckpointKind, CheckpointMod
 from snapflow.event_time import MAX_WATERMARK
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.channel_errors import ChannelFailedError

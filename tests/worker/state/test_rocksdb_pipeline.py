@@ -20,7 +20,7 @@ from snapflow.coordinator import dashboard_views
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.worker.api.operators import KeyedCount
+from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
 
