@@ -33,12 +33,8 @@ from snapflow.worker.api.functions import (
     open_function,
     runtime_context,
 )
-from snapflow.worker.runtime.operator import (
-    Operator,
-    OperatorContext,
-    fire_timers,
-    run_steps,
-)
+from snapflow.worker.runtime.chain import fire_timers, run_steps
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_state import AggregatingState, ReducingState, aggregate_batch
 
