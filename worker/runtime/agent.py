@@ -66,7 +66,6 @@ from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
     ChannelRegistry,
     DataExchangeServicer,
-    RemoteOutputChannel,
     exchange_grpc_options,
 )
 from snapflow.worker.runtime.input_channel import InputChannel
@@ -82,6 +81,7 @@ from snapflow.worker.runtime.partitioners import (
     RebalancePartitioner,
 )
 from snapflow.worker.runtime.placement import PlacementSettings
+from snapflow.worker.runtime.remote_output_channel import RemoteOutputChannel
 from snapflow.worker.runtime.subtask_checkpoints import AckFn, DeclineFn, SnapshotReport
 from snapflow.worker.runtime.task import Subtask
 from snapflow.worker.runtime.task_output import OutputEdge

@@ -23,7 +23,7 @@ from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_com
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.agent import Agent, DataplaneSettings
 from snapflow.worker.runtime.debloat import DEFAULT_TARGET_MS, DebloatSettings
-from snapflow.worker.runtime.exchange import RemoteOutputChannel
+from snapflow.worker.runtime.remote_output_channel import RemoteOutputChannel
 
 RECORDS = 100_000
 
