@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit.certificates import CertificateAuthority
+
 from snapflow.security import ENV_PREFIX, SECURITY_FIELDS, SecuritySettings
 
 SERVICE_NAME = "snapflow-service"

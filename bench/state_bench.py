@@ -134,8 +134,8 @@ def checkpoints(args: argparse.Namespace) -> dict[str, Any]:
     # Start from the state as a long-running job's full compaction leaves it (one sorted
     # run), not from a bulk load's compaction debt, which would be paid off during the rounds.
     backend._flush()
-    backend._db.flush()
-    backend._db.compact_range(None, None)
+    backend.db.flush()
+    backend.db.compact_range(None, None)
     load_s = time.perf_counter() - start
     # Checkpoint storage on the database's file system takes SST files as hard links (no bytes
     # move: filestore's LocalStore.upload_file); on another one (``--checkpoint-dir``, e.g. a
@@ -162,7 +162,7 @@ def checkpoints(args: argparse.Namespace) -> dict[str, Any]:
     backend._confirmed = {}
     full_s, full_bytes, _, _ = _checkpoint(backend, root, args.rounds + 2, notify=False)
     # The live data alone (no space amplification): the files after a full compaction.
-    backend._db.compact_range(None, None)
+    backend.db.compact_range(None, None)
     db_dir = backend._db_path
     live_bytes = sum(
         os.path.getsize(os.path.join(db_dir, n)) for n in os.listdir(db_dir) if n.endswith(".sst")

@@ -65,7 +65,8 @@ async def _wait_for_coordinator(
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from snapflow.logging import configure_logging, get_logger, route_native_stderr
-    from snapflow.worker.runtime.agent import Agent, DataplaneSettings
+    from snapflow.worker.runtime.agent import Agent
+    from snapflow.worker.runtime.dataplane_settings import DataplaneSettings
 
     configure_logging(args.log_level, "auto")
     route_native_stderr()

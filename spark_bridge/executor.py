@@ -55,7 +55,8 @@ def _host_of(address: str) -> str:
 
 def _agent(config: SlotConfig, slot: int, host: str) -> Agent:
     """The slot's agent, with the run's settings."""
-    from snapflow.worker.runtime.agent import Agent, DataplaneSettings
+    from snapflow.worker.runtime.agent import Agent
+    from snapflow.worker.runtime.dataplane_settings import DataplaneSettings
 
     dataplane = DataplaneSettings(
         task_thread=config.task_thread, adaptive_task_thread=config.adaptive_task_thread

@@ -400,7 +400,7 @@ class KeyedStream:
         name: str | None = None,
     ) -> Stream:
         """Flink's ``KeyedProcessFunction``: ``fn(key, rows, ctx)`` per distinct key of a batch,
-        with keyed state and event-time timers on ``ctx`` (:class:`snapflow.worker.api.operators.KeyedContext`)."""
+        with keyed state and event-time timers on ``ctx`` (:class:`snapflow.worker.api.functions.KeyedContext`)."""
         _check_fn("process", fn)
         if on_timer is not None:
             _check_fn("process on_timer", on_timer)
@@ -445,7 +445,7 @@ class KeyedStream:
         result_type: pa.DataType | None = None,
         name: str | None = None,
     ) -> Stream:
-        """A running aggregation per key with an :class:`snapflow.worker.api.operators.AggregateFunction`."""
+        """A running aggregation per key with an :class:`snapflow.worker.api.functions.AggregateFunction`."""
         op = Aggregate(self.key_field, function, value_field, output_field, result_type)
         return self._stream._chain(op, "aggregate", name)
 

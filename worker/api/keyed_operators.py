@@ -30,7 +30,8 @@ from snapflow.worker.api.functions import (
     runtime_context,
 )
 from snapflow.worker.api.operators import RowEncoder, batches_of, non_empty_batches
-from snapflow.worker.runtime.operator import Operator, OperatorContext, fire_timers, run_steps
+from snapflow.worker.runtime.chain import fire_timers, run_steps
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_state import AggregatingState, ReducingState, aggregate_batch
 

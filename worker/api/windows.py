@@ -40,7 +40,8 @@ import pyarrow.compute as pc
 from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.api.arrays import arange
-from snapflow.worker.runtime.operator import Operator, OperatorContext, fire_timers
+from snapflow.worker.runtime.chain import fire_timers
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keyed_state import ReducingState

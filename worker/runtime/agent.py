@@ -2,9 +2,9 @@
 
 An agent is a process (``snapflow worker``) or an object embedded in another process (the Spark
 bridge embeds one per Spark task). It serves ``WorkerControlService`` (triggers for its
-sources, completion and abort notices, cancel) and ``DataExchangeService`` (its subtasks' input
-channels), and talks to the coordinator: it registers its subtasks, reports their states and
-acknowledges checkpoints (acks coalesced by ``AckBatcher``).
+sources, completion and abort notices, cancel; ``agent_service.py``) and ``DataExchangeService``
+(its subtasks' input channels), and talks to the coordinator: it registers its subtasks,
+reports their states and acknowledges checkpoints (acks coalesced by ``AckBatcher``).
 
 Placement is round-robin by subtask index: with ``num_slots`` agents, agent ``slot`` hosts
 subtask ``i`` of every vertex where ``i % num_slots == slot``. With as many agents as the largest
@@ -44,7 +44,7 @@ from pyspark import cloudpickle
 
 from snapflow import wire
 from snapflow.checkpointing import CheckpointMode, DeclineReason
-from snapflow.errors import FailedPreconditionError, InvalidArgumentError, SnapflowError
+from snapflow.errors import FailedPreconditionError, SnapflowError
 from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.leader_channel import aio_leader_channel
 from snapflow.request_parsing import add_servicer
@@ -61,12 +61,12 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.ack_batcher import AckBatcher
-from snapflow.worker.runtime.debloat import DEFAULT_TARGET_MS, DebloatSettings
+from snapflow.worker.runtime.agent_service import WorkerControlServicer
+from snapflow.worker.runtime.dataplane_settings import DataplaneSettings
 from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
     ChannelRegistry,
     DataExchangeServicer,
-    RemoteOutputChannel,
     exchange_grpc_options,
 )
 from snapflow.worker.runtime.input_channel import InputChannel
@@ -82,6 +82,7 @@ from snapflow.worker.runtime.partitioners import (
     RebalancePartitioner,
 )
 from snapflow.worker.runtime.placement import PlacementSettings
+from snapflow.worker.runtime.remote_output_channel import RemoteOutputChannel
 from snapflow.worker.runtime.subtask_checkpoints import AckFn, DeclineFn, SnapshotReport
 from snapflow.worker.runtime.task import Subtask
 from snapflow.worker.runtime.task_output import OutputEdge
@@ -103,47 +104,7 @@ RPC_TIMEOUT_S = 10.0
 # deadline only bounds how long one call waits before it is made again.
 FINAL_CHECKPOINT_REQUEST_S = 600.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class DataplaneSettings:
-    """How an agent runs its subtasks' data plane (docs/worker.md, "Keeping checkpoints fast
-    under load"). ``snapflow worker --debloat-target-ms/--no-task-thread/
-    --no-adaptive-task-thread``; the Spark bridge's run options of the same names."""
-
-    debloat_target_ms: int = DEFAULT_TARGET_MS
-    """Buffer debloating: the data every output channel holds (queued at the producer and
-    handed to the consumer) is bounded to what its consumer drains in this time, so a barrier
-    waits at most about this long behind data per channel. 0 turns it off (only the
-    count bounds, ``buffers_per_channel`` frames and the output queue, apply)."""
-    task_thread: bool = True
-    """Run each subtask's operators on a task thread of its own (``worker/runtime/mailbox.py``,
-    Flink's model), so triggers, barriers, credits and heartbeats never wait for user code.
-    False: operators run on the agent's loop, in steps (docs/worker.md, "Where user code
-    runs")."""
-    adaptive_task_thread: bool = True
-    """Without ``task_thread``: operators start on the loop, and a subtask's operators move to
-    a task thread of their own once their calls are found to block (wall time well above CPU
-    time, ``worker/runtime/placement.py``), so a sink that blocks stops holding up the loop.
-    False: they stay on the loop. No effect with ``task_thread``."""
-
-    def __post_init__(self) -> None:
-        t = self.debloat_target_ms
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise InvalidArgumentError(
-                f"debloat_target_ms must be an integer >= 0 (0: off), got {t!r}"
-            )
-        if not isinstance(self.task_thread, bool):
-            raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
-        if not isinstance(self.adaptive_task_thread, bool):
-            raise InvalidArgumentError(
-                f"adaptive_task_thread must be a bool, got {self.adaptive_task_thread!r}"
-            )
-
-    @property
-    def debloat(self) -> DebloatSettings:
-        """The per-channel debloat settings (other fields at their defaults)."""
-        return DebloatSettings(target_ms=self.debloat_target_ms)
+_DEFAULT_DATAPLANE = DataplaneSettings()
 
 
 @dataclass
@@ -205,7 +166,7 @@ class Agent:
         source_batch_records: int = 65_536,
         final_checkpoint_without_interval: bool = False,
         security: SecuritySettings = PLAINTEXT,
-        dataplane: DataplaneSettings = DataplaneSettings(),
+        dataplane: DataplaneSettings = _DEFAULT_DATAPLANE,
         launch: int = 0,
     ) -> None:
         """``final_checkpoint_without_interval``: in a job without periodic checkpoints, a
@@ -259,7 +220,7 @@ class Agent:
             options=options, interceptors=server_interceptors(self.security)
         )
         # Undecodable requests are INVALID_ARGUMENT, as on the coordinator.
-        add_servicer(self._server, _CONTROL_SERVICE, _ControlServicer(self))
+        add_servicer(self._server, _CONTROL_SERVICE, WorkerControlServicer(self))
         add_servicer(self._server, _EXCHANGE_SERVICE, DataExchangeServicer(self.registry))
         port = add_port(self._server, f"{self.host}:{self.port}", self.security)
         await self._server.start()
@@ -773,12 +734,13 @@ class Agent:
 
     # --- control from the coordinator ----------------------------------------------------------
 
-    def _hosts(self, attempt: pb.TaskAttempt) -> bool:
+    def hosts(self, attempt: pb.TaskAttempt) -> bool:
         """Whether ``attempt`` is the current attempt of a subtask hosted here."""
         hosted = self.hosted.get((attempt.vertex_id, attempt.subtask_index))
         return hosted is not None and hosted.attempt.attempt == attempt.attempt
 
-    def _tasks_for(self, attempts: Sequence[pb.TaskAttempt]) -> list[Subtask]:
+    def tasks_for(self, attempts: Sequence[pb.TaskAttempt]) -> list[Subtask]:
+        """The subtasks of ``attempts`` that run here as those attempts."""
         out = []
         for a in attempts:
             hosted = self.hosted.get((a.vertex_id, a.subtask_index))
@@ -790,88 +752,21 @@ class Agent:
                 out.append(hosted.task)
         return out
 
-
-class _ControlServicer(wgrpc.WorkerControlServiceServicer):
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-
-    async def _check(
-        self,
-        job_id: str,
-        epoch: int,
-        attempts: Sequence[pb.TaskAttempt],
-        context: grpc.aio.ServicerContext,
-    ) -> None:
-        """Refuse a message of another job or an older epoch. A newer epoch is adopted only
-        from a message that names current attempts of tasks hosted here, so one forged message
-        cannot make the agent refuse its real coordinator."""
-        agent = self.agent
-        if job_id != agent.job_id:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"job {job_id[:64]!r} is not hosted by this agent: ignored",
-            )
-        if epoch < agent.epoch:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"coordinator epoch {epoch} is older than {agent.epoch}: ignored",
-            )
-        if epoch > agent.epoch:
-            if not attempts or not all(agent._hosts(a) for a in attempts):
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"coordinator epoch {epoch} is newer than {agent.epoch} but the message "
-                    f"names tasks this agent does not run: ignored",
-                )
-            agent._log.info("agent.epoch_adopted", epoch=epoch, previous=agent.epoch)
-            agent.epoch = epoch
-
-    async def TriggerCheckpoint(
-        self, request: wpb.TriggerTaskCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
-        options = wire.barrier_options_from_pb(request.options)
-        tasks = self.agent._tasks_for(request.tasks)
-        not_sources = [task.name for task in tasks if not task.is_source][:5]
-        if not_sources:
-            # Barriers reach the other tasks on their inputs; a trigger there is a bad request.
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"checkpoint triggers go to source tasks only; not sources: {', '.join(not_sources)}",
-            )
-        for task in tasks:
-            task.trigger(request.checkpoint_id, request.timestamp_ms, options)
-        return wpb.WorkerAck()
-
-    async def NotifyCheckpointComplete(
-        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
-        for task in self.agent._tasks_for(request.tasks):
-            task.notify_complete(request.checkpoint_id, request.final)
-        return wpb.WorkerAck()
-
-    async def NotifyCheckpointAborted(
-        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
-        for task in self.agent._tasks_for(request.tasks):
-            task.notify_aborted(request.checkpoint_id)
-        return wpb.WorkerAck()
-
-    async def CancelTask(
-        self, request: wpb.CancelTaskRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
-        for a in request.tasks:
-            hosted = self.agent.hosted.get((a.vertex_id, a.subtask_index))
+    def cancel_tasks(self, attempts: Sequence[pb.TaskAttempt]) -> None:
+        """Cancel the runners of ``attempts`` that run here as those attempts."""
+        for a in attempts:
+            hosted = self.hosted.get((a.vertex_id, a.subtask_index))
             if (
                 hosted is not None
                 and hosted.runner is not None
                 and hosted.attempt.attempt == a.attempt
             ):
                 hosted.runner.cancel()
-        return wpb.WorkerAck()
+
+    def adopt_epoch(self, epoch: int) -> None:
+        """Follow a newer coordinator epoch (checked by the control service)."""
+        self._log.info("agent.epoch_adopted", epoch=epoch, previous=self.epoch)
+        self.epoch = epoch
 
 
 def _restore_data(restore: cpb.TaskRestore) -> RestoreData:

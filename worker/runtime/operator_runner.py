@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import structlog
 
+from snapflow.worker.runtime.chain import Chain
 from snapflow.worker.runtime.mailbox import TaskThread
-from snapflow.worker.runtime.operator import Chain
 from snapflow.worker.runtime.placement import Placement, PlacementSettings
 
 T = TypeVar("T")

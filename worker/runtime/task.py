@@ -27,10 +27,11 @@ import structlog
 
 from snapflow.checkpointing import CHANNEL_OUTPUT, BarrierOptions, CheckpointMode
 from snapflow.worker.runtime import barriers as b
+from snapflow.worker.runtime.chain import Chain
 from snapflow.worker.runtime.frames import DataFrame
 from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.input_loop import InputLoop
-from snapflow.worker.runtime.operator import Chain, Operator, SourceOperator
+from snapflow.worker.runtime.operator import Operator, SourceOperator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
 from snapflow.worker.runtime.placement import PlacementSettings
 from snapflow.worker.runtime.snapshot_writer import read_channel_state

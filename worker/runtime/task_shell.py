@@ -16,8 +16,9 @@ from typing import Any
 import structlog
 
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
+from snapflow.worker.runtime.chain import Chain
 from snapflow.worker.runtime.frames import EndOfDataFrame, WatermarkFrame
-from snapflow.worker.runtime.operator import Chain, Operator
+from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
 from snapflow.worker.runtime.subtask_checkpoints import (
     AckFn,

@@ -1,6 +1,6 @@
 """The disk-backed keyed state backend: RocksDB through ``rocksdict``, with incremental
-checkpoints (Flink's ``EmbeddedRocksDBStateBackend``): :class:`RocksDBKeyedStateBackend` and
-its states.
+checkpoints (Flink's ``EmbeddedRocksDBStateBackend``): :class:`RocksDBKeyedStateBackend`. Its
+states are ``rocksdb_state.py``'s.
 
 Why RocksDB through rocksdict: docs/storage.md, "State larger than memory".
 
@@ -76,7 +76,6 @@ from snapflow.errors import StateError
 from snapflow.worker.state.errors import (
     CorruptStateError,
     IncompatibleStateError,
-    no_current_key,
 )
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keyed_state import (
@@ -86,8 +85,6 @@ from snapflow.worker.state.keyed_state import (
     MapState,
     ReducingState,
     ValueState,
-    check_lengths,
-    pylist,
 )
 from snapflow.worker.state.keygroups import KEY_HASH_VERSION, KeyGroupRange
 from snapflow.worker.state.rocksdb_layout import (
@@ -102,7 +99,6 @@ from snapflow.worker.state.rocksdb_layout import (
     prefix_end,
     scan_range,
     split_map_key,
-    state_tag,
 )
 from snapflow.worker.state.rocksdb_local_recovery import (
     link_local_copy,
@@ -116,6 +112,16 @@ from snapflow.worker.state.rocksdb_snapshots import (
     SharedFile,
     read_manifest,
     shared_dir_for,
+)
+from snapflow.worker.state.rocksdb_state import (
+    ABSENT,
+    MISS,
+    RocksAggregatingState,
+    RocksListState,
+    RocksMapState,
+    RocksReducingState,
+    RocksTable,
+    RocksValueState,
 )
 from snapflow.worker.state.rocksdb_tuning import (
     DEFAULT_MEMORY_BUDGET_BYTES,
@@ -132,309 +138,11 @@ from snapflow.worker.state.state_files import (
 )
 from snapflow.worker.state.ttl import Clock
 
-__all__ = [
-    "DEFAULT_CACHE_ENTRIES",
-    "RocksAggregatingState",
-    "RocksDBKeyedStateBackend",
-    "RocksListState",
-    "RocksMapState",
-    "RocksReducingState",
-    "RocksValueState",
-]
+__all__ = ["DEFAULT_CACHE_ENTRIES", "RocksDBKeyedStateBackend"]
 
 DEFAULT_CACHE_ENTRIES = 100_000
 
 log = structlog.get_logger("snapflow.worker")
-
-_ABSENT: Any = object()  # cached: the key has no value
-_MISS: Any = object()  # not in the cache
-
-
-# ---------------------------------------------------------------------------------------------
-# States
-# ---------------------------------------------------------------------------------------------
-
-
-class _RocksTable:
-    """One registered state: its name, kind and key prefix per key group of the backend."""
-
-    __slots__ = ("_int_layout", "kind", "name", "prefixes")
-
-    def __init__(self, name: str, kind: str, start: int, n: int) -> None:
-        self.name = name
-        self.kind = kind
-        tag = state_tag(name)
-        self.prefixes = [KG.pack(start + i) + tag for i in range(n)]
-        self._int_layout: tuple[np.dtype[Any], np.ndarray[Any, Any]] | None = None
-
-    def int_keys(self, idxs: np.ndarray[Any, Any], keys: np.ndarray[Any, Any]) -> list[bytes]:
-        """Database keys of int64 keys, vectorised: the same bytes as ``prefix + encode_key(k)``."""
-        if self._int_layout is None:
-            width = len(self.prefixes[0])
-            layout = np.dtype([("p", f"S{width}"), ("t", "S1"), ("k", ">i8")])
-            self._int_layout = (layout, np.array(self.prefixes, dtype=f"S{width}"))
-        layout, prefixes = self._int_layout
-        rows = np.empty(len(keys), dtype=layout)
-        rows["p"] = prefixes[idxs]
-        rows["t"] = b"i"
-        rows["k"] = keys
-        buf, size = rows.tobytes(), layout.itemsize
-        return [buf[i : i + size] for i in range(0, len(buf), size)]
-
-
-class _RocksStateMixin:
-    _table: Any
-
-    @property
-    def _rocks(self) -> RocksDBKeyedStateBackend:
-        return cast(RocksDBKeyedStateBackend, self._backend)  # type: ignore[attr-defined]
-
-    def _key(self) -> bytes:
-        b = self._rocks
-        idx = b._current_idx
-        if idx < 0:
-            raise no_current_key()
-        prefix: bytes = self._table.prefixes[idx]
-        return prefix + encode_key(b._current_key)
-
-    def _keys(self, keys: Any, key_groups: Any) -> list[bytes]:
-        b = self._rocks
-        memo = b._keys_memo
-        # fold_and_get (and callers like it) add then read the same keys: encode them once.
-        if (
-            memo is not None
-            and memo[0] is keys
-            and memo[1] is key_groups
-            and memo[2] is self._table
-        ):
-            return memo[3]
-        if isinstance(keys, pa.Array) and pa.types.is_int64(keys.type) and not keys.null_count:
-            arr, groups = b._groups(keys, key_groups)
-            idxs = groups.to_numpy(zero_copy_only=False).astype(np.int64) - b._start
-            out = self._table.int_keys(idxs, arr.to_numpy(zero_copy_only=False))
-        else:
-            pykeys, idxs_list = b.resolve_keys(keys, key_groups)
-            prefixes = self._table.prefixes
-            out = [prefixes[i] + encode_key(k) for k, i in zip(pykeys, idxs_list, strict=True)]
-        if isinstance(keys, pa.Array):  # immutable: safe to recognise by identity
-            b._keys_memo = (keys, key_groups, self._table, out)
-        return out
-
-    @property
-    def name(self) -> str:
-        return str(self._table.name)
-
-    def clear(self) -> None:
-        self._rocks._delete_key(self._key(), self._table.kind)
-
-    def __len__(self) -> int:
-        return self._rocks._count(self._table)
-
-
-class RocksValueState(_RocksStateMixin, ValueState[Any]):
-    def value(self) -> Any:
-        v = self._rocks._cget(self._key())
-        return self._default if v is _ABSENT else v
-
-    def update(self, value: Any) -> None:
-        b = self._rocks
-        b._cput(self._key(), _ABSENT if value is None else value)
-
-    def get_many(self, keys: Any, key_groups: Any = None) -> list[Any]:
-        default = self._default
-        return [
-            default if v is _ABSENT else v
-            for v in self._rocks._cget_many(self._keys(keys, key_groups))
-        ]
-
-    def update_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
-        dbkeys = self._keys(keys, key_groups)
-        vals = pylist(values)
-        check_lengths(dbkeys, vals)
-        self._rocks._cput_many(dbkeys, [_ABSENT if v is None else v for v in vals])
-
-
-class RocksReducingState(_RocksStateMixin, ReducingState[Any]):
-    def get(self) -> Any:
-        v = self._rocks._cget(self._key())
-        return None if v is _ABSENT else v
-
-    def add(self, value: Any) -> None:
-        b, key = self._rocks, self._key()
-        old = b._cget(key)
-        b._cput(key, value if old is _ABSENT else self._reduce(old, value))
-
-    def get_many(self, keys: Any, key_groups: Any = None) -> list[Any]:
-        return [
-            None if v is _ABSENT else v
-            for v in self._rocks._cget_many(self._keys(keys, key_groups))
-        ]
-
-    def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
-        dbkeys = self._keys(keys, key_groups)
-        vals = pylist(values)
-        check_lengths(dbkeys, vals)
-        fn = self._reduce
-        self._rocks._fold_many(dbkeys, vals, lambda old, v: v if old is _ABSENT else fn(old, v))
-
-    def fold_and_get_distinct(
-        self, keys: Any, values: Any, key_groups: Any, reduce_fn: Callable[[Any, Any], Any]
-    ) -> list[Any]:
-        """``add_many`` then ``get_many`` in one pass over the cache (the keyed count's hot
-        path, ``operators.fold_and_get``): one key encoding, hits folded in place, every miss
-        read with one multi-get and folded after (in order, so a repeated key sees its earlier
-        fold)."""
-        b = self._rocks
-        dbkeys = self._keys(keys, key_groups)
-        vals = pylist(values)
-        check_lengths(dbkeys, vals)
-        cache = b._cache
-        out: list[Any] = []
-        append = out.append
-        absent, miss = _ABSENT, _MISS
-        misses: list[int] = []
-        for i, (k, v) in enumerate(zip(dbkeys, vals, strict=True)):
-            old = cache.get(k, miss)
-            if old is miss:  # folded below, after one multi-get of every miss
-                misses.append(i)
-                append(None)
-                continue
-            new = v if old is absent else reduce_fn(old, v)
-            cache[k] = new
-            append(new)
-        if misses:
-            b._prefetch([dbkeys[i] for i in misses])  # one multi-get into the cache
-            for i in misses:  # in order: a repeated key sees its earlier fold
-                k, v = dbkeys[i], vals[i]
-                old = cache[k]
-                new = v if old is absent else reduce_fn(old, v)
-                cache[k] = new
-                out[i] = new
-        b._dirty.update(dbkeys)
-        b._maybe_evict()
-        return out
-
-
-class RocksAggregatingState(_RocksStateMixin, AggregatingState[Any]):
-    def get(self) -> Any:
-        acc = self._rocks._cget(self._key())
-        return None if acc is _ABSENT else self._result(acc)
-
-    def _fold_one(self, acc: Any, value: Any) -> Any:
-        return self._add(value, self._create() if acc is _ABSENT else acc)
-
-    def add(self, value: Any) -> None:
-        b, key = self._rocks, self._key()
-        b._cput(key, self._fold_one(b._cget(key), value))
-
-    def get_many(self, keys: Any, key_groups: Any = None) -> list[Any]:
-        result = self._result
-        return [
-            None if a is _ABSENT else result(a)
-            for a in self._rocks._cget_many(self._keys(keys, key_groups))
-        ]
-
-    def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
-        dbkeys = self._keys(keys, key_groups)
-        vals = pylist(values)
-        check_lengths(dbkeys, vals)
-        self._rocks._fold_many(dbkeys, vals, self._fold_one)
-
-
-class RocksListState(_RocksStateMixin, ListState[Any]):
-    """The whole list is one value: ``add`` reads and rewrites it (RocksDB's merge operator,
-    which Flink uses for lists, is not exposed by rocksdict)."""
-
-    def _stored(self, key: bytes) -> list[Any]:
-        raw = self._rocks._db.get(key)
-        return [] if raw is None else list(pickle.loads(raw))
-
-    def get(self) -> list[Any]:
-        return self._stored(self._key())
-
-    def add(self, value: Any) -> None:
-        key = self._key()
-        lst = self._stored(key)
-        lst.append(value)
-        self._rocks._db.put(key, encode_value(lst))
-
-    def add_all(self, values: Iterable[Any]) -> None:
-        new = list(values)
-        if not new:
-            return
-        key = self._key()
-        self._rocks._db.put(key, encode_value(self._stored(key) + new))
-
-    def update(self, values: Iterable[Any]) -> None:
-        key = self._key()
-        new = list(values)
-        if new:
-            self._rocks._db.put(key, encode_value(new))
-        else:
-            self._rocks._db.delete(key)
-
-
-class RocksMapState(_RocksStateMixin, MapState):
-    """One database entry per user key, under the key's own prefix."""
-
-    def _map_prefix(self) -> bytes:
-        b = self._rocks
-        idx = b._current_idx
-        if idx < 0:
-            raise no_current_key()
-        encoded = encode_key(b._current_key)
-        prefix: bytes = self._table.prefixes[idx]
-        return prefix + LEN32.pack(len(encoded)) + encoded
-
-    def _scan(self) -> Iterator[tuple[bytes, bytes]]:
-        prefix = self._map_prefix()
-        return self._rocks._scan(prefix, prefix_end(prefix))
-
-    def get(self, user_key: Any, default: Any = None) -> Any:
-        raw = self._rocks._db.get(self._map_prefix() + encode_key(user_key))
-        return default if raw is None else pickle.loads(raw)
-
-    def contains(self, user_key: Any) -> bool:
-        return self._rocks._db.get(self._map_prefix() + encode_key(user_key)) is not None
-
-    def put(self, user_key: Any, value: Any) -> None:
-        self._rocks._db.put(self._map_prefix() + encode_key(user_key), encode_value(value))
-
-    def put_all(self, entries: Any) -> None:
-        if not entries:
-            return
-        prefix = self._map_prefix()
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for k, v in entries.items():
-            batch.put(prefix + encode_key(k), encode_value(v))
-        self._rocks._db.write(batch)
-
-    def remove(self, user_key: Any) -> None:
-        self._rocks._db.delete(self._map_prefix() + encode_key(user_key))
-
-    def clear(self) -> None:
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, _ in self._scan():
-            batch.delete(key)
-        self._rocks._db.write(batch)
-
-    def items(self) -> list[tuple[Any, Any]]:
-        n = len(self._map_prefix())
-        return [(decode_key(k[n:]), pickle.loads(v)) for k, v in self._scan()]
-
-    def keys(self) -> list[Any]:
-        return [k for k, _ in self.items()]
-
-    def values(self) -> list[Any]:
-        return [v for _, v in self.items()]
-
-    def is_empty(self) -> bool:
-        return next(iter(self._scan()), None) is None
-
-
-# ---------------------------------------------------------------------------------------------
-# The backend
-# ---------------------------------------------------------------------------------------------
 
 
 class RocksDBKeyedStateBackend(KeyedStateBackend):
@@ -469,12 +177,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._dir = tempfile.mkdtemp(prefix=f"{safe}-", dir=root)
         self._db_path = os.path.join(self._dir, "db")
         self._tuning = tuning or RocksDBTuning(memory_budget_bytes=memory_budget_bytes)
-        self._db = self._open(self._db_path)
-        self._rtables: dict[str, _RocksTable] = {}
+        self.db = self._open(self._db_path)
+        self._rtables: dict[str, RocksTable] = {}
         self._kinds: dict[str, str] = {}  # registered or restored: state name -> kind
         self._names: dict[bytes, str] = {}  # state name bytes -> name (snapshot decoding)
-        self._cache: dict[bytes, Any] = {}
-        self._dirty: set[bytes] = set()
+        self.cache: dict[bytes, Any] = {}
+        self.dirty: set[bytes] = set()
         self._cache_entries = cache_entries
         # checkpoint id -> the SST files its snapshot references, until it completes; then
         # the files of the newest completed one are reused by the next snapshots.
@@ -490,7 +198,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Why restores did not use the local copy, oldest first (tests and stats; also
         logged as ``state.local_recovery_miss``)."""
         self._disposed = False
-        self._keys_memo: tuple[Any, Any, _RocksTable, list[bytes]] | None = None
+        self._keys_memo: tuple[Any, Any, RocksTable, list[bytes]] | None = None
 
     @classmethod
     def for_subtask(
@@ -527,12 +235,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             return
         self._disposed = True
         with suppress(Exception):
-            self._db.close()
+            self.db.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # --- registration -----------------------------------------------------------------------
 
-    def _rtable(self, name: str, kind: str) -> _RocksTable:
+    def _rtable(self, name: str, kind: str) -> RocksTable:
         if not isinstance(name, str) or not name:
             raise StateError(f"state names are non-empty strings, got {name!r}")
         table = self._rtables.get(name)
@@ -542,7 +250,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 f"state {name!r} is {known} state, it cannot be used as {kind} state"
             )
         if table is None:
-            table = self._rtables[name] = _RocksTable(name, kind, self._start, self._n)
+            table = self._rtables[name] = RocksTable(name, kind, self._start, self._n)
             self._kinds[name] = kind
             self._names[name.encode()] = name
         return table
@@ -576,101 +284,120 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def state_names(self) -> list[str]:
         return sorted(self._kinds)
 
-    # --- the cache ----------------------------------------------------------------------------
+    def db_keys(self, table: RocksTable, keys: Any, key_groups: Any) -> list[bytes]:
+        """The database keys of ``table``'s entries for the bulk ``keys`` (with their
+        ``key_groups``, as the bulk state API takes them)."""
+        memo = self._keys_memo
+        # fold_and_get (and callers like it) add then read the same keys: encode them once.
+        if memo is not None and memo[0] is keys and memo[1] is key_groups and memo[2] is table:
+            return memo[3]
+        if isinstance(keys, pa.Array) and pa.types.is_int64(keys.type) and not keys.null_count:
+            arr, groups = self._groups(keys, key_groups)
+            idxs = groups.to_numpy(zero_copy_only=False).astype(np.int64) - self._start
+            out = table.int_keys(idxs, arr.to_numpy(zero_copy_only=False))
+        else:
+            pykeys, idxs_list = self.resolve_keys(keys, key_groups)
+            prefixes = table.prefixes
+            out = [prefixes[i] + encode_key(k) for k, i in zip(pykeys, idxs_list, strict=True)]
+        if isinstance(keys, pa.Array):  # immutable: safe to recognise by identity
+            self._keys_memo = (keys, key_groups, table, out)
+        return out
 
-    def _cget(self, key: bytes) -> Any:
-        cache = self._cache
-        v = cache.get(key, _MISS)
-        if v is _MISS:
-            raw = self._db.get(key)
-            v = _ABSENT if raw is None else pickle.loads(raw)
+    # --- the cache (the states' reads and writes, ``rocksdb_state.py``) ------------------------
+
+    def cached_get(self, key: bytes) -> Any:
+        cache = self.cache
+        v = cache.get(key, MISS)
+        if v is MISS:
+            raw = self.db.get(key)
+            v = ABSENT if raw is None else pickle.loads(raw)
             cache[key] = v
-            self._maybe_evict()
+            self.maybe_evict()
         return v
 
-    def _prefetch(self, keys: Sequence[bytes]) -> None:
-        cache = self._cache
+    def prefetch(self, keys: Sequence[bytes]) -> None:
+        cache = self.cache
         missing = [k for k in dict.fromkeys(keys) if k not in cache]
         if missing:
             loads = pickle.loads
-            raws = cast(list[bytes | None], self._db.get(cast(Any, missing)))
+            raws = cast(list[bytes | None], self.db.get(cast(Any, missing)))
             for k, raw in zip(missing, raws, strict=True):
-                cache[k] = _ABSENT if raw is None else loads(raw)
+                cache[k] = ABSENT if raw is None else loads(raw)
 
-    def _cget_many(self, keys: Sequence[bytes]) -> list[Any]:
-        self._prefetch(keys)
-        cache = self._cache
+    def cached_get_many(self, keys: Sequence[bytes]) -> list[Any]:
+        self.prefetch(keys)
+        cache = self.cache
         out = [cache[k] for k in keys]
-        self._maybe_evict()
+        self.maybe_evict()
         return out
 
-    def _cput(self, key: bytes, value: Any) -> None:
-        self._cache[key] = value
-        self._dirty.add(key)
-        self._maybe_evict()
+    def cached_put(self, key: bytes, value: Any) -> None:
+        self.cache[key] = value
+        self.dirty.add(key)
+        self.maybe_evict()
 
-    def _cput_many(self, keys: Sequence[bytes], values: Sequence[Any]) -> None:
-        cache, dirty = self._cache, self._dirty
+    def cached_put_many(self, keys: Sequence[bytes], values: Sequence[Any]) -> None:
+        cache, dirty = self.cache, self.dirty
         for k, v in zip(keys, values, strict=True):
             cache[k] = v
         dirty.update(keys)
-        self._maybe_evict()
+        self.maybe_evict()
 
-    def _fold_many(
+    def fold_many(
         self, keys: Sequence[bytes], values: Sequence[Any], fold: Callable[[Any, Any], Any]
     ) -> None:
         """``cache[k] = fold(cache[k], v)`` in order (a repeated key sees its earlier fold)."""
-        self._prefetch(keys)
-        cache = self._cache
+        self.prefetch(keys)
+        cache = self.cache
         for k, v in zip(keys, values, strict=True):
             cache[k] = fold(cache[k], v)
-        self._dirty.update(keys)
-        self._maybe_evict()
+        self.dirty.update(keys)
+        self.maybe_evict()
 
-    def _delete_key(self, key: bytes, kind: str) -> None:
+    def delete_key(self, key: bytes, kind: str) -> None:
         if kind in MAP_KINDS:
             raise AssertionError("map state clears through its prefix")  # pragma: no cover
         if kind in LIST_KINDS:
-            self._db.delete(key)
+            self.db.delete(key)
         else:
-            self._cput(key, _ABSENT)
+            self.cached_put(key, ABSENT)
 
-    def _maybe_evict(self) -> None:
-        if len(self._cache) > self._cache_entries:
+    def maybe_evict(self) -> None:
+        if len(self.cache) > self._cache_entries:
             self._flush()
-            cache = self._cache
+            cache = self.cache
             # A new dict rather than deletions: deleted slots would slow every later miss.
-            self._cache = dict(
+            self.cache = dict(
                 itertools.islice(cache.items(), len(cache) - self._cache_entries // 2, None)
             )
 
     def _flush(self) -> None:
         """Write the dirty cache entries to RocksDB (one write batch)."""
-        if not self._dirty:
+        if not self.dirty:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
-        cache = self._cache
-        for k in self._dirty:
+        cache = self.cache
+        for k in self.dirty:
             v = cache[k]
-            if v is _ABSENT:
+            if v is ABSENT:
                 batch.delete(k)
             else:
                 batch.put(k, encode_value(v))
-        self._db.write(batch)
-        self._dirty.clear()
+        self.db.write(batch)
+        self.dirty.clear()
 
     # --- scans ------------------------------------------------------------------------------
 
-    def _scan(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return scan_range(self._db, lower, upper)
+    def scan(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return scan_range(self.db, lower, upper)
 
-    def _count(self, table: _RocksTable) -> int:
+    def count_keys(self, table: RocksTable) -> int:
         self._flush()
         n = 0
         is_map = table.kind in MAP_KINDS
         for prefix in table.prefixes:
             last = None
-            for key, _ in self._scan(prefix, prefix_end(prefix)):
+            for key, _ in self.scan(prefix, prefix_end(prefix)):
                 if is_map:
                     user = split_map_key(key[len(prefix) :])[0]
                     if user == last:
@@ -691,19 +418,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for prefix in table.prefixes:
             n = len(prefix)
             if not is_map:
-                for key, raw in self._scan(prefix, prefix_end(prefix)):
+                for key, raw in self.scan(prefix, prefix_end(prefix)):
                     yield decode_key(key[n:]), pickle.loads(raw)
                 continue
-            current: Any = _MISS
+            current: Any = MISS
             entries: dict[Any, Any] = {}
-            for key, raw in self._scan(prefix, prefix_end(prefix)):
+            for key, raw in self.scan(prefix, prefix_end(prefix)):
                 user, sub = split_map_key(key[n:])
                 if user != current:
-                    if current is not _MISS:
+                    if current is not MISS:
                         yield decode_key(current), entries
                     current, entries = user, {}
                 entries[decode_key(sub)] = pickle.loads(raw)
-            if current is not _MISS:
+            if current is not MISS:
                 yield decode_key(current), entries
 
     def _ttl_scan(self, name: str) -> Iterator[tuple[Any, int]]:
@@ -715,7 +442,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._flush()
             n = len(prefix)
             keys: list[bytes] = []
-            for key, _ in self._scan(prefix, prefix_end(prefix)):
+            for key, _ in self.scan(prefix, prefix_end(prefix)):
                 user = split_map_key(key[n:])[0] if is_map else key[n:]
                 if not keys or keys[-1] != user:
                     keys.append(user)
@@ -726,7 +453,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if self.timer_service.num_timers():
             return False
         self._flush()
-        return next(iter(self._db.keys()), None) is None
+        return next(iter(self.db.keys()), None) is None
 
     # --- key-group export and ingest ----------------------------------------------------------
 
@@ -735,7 +462,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         at ``path``; returns the number of entries (no file when 0)."""
         self._flush()
         mine = key_groups.intersection(self.key_group_range)
-        return export_key_groups(self._db, mine, path, self._tuning)
+        return export_key_groups(self.db, mine, path, self._tuning)
 
     def state_kinds(self) -> dict[str, str]:
         """State name -> kind, of every registered or restored state."""
@@ -752,9 +479,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._ingest(list(paths))
         start, end = self.key_group_range.start, self.key_group_range.end
         for lower, upper in ((b"", KG.pack(start)), (KG.pack(end + 1), b"\xff\xff\xff")):
-            stray = next(self._scan(lower, upper), None)
+            stray = next(self.scan(lower, upper), None)
             if stray is not None:
-                self._db.delete_range(lower, upper)
+                self.db.delete_range(lower, upper)
                 raise IncompatibleStateError(
                     f"the ingested files hold key group {KG.unpack_from(stray[0])[0]}, outside "
                     f"this backend's key groups {self.key_group_range}"
@@ -764,8 +491,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         opts = rocksdict.IngestExternalFileOptions()
         opts.set_move_files(True)
         self._flush()
-        self._cache.clear()  # cached values may predate the ingested entries
-        self._db.ingest_external_file(paths, opts)
+        self.cache.clear()  # cached values may predate the ingested entries
+        self.db.ingest_external_file(paths, opts)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -825,12 +552,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         kinds = dict(self._kinds)
         writer: Callable[[str, MergedStateObject | None], list[StateHandle]]
         if options is None or options.kind.is_savepoint or not options.target_location:
-            writer = CanonicalSnapshotWriter(
-                self, checkpoint_id, self._db.snapshot(), kinds, timers
-            )
+            writer = CanonicalSnapshotWriter(self, checkpoint_id, self.db.snapshot(), kinds, timers)
         else:
             local = os.path.join(self._dir, f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}")
-            rocksdict.Checkpoint(self._db).create_checkpoint(local)
+            rocksdict.Checkpoint(self.db).create_checkpoint(local)
             writer = IncrementalSnapshotWriter(
                 self,
                 checkpoint_id,
@@ -932,14 +657,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         path = handle.path
         self._merge_kinds(manifest["states"], path)
         if whole:
-            self._db.close()
+            self.db.close()
             shutil.rmtree(self._db_path, ignore_errors=True)
             if self._from_local_copy(manifest, checkpoint_id, path):
                 self.local_recovery_hits += 1
             else:
                 shutil.rmtree(self._db_path, ignore_errors=True)
                 materialise(manifest, self._db_path, path)
-            self._db = self._open(self._db_path)
+            self.db = self._open(self._db_path)
             return len(self.key_group_range)
         if self._recovery_dir is not None:
             self._local_miss(checkpoint_id, "the restore changes the key groups (rescaling)")
@@ -1030,7 +755,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                                 batch.put(head + encode_key(user_key), encode_value(v))
                         else:
                             batch.put(prefix + encoded, encode_value(value))
-                self._db.write(batch)
+                self.db.write(batch)
                 restored += 1
         return restored
 

@@ -30,7 +30,8 @@ from snapflow.worker.api.operators import (
     Map,
     MapBatches,
 )
-from snapflow.worker.runtime.operator import Chain, Operator, OperatorContext
+from snapflow.worker.runtime.chain import Chain
+from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.operator_state import OperatorStateBackend

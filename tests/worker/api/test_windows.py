@@ -19,7 +19,8 @@ from snapflow.worker.api.windows import (
     WindowAggregate,
     WindowAssigner,
 )
-from snapflow.worker.runtime.operator import Chain, OperatorContext
+from snapflow.worker.runtime.chain import Chain
+from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 
 Row = tuple[Any, int, int, Any]  # key, window_start, window_end, value

@@ -15,7 +15,8 @@ from pyspark import cloudpickle
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.worker.connectors.redis_sink import RedisSink
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.runtime.operator import Chain, OperatorContext
+from snapflow.worker.runtime.chain import Chain
+from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.operator_state import OperatorStateBackend
 
 

@@ -28,7 +28,8 @@ from snapflow.worker.connectors.split_sources import (
     SequenceSource,
 )
 from snapflow.worker.connectors.two_phase_commit import SinkCommitError, TwoPhaseCommitSink
-from snapflow.worker.runtime.operator import Chain, OperatorContext
+from snapflow.worker.runtime.chain import Chain
+from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.operator_state import OperatorStateBackend
 
 

@@ -21,9 +21,10 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
-from snapflow.worker.runtime.agent import Agent, DataplaneSettings
+from snapflow.worker.runtime.agent import Agent
+from snapflow.worker.runtime.dataplane_settings import DataplaneSettings
 from snapflow.worker.runtime.debloat import DEFAULT_TARGET_MS, DebloatSettings
-from snapflow.worker.runtime.exchange import RemoteOutputChannel
+from snapflow.worker.runtime.remote_output_channel import RemoteOutputChannel
 
 RECORDS = 100_000
 

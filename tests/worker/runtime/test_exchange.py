@@ -22,7 +22,6 @@ from snapflow.worker.runtime.exchange import (
     ChannelRefusedError,
     ChannelRegistry,
     DataExchangeServicer,
-    RemoteOutputChannel,
 )
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
@@ -44,6 +43,7 @@ from snapflow.worker.runtime.frames import (
 )
 from snapflow.worker.runtime.input_channel import InputChannel
 from snapflow.worker.runtime.input_gate import InputGate
+from snapflow.worker.runtime.remote_output_channel import RemoteOutputChannel
 
 
 def rich_batch() -> pa.RecordBatch:

@@ -15,8 +15,9 @@ from kit.channels import run
 from kit.subtasks import batch, harness
 
 from snapflow.worker.runtime import operator_runner as runner_module
+from snapflow.worker.runtime.chain import Chain, run_steps
 from snapflow.worker.runtime.frames import DataFrame
-from snapflow.worker.runtime.operator import Chain, Operator, run_steps
+from snapflow.worker.runtime.operator import Operator
 
 STEPS = 4
 

@@ -34,6 +34,7 @@ from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keygroups import KeyGroupRange, key_group_range_for_subtask
 from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
 from snapflow.worker.state.rocksdb_snapshots import shared_dir_for
+from snapflow.worker.state.rocksdb_state import RocksStore
 
 MAXP = 128
 
@@ -43,6 +44,13 @@ def rocks(tmp_path: Path) -> Iterator[RocksDBKeyedStateBackend]:
     backend = RocksDBKeyedStateBackend(MAXP, (0, MAXP - 1), name="v/keyed", local_dir=str(tmp_path))
     yield backend
     backend.dispose()
+
+
+def test_the_backend_is_the_store_its_states_use(rocks: RocksDBKeyedStateBackend) -> None:
+    """The states reach their backend through the ``RocksStore`` protocol (``rocksdb_state.py``
+    cannot import the backend): mypy checks this assignment, the tests below the behaviour."""
+    store: RocksStore = rocks
+    assert store.db is rocks.db
 
 
 def _states(b: KeyedStateBackend) -> dict[str, Any]:
