@@ -29,12 +29,13 @@ import structlog
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
+from snapflow.access_control import Authenticator
 from snapflow.coordinator import dashboard_views as views
 from snapflow.coordinator.grpc_errors import status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.errors import ConfigError, SnapflowError
-from snapflow.security import PLAINTEXT, Authenticator, CallerRole, SecuritySettings
+from snapflow.security import PLAINTEXT, CallerRole, SecuritySettings
 
 log = structlog.get_logger("snapflow.coordinator")
 

@@ -43,18 +43,14 @@ import structlog
 from pyspark import cloudpickle
 
 from snapflow import wire
+from snapflow.access_control import server_interceptors
 from snapflow.checkpointing import CheckpointMode, DeclineReason
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError, SnapflowError
 from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.leader_channel import aio_leader_channel
 from snapflow.request_parsing import add_servicer
-from snapflow.security import (
-    PLAINTEXT,
-    SecuritySettings,
-    add_port,
-    aio_channel,
-    server_interceptors,
-)
+from snapflow.security import PLAINTEXT, SecuritySettings
+from snapflow.tls import add_port, aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
