@@ -89,7 +89,7 @@ from snapflow.coordinator.restore_point import (
     RestorePoint,
 )
 from snapflow.coordinator.savepoint_operations import SavepointOperation
-from snapflow.coordinator.stats import CheckpointStatsTracker
+from snapflow.coordinator.checkpoint_stats import CheckpointStatsTracker
 from snapflow.coordinator.watch import JobWatch
 from snapflow.errors import (
     CheckpointFailedError,

@@ -24,7 +24,7 @@ from snapflow.coordinator.model import (
     ExecutionAttempt,
     JobRecord,
 )
-from snapflow.coordinator.stats import CheckpointStatsTracker, StateSizes
+from snapflow.coordinator.checkpoint_stats import CheckpointStatsTracker, StateSizes
 from snapflow.errors import CheckpointNotFoundError
 from snapflow.v1 import coordinator_pb2 as cpb
 

@@ -14,7 +14,7 @@ from snapflow.coordinator.model import (
     SubtaskAck,
     SubtaskMetrics,
 )
-from snapflow.coordinator.stats import (
+from snapflow.coordinator.checkpoint_stats import (
     CheckpointStatsTracker,
     Quantiles,
     RestoreRecord,
