@@ -61,7 +61,9 @@ from snapflow.errors import (
     SnapflowError,
     StorageError,
 )
-from snapflow.filestore import FileStore, S3Settings, is_object_store_uri, store_for
+from snapflow.filestore import FileStore, is_object_store_uri
+from snapflow.filestore_registry import store_for
+from snapflow.s3_filestore import S3Settings
 from snapflow.storage_location import has_uri_scheme, local_path_from_uri, s3_location
 
 log = structlog.get_logger(__name__)
