@@ -9,6 +9,7 @@
 #   make lint         ruff check, ruff format --check, mypy, deptry (every import declared)
 #   make bench        run the benchmarks (BENCH=<name> selects one)
 #   make chaos        run the full chaos suite (SEED=<n> replays a run; docs/chaos.md)
+#   make compose-check  docker compose up of docker-compose.yml until the demo says exactly-once: yes
 #   make clean        remove caches and build artefacts (distclean also removes .venv)
 
 PYTHON ?= python3
@@ -31,7 +32,7 @@ CHECK_PYTHON = import sys; v = sys.version_info; \
 
 .DEFAULT_GOAL := help
 
-.PHONY: help install browser test run coordinator proto lint bench chaos clean distclean
+.PHONY: help install browser test run coordinator proto lint bench chaos compose-check clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -99,6 +100,11 @@ bench: install
 
 chaos: install
 	$(BIN)/python -m chaos --seed $(SEED)
+
+# The container cluster for real (Docker engine and Compose needed; docker/compose-check says
+# what it does). Run it whenever the Dockerfile, the compose file or the dependencies change.
+compose-check:
+	docker/compose-check
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache spark-warehouse

@@ -16,7 +16,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pyspark import cloudpickle
 
-from snapflow.security import PLAINTEXT, SecuritySettings, sync_channel
+from snapflow.security import PLAINTEXT, SecuritySettings
+from snapflow.tls import sync_channel
 from snapflow.v1 import common_pb2 as pb
 
 RESULTS_DIR = Path(__file__).parent / "results"

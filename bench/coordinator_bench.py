@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import free_port, start_coordinator, stop_process, write_results
-from snapflow.coordinator.stats import percentile
+from snapflow.coordinator.checkpoint_stats import percentile
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

@@ -86,7 +86,7 @@ from bench.common import free_port, op_spec, start_coordinator, stop_process, wr
 from bench.dataplane_ops import DiscardingSink, MarkedGeneratorSource, ThrottledSink
 from snapflow import wire
 from snapflow.checkpointing import CheckpointMode
-from snapflow.coordinator.stats import percentile
+from snapflow.coordinator.checkpoint_stats import percentile
 from snapflow.redis_server import RedisServer
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

@@ -60,8 +60,8 @@ from rich.table import Table
 import bench.keyed_count_ops as ops
 from bench.common import write_results
 from bench.spark_bench import _spark, _Watcher
+from snapflow.coordinator.checkpoint_stats import percentile
 from snapflow.coordinator.embedded import EmbeddedCoordinator
-from snapflow.coordinator.stats import percentile
 from snapflow.errors import DeadlineExceededError
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge import JobStatus, NoRestart, Pipeline, Stream

@@ -53,16 +53,10 @@ from rich.table import Table
 from bench.common import free_port, start_coordinator, stop_process, write_results
 from bench.dataplane_bench import PARALLELISM, Runner, RunResult, RunSpec
 from bench.pki import BenchPki, make_pki
-from snapflow.coordinator.stats import percentile
+from snapflow.coordinator.checkpoint_stats import percentile
 from snapflow.redis_server import RedisServer
-from snapflow.security import (
-    ENV_PREFIX,
-    PLAINTEXT,
-    SECURITY_FIELDS,
-    TOKEN_ENV,
-    SecuritySettings,
-    aio_channel,
-)
+from snapflow.security import ENV_PREFIX, PLAINTEXT, SECURITY_FIELDS, TOKEN_ENV, SecuritySettings
+from snapflow.tls import aio_channel
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 INTERVAL_MS = 1000

@@ -50,8 +50,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import write_results
+from snapflow.coordinator.checkpoint_stats import percentile
 from snapflow.coordinator.embedded import EmbeddedCoordinator
-from snapflow.coordinator.stats import percentile
 from snapflow.errors import DeadlineExceededError, SnapflowError
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge import FixedDelay, JobResult, JobStatus, Pipeline

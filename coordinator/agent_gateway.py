@@ -18,7 +18,8 @@ from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.checkpoint_coordinator import BarrierOptions
 from snapflow.coordinator.model import ExecutionAttempt
-from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel
+from snapflow.security import PLAINTEXT, SecuritySettings
+from snapflow.tls import aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc

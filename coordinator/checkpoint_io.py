@@ -31,7 +31,8 @@ from snapflow.coordinator.checkpoint_coordinator import (
     SendTrigger,
     TriggerRequest,
 )
-from snapflow.coordinator.checkpoint_storage import CheckpointStorage, location_key
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.coordinator.confinement import location_key
 from snapflow.coordinator.model import CompletedCheckpoint, PendingCheckpointRecord
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.shared_state import creator_id

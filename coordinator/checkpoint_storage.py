@@ -50,6 +50,7 @@ from typing import Any
 
 import structlog
 
+from snapflow.coordinator.confinement import is_inside, is_relative_to, location_key
 from snapflow.coordinator.model import CompletedCheckpoint
 from snapflow.errors import (
     AlreadyExistsError,
@@ -60,7 +61,9 @@ from snapflow.errors import (
     SnapflowError,
     StorageError,
 )
-from snapflow.filestore import FileStore, S3Settings, is_object_store_uri, store_for
+from snapflow.filestore import FileStore, is_object_store_uri
+from snapflow.filestore_registry import store_for
+from snapflow.s3_filestore import S3Settings
 from snapflow.storage_location import has_uri_scheme, local_path_from_uri, s3_location
 
 log = structlog.get_logger(__name__)
@@ -84,34 +87,6 @@ _SUPPORTED = "a path, a file:// URI or s3://bucket/prefix"
 _REMOVE_ATTEMPTS = 5
 _REMOVE_RETRY_S = 0.02
 _RACE_ERRNOS = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT)
-
-
-def location_key(path: str) -> str:
-    """A comparable form of a location: the normalised S3 URI, or the real local path (a path
-    that cannot be normalised is returned as given, which matches nothing else)."""
-    if is_object_store_uri(path):
-        try:
-            return s3_location(path, what="path")
-        except InvalidArgumentError:
-            return path
-    try:
-        return os.path.realpath(local_path_from_uri(path))
-    except ConfigError:
-        return path
-
-
-def is_inside(path_key: str, directory_key: str) -> bool:
-    """True when ``path_key`` lies strictly inside ``directory_key`` (both from
-    :func:`location_key`)."""
-    sep = "/" if is_object_store_uri(directory_key) else os.sep
-    return path_key.startswith(directory_key.rstrip(sep) + sep)
-
-
-def _is_relative_to(path: str, root: str) -> bool:
-    """True when normalised absolute ``path`` lies strictly inside normalised ``root``."""
-    if path == root:
-        return False
-    return os.path.commonpath([path, root]) == root
 
 
 def _s3_join(base: str, *names: str) -> str:
@@ -370,7 +345,7 @@ class CheckpointStorage:
                 raise InvalidArgumentError(f"allowed directory {extra!r:.200} must be absolute")
             roots.append(os.path.realpath(extra_local))
         for root in roots:
-            if _is_relative_to(real, root):
+            if is_relative_to(real, root):
                 return real
         allowed = " or ".join(dict.fromkeys([job_root, *roots]))
         raise InvalidStatePathError(
@@ -817,7 +792,7 @@ def _relativize(record: dict[str, Any], directory: str) -> dict[str, Any]:
             if not os.path.isabs(local):
                 return path
             real = os.path.realpath(local)
-            if _is_relative_to(real, real_dir):
+            if is_relative_to(real, real_dir):
                 return os.path.relpath(real, real_dir)
             return path
 

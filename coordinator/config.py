@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from snapflow.errors import ConfigError
-from snapflow.filestore import S3Settings
 from snapflow.redis_client import parse_redis_url
+from snapflow.s3_filestore import S3Settings
 from snapflow.security import SECURITY_FIELDS, SecuritySettings
 from snapflow.storage_location import check_storage_location
 

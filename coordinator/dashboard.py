@@ -6,7 +6,7 @@ request reads the same views as the gRPC service (``coordinator/dashboard_views.
 locks or copies. The dashboard itself is three static files in ``dashboard_static/`` (plain
 HTML, CSS and JavaScript, no build step) that poll the JSON API.
 
-Security, as for gRPC (``snapflow/security.py``, docs/security.md): with TLS settings the
+Security, as for gRPC (``snapflow/security.py``, ``tls.py`` and ``access_control.py``; docs/security.md): with TLS settings the
 endpoint serves HTTPS with the same certificate (re-read when the files change) and, with
 ``tls_client_ca_file``, requires a client certificate signed by that CA. With authorisation on
 (``auth_tokens_file``/``auth_identities``), ``/metrics`` and ``/api/`` need a bearer token or a
@@ -29,12 +29,13 @@ import structlog
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
+from snapflow.access_control import Authenticator
 from snapflow.coordinator import dashboard_views as views
 from snapflow.coordinator.grpc_errors import status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.metrics import CoordinatorMetrics
 from snapflow.errors import ConfigError, SnapflowError
-from snapflow.security import PLAINTEXT, Authenticator, CallerRole, SecuritySettings
+from snapflow.security import PLAINTEXT, CallerRole, SecuritySettings
 
 log = structlog.get_logger("snapflow.coordinator")
 

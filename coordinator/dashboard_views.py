@@ -1,6 +1,6 @@
 """What the dashboard's JSON API and the per-job metrics show, built from the views the gRPC
 service returns (``JobRunner.job_info``/``task_infos``/``stats_pb``/``details_pb``, i.e.
-``coordinator/job_views.py`` and ``coordinator/stats.py``) and the job's history
+``coordinator/job_views.py`` and ``coordinator/checkpoint_stats.py``) and the job's history
 (``coordinator/job_history.py``). Nothing here changes state, and nothing here is a second
 copy of a view: protos are turned into JSON (field names as in the .proto files, int64 as
 JSON numbers), and the exception history, which no proto carries, is added.

@@ -61,6 +61,7 @@ from snapflow.coordinator.checkpoint_io import (
     SendTriggerRpc,
 )
 from snapflow.coordinator.checkpoint_requests import CheckpointRequests
+from snapflow.coordinator.checkpoint_stats import CheckpointStatsTracker
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.config import CoordinatorSettings
 from snapflow.coordinator.execution import JobExecution
@@ -89,7 +90,6 @@ from snapflow.coordinator.restore_point import (
     RestorePoint,
 )
 from snapflow.coordinator.savepoint_operations import SavepointOperation
-from snapflow.coordinator.stats import CheckpointStatsTracker
 from snapflow.coordinator.watch import JobWatch
 from snapflow.errors import (
     CheckpointFailedError,

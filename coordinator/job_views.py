@@ -17,6 +17,7 @@ from __future__ import annotations
 from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.checkpoint_coordinator import CheckpointCoordinator
+from snapflow.coordinator.checkpoint_stats import CheckpointStatsTracker, StateSizes
 from snapflow.coordinator.execution import JobExecution
 from snapflow.coordinator.model import (
     CheckpointStatus,
@@ -24,7 +25,6 @@ from snapflow.coordinator.model import (
     ExecutionAttempt,
     JobRecord,
 )
-from snapflow.coordinator.stats import CheckpointStatsTracker, StateSizes
 from snapflow.errors import CheckpointNotFoundError
 from snapflow.v1 import coordinator_pb2 as cpb
 

@@ -21,6 +21,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from snapflow.access_control import server_interceptors
 from snapflow.coordinator.config import CoordinatorSettings
 from snapflow.coordinator.dashboard import HttpServer, start_http_server
 from snapflow.coordinator.job_manager import JobManager
@@ -34,13 +35,8 @@ from snapflow.errors import ConfigError, SnapflowError, StaleEpochError
 from snapflow.filestore import is_object_store_uri
 from snapflow.redis_server import RedisServer
 from snapflow.request_parsing import add_servicer
-from snapflow.security import (
-    PLAINTEXT,
-    SecuritySettings,
-    add_port,
-    read_secret_file,
-    server_interceptors,
-)
+from snapflow.security import PLAINTEXT, SecuritySettings, read_secret_file
+from snapflow.tls import add_port
 from snapflow.v1 import coordinator_pb2
 
 log = structlog.get_logger("snapflow.coordinator")
@@ -67,7 +63,7 @@ async def create_server(
     gate: LeaderGate | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """A started-but-not-yet-serving gRPC server bound to ``address``; returns the bound port.
-    ``security``: TLS and the access check (``snapflow.security``); default plaintext, open.
+    ``security``: TLS (``snapflow.tls``) and the access check (``snapflow.access_control``), as ``snapflow.security`` settings say; default plaintext, open.
     ``gate``: a highly available coordinator's standby gate (after the access check)."""
     server = grpc.aio.server(
         options=server_options(max_message_bytes),

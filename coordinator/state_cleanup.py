@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from snapflow.coordinator.checkpoint_storage import CheckpointStorage, is_inside, location_key
+from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.coordinator.confinement import is_inside, location_key
 
 NO_CHECKPOINT = 0
 """The owner id of a path inside no checkpoint or savepoint directory (ids start at 1)."""

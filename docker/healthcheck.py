@@ -15,7 +15,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from snapflow.errors import ConfigError
-from snapflow.security import SecuritySettings, sync_channel
+from snapflow.security import SecuritySettings
+from snapflow.tls import sync_channel
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 TIMEOUT_S = 3.0

@@ -32,7 +32,8 @@ import grpc
 import grpc.aio
 
 from snapflow.errors import ConfigError
-from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel, sync_channel
+from snapflow.security import PLAINTEXT, SecuritySettings
+from snapflow.tls import aio_channel, sync_channel
 
 LEADER_METADATA_KEY = "snapflow-leader"
 """Trailing metadata of a standby's refusal: the leader's address, when known."""

@@ -13,7 +13,8 @@ from kit.polling import wait_until
 from kit.processes import CoordinatorProcess
 
 from snapflow.redis_server import RedisServer
-from snapflow.security import PLAINTEXT, aio_channel
+from snapflow.security import PLAINTEXT
+from snapflow.tls import aio_channel
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 

@@ -23,7 +23,6 @@ from snapflow.coordinator.checkpoint_coordinator import (
     DeleteCompleted,
     DiscardState,
     FailJob,
-    FailureManager,
     FinalizeCheckpoint,
     NotifyAborted,
     NotifyComplete,
@@ -33,6 +32,7 @@ from snapflow.coordinator.checkpoint_coordinator import (
     SubtaskAcknowledged,
     TriggerRequest,
 )
+from snapflow.coordinator.checkpoint_failure_manager import FailureManager
 from snapflow.coordinator.model import (
     AbortReason,
     AckResult,

@@ -23,7 +23,8 @@ from snapflow.errors import (
     InvalidStatePathError,
     StorageError,
 )
-from snapflow.filestore import FileStore, S3Settings
+from snapflow.filestore import FileStore
+from snapflow.s3_filestore import S3Settings
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ from kit.polling import wait_until_async
 from kit.s3 import S3Server
 from kit.simulated_agent import SimulatedAgent
 
-from snapflow.filestore import FileStore, S3Settings, store_for
+from snapflow.filestore import FileStore
+from snapflow.filestore_registry import store_for
+from snapflow.s3_filestore import S3Settings
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 

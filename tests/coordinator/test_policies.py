@@ -17,8 +17,8 @@ from snapflow.coordinator.checkpoint_coordinator import (
     NotifyAborted,
     RequestRefused,
     TriggerRequest,
-    abort_reason_for_decline,
 )
+from snapflow.coordinator.checkpoint_failure_manager import abort_reason_for_decline
 from snapflow.coordinator.model import (
     AbortReason,
     AckResult,

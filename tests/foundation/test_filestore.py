@@ -10,15 +10,11 @@ import pytest
 from kit.s3 import S3Server, create_bucket
 
 from snapflow.errors import AlreadyExistsError, InvalidArgumentError, StorageError
-from snapflow.filestore import (
-    MAX_KEYS_PER_DELETE,
-    FileStore,
-    LocalFileStore,
-    MultipartUploads,
-    S3FileStore,
-    S3Settings,
-    store_for,
-)
+from snapflow.filestore import FileStore
+from snapflow.filestore_registry import store_for
+from snapflow.local_filestore import LocalFileStore
+from snapflow.s3_filestore import MAX_KEYS_PER_DELETE, S3FileStore, S3Settings
+from snapflow.s3_multipart import MultipartUploads
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -23,9 +23,10 @@ from kit.s3_faults import Fault, FaultProxy, fault_proxy
 from kit.simulated_agent import SimulatedAgent
 from kit.sinks import kb, sink_ctx
 
-from snapflow import filestore
+from snapflow import filestore_registry
 from snapflow.errors import AlreadyExistsError, StateError, StorageError
-from snapflow.filestore import MultipartUploads, S3FileStore, S3Settings
+from snapflow.s3_filestore import S3FileStore, S3Settings
+from snapflow.s3_multipart import MultipartUploads
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
@@ -236,7 +237,7 @@ def _sink_through(
 ) -> TransactionalFileSink:
     """An opened sink on ``out`` whose store (``store_for`` with default settings, as the
     worker's) reaches moto through the proxy."""
-    monkeypatch.setitem(filestore._STORES, ("s3", S3Settings()), via(proxy, max_attempts))
+    monkeypatch.setitem(filestore_registry._STORES, ("s3", S3Settings()), via(proxy, max_attempts))
     sink = TransactionalFileSink(out)
     sink.open(sink_ctx(OperatorStateBackend()))
     return sink
@@ -304,7 +305,8 @@ def test_checkpoint_with_a_throttled_metadata_put_completes(
 ) -> None:
     """The coordinator reaches S3 through the proxy (its ``s3_endpoint_url``); the simulated
     agents write their state files to moto directly (``AWS_ENDPOINT_URL``)."""
-    monkeypatch.setattr(filestore, "_STORES", dict(filestore._STORES))  # the proxy's store goes
+    # the proxy's store goes
+    monkeypatch.setattr(filestore_registry, "_STORES", dict(filestore_registry._STORES))
     root = f"s3://{s3_bucket}/checkpoints"
 
     async def main() -> None:

@@ -15,14 +15,9 @@ import pytest
 from kit.s3 import S3Server, create_bucket
 
 from snapflow.errors import StorageError
-from snapflow.filestore import (
-    TRANSFER_CHUNK_BYTES,
-    FileStore,
-    LocalFileStore,
-    S3FileStore,
-    S3Settings,
-    file_crc32,
-)
+from snapflow.filestore import TRANSFER_CHUNK_BYTES, FileStore, file_crc32
+from snapflow.local_filestore import LocalFileStore
+from snapflow.s3_filestore import S3FileStore, S3Settings
 
 # Above twice the chunk: S3 takes it as a multipart upload of three parts.
 LARGE = 2 * TRANSFER_CHUNK_BYTES + 1234

@@ -1,4 +1,4 @@
-"""snapflow/security.py: settings checks, token files, reloads, and the secrets staying out
+"""snapflow/security.py, tls.py and access_control.py: settings checks, token files, reloads, and the secrets staying out
 of errors, settings dumps and metrics."""
 
 from __future__ import annotations
@@ -10,17 +10,11 @@ from pathlib import Path
 import pytest
 from kit.tls import make_pki
 
+from snapflow.access_control import Authenticator, parse_tokens
 from snapflow.coordinator.config import load_settings
 from snapflow.errors import ConfigError
-from snapflow.security import (
-    Authenticator,
-    CallerRole,
-    SecuritySettings,
-    channel_credentials,
-    load_token,
-    parse_identities,
-    parse_tokens,
-)
+from snapflow.security import CallerRole, SecuritySettings, load_token, parse_identities
+from snapflow.tls import channel_credentials
 
 
 def test_plaintext_is_the_default_and_builds_no_credentials() -> None:
@@ -88,7 +82,7 @@ def test_tokens_file_is_reloaded_when_it_changes(
     auth = Authenticator(pki.server(mutual=False))
     assert auth.token_roles(pki.tokens["read"]) == frozenset({CallerRole.READ})
     assert auth.token_roles("x" * 32) is None
-    monkeypatch.setattr("snapflow.security.TOKEN_RELOAD_INTERVAL_S", 0.0)
+    monkeypatch.setattr("snapflow.access_control.TOKEN_RELOAD_INTERVAL_S", 0.0)
     pki.tokens_file.write_text("operator new-token-0123456789abcdef\n")
     later = time.time() + 5
     os.utime(pki.tokens_file, (later, later))

@@ -16,7 +16,8 @@ from snapflow.coordinator.embedded import local_settings
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.redis_store import CheckpointStore
 from snapflow.coordinator.server import Coordinator
-from snapflow.security import PLAINTEXT, SecuritySettings, aio_channel, sync_channel
+from snapflow.security import PLAINTEXT, SecuritySettings
+from snapflow.tls import aio_channel, sync_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc

@@ -3,7 +3,7 @@ against what the retained checkpoints reference."""
 
 from __future__ import annotations
 
-from snapflow.coordinator.checkpoint_storage import location_key
+from snapflow.coordinator.confinement import location_key
 from snapflow.coordinator.server import Coordinator
 from snapflow.coordinator.shared_state import shared_paths
 

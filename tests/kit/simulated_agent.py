@@ -22,7 +22,7 @@ import grpc
 from snapflow import wire
 from snapflow.checkpointing import OPERATOR, DeclineReason, StateHandle
 from snapflow.errors import SnapflowError
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

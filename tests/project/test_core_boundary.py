@@ -13,7 +13,7 @@ from pathlib import Path
 import snapflow
 
 COORDINATOR = Path(snapflow.__file__).resolve().parent.parent / "coordinator"
-CORES = {"checkpoint_coordinator.py", "execution.py"}
+CORES = {"checkpoint_coordinator.py", "checkpoint_failure_manager.py", "execution.py"}
 CORE_NAMES = {"core", "execution", "cc"}
 #: Public API despite the underscore (namedtuple methods).
 PUBLIC_UNDERSCORED = {"_replace", "_asdict", "_fields", "_make"}

@@ -24,7 +24,7 @@ from pyspark import cloudpickle
 
 from snapflow import wire
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.spark_bridge import (
     ExponentialBackoff,
     FixedDelay,

@@ -10,7 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from snapflow.filestore import is_object_store_uri, store_for
+from snapflow.filestore import is_object_store_uri
+from snapflow.filestore_registry import store_for
 
 
 def committed_part_files(directory: str | os.PathLike[str], pattern: re.Pattern[str]) -> list[str]:

@@ -38,13 +38,10 @@ from typing import IO, Protocol
 
 from snapflow.durable_files import fsync_dir
 from snapflow.errors import InvalidArgumentError
-from snapflow.filestore import (
-    MultipartUploads,
-    S3FileStore,
-    UploadedPart,
-    is_object_store_uri,
-    store_for,
-)
+from snapflow.filestore import is_object_store_uri
+from snapflow.filestore_registry import store_for
+from snapflow.s3_filestore import S3FileStore
+from snapflow.s3_multipart import MultipartUploads, UploadedPart
 from snapflow.worker.connectors.two_phase_commit import SinkCommitError
 
 STAGING_DIR = "_staging"

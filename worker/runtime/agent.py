@@ -43,18 +43,14 @@ import structlog
 from pyspark import cloudpickle
 
 from snapflow import wire
+from snapflow.access_control import server_interceptors
 from snapflow.checkpointing import CheckpointMode, DeclineReason
 from snapflow.errors import FailedPreconditionError, SnapflowError
 from snapflow.jobgraph import PartitionerKind, TaskState
 from snapflow.leader_channel import aio_leader_channel
 from snapflow.request_parsing import add_servicer
-from snapflow.security import (
-    PLAINTEXT,
-    SecuritySettings,
-    add_port,
-    aio_channel,
-    server_interceptors,
-)
+from snapflow.security import PLAINTEXT, SecuritySettings
+from snapflow.tls import add_port, aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -173,7 +169,7 @@ class Agent:
         source whose input ended asks the coordinator for a checkpoint (``TriggerCheckpoint``)
         and the job ends with a final checkpoint that commits its sinks (the Spark bridge sets
         it); off, such a job ends without one. ``security``: TLS, tokens and the access
-        check of the agent's servers and its calls (``snapflow.security``); default plaintext.
+        check of the agent's servers and its calls (``snapflow.security`` settings, ``snapflow.tls``, ``snapflow.access_control``); default plaintext.
         ``dataplane``: buffer debloating and the task thread (:class:`DataplaneSettings`).
         ``launch``: the Spark driver's stage submission this agent runs in (0: not launched by
         a driver); sent with every registration, so the coordinator refuses the agents of a

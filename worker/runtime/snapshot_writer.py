@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from snapflow.checkpointing import CHANNEL_INPUT, CHANNEL_OUTPUT, StateHandle
-from snapflow.filestore import is_object_store_uri, store_for
+from snapflow.filestore import is_object_store_uri
+from snapflow.filestore_registry import store_for
 from snapflow.worker.state.snapshots import SnapshotInProgress
 from snapflow.worker.state.state_files import MergedStateObject
 

@@ -13,7 +13,7 @@ from contextlib import suppress
 from typing import Any
 
 from snapflow.errors import StorageError
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.worker.state.errors import CorruptStateError
 from snapflow.worker.state.rocksdb_snapshots import SharedFile
 

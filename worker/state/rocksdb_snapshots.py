@@ -30,7 +30,8 @@ from typing import Any, NamedTuple, Protocol
 
 from snapflow.checkpointing import INCREMENTAL, KEYED, SHARED, SHARED_NEW, StateHandle
 from snapflow.errors import StorageError
-from snapflow.filestore import file_crc32, is_object_store_uri, store_for
+from snapflow.filestore import file_crc32, is_object_store_uri
+from snapflow.filestore_registry import store_for
 from snapflow.worker.state.errors import CorruptStateError
 from snapflow.worker.state.keygroups import KeyGroupRange
 from snapflow.worker.state.rocksdb_layout import (

@@ -54,7 +54,8 @@ from snapflow.checkpointing import (
 )
 from snapflow.durable_files import fsync_dir
 from snapflow.errors import StateError, StorageError
-from snapflow.filestore import FileStore, is_object_store_uri, store_for
+from snapflow.filestore import FileStore, is_object_store_uri
+from snapflow.filestore_registry import store_for
 from snapflow.worker.state.errors import CorruptStateError, StateFormatVersionError
 from snapflow.worker.state.keygroups import KeyGroupRange
 

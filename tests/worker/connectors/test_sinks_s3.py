@@ -27,7 +27,9 @@ from kit.sinks import (
 from kit.workers import check_exactly_once, expected_counts
 
 from snapflow.errors import StateError, StorageError
-from snapflow.filestore import MultipartUploads, S3FileStore, store_for
+from snapflow.filestore_registry import store_for
+from snapflow.s3_filestore import S3FileStore
+from snapflow.s3_multipart import MultipartUploads
 from snapflow.worker.connectors.file_sink import (
     FileTransaction,
     TransactionalFileSink,

@@ -24,7 +24,8 @@ from kit.processes import CoordinatorProcess, Processes, start_worker
 from kit.workers import check_exactly_once, count_graph, expected_counts, submit_graph
 
 from snapflow.redis_server import RedisServer
-from snapflow.security import PLAINTEXT, aio_channel
+from snapflow.security import PLAINTEXT
+from snapflow.tls import aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc

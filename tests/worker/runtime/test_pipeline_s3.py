@@ -11,7 +11,7 @@ import pytest
 from kit.coordinator import running_coordinator
 from kit.workers import check_exactly_once, count_graph, expected_counts, run_job
 
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.keyed_operators import KeyedCount

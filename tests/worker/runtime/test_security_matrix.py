@@ -21,7 +21,9 @@ from google.protobuf.message_factory import GetMessageClass
 from kit.coordinator import running_coordinator, two_vertex_graph
 from kit.tls import Pki, make_pki
 
-from snapflow.security import RPC_ROLES, CallerRole, SecuritySettings, aio_channel
+from snapflow.access_control import RPC_ROLES
+from snapflow.security import CallerRole, SecuritySettings
+from snapflow.tls import aio_channel
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import worker_pb2 as wpb

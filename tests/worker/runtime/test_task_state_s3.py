@@ -11,7 +11,7 @@ from kit.channels import run
 from kit.subtasks import batch, harness
 
 from snapflow.checkpointing import BarrierOptions, CheckpointMode
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.worker.runtime.frames import BarrierFrame, DataFrame
 from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport

@@ -12,7 +12,7 @@ import pytest
 
 from snapflow import wire
 from snapflow.checkpointing import SHARED, SHARED_NEW, BarrierOptions, StateHandle
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.state_backend_options import StateBackendOptions
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.state import factory

@@ -25,7 +25,7 @@ from snapflow.checkpointing import (
 from snapflow.coordinator import shared_state as coordinator_shared
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.errors import InvalidArgumentError, StorageError
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.state_backend_options import ROCKSDB, StateBackendOptions
 from snapflow.worker.state import factory
 from snapflow.worker.state import keyed_backend as heap_module

@@ -18,7 +18,7 @@ import pytest
 
 from snapflow.checkpointing import StateHandle
 from snapflow.errors import SnapflowError, StateError, StorageError
-from snapflow.filestore import store_for
+from snapflow.filestore_registry import store_for
 from snapflow.worker.state.errors import (
     CorruptStateError,
     IncompatibleStateError,

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from snapflow.coordinator.checkpoint_stats import (
+    CheckpointStatsTracker,
+    Quantiles,
+    RestoreRecord,
+    StateSizes,
+    percentile,
+)
 from snapflow.coordinator.model import (
     CheckpointKind,
     CheckpointStatus,
@@ -13,13 +20,6 @@ from snapflow.coordinator.model import (
     StateHandle,
     SubtaskAck,
     SubtaskMetrics,
-)
-from snapflow.coordinator.stats import (
-    CheckpointStatsTracker,
-    Quantiles,
-    RestoreRecord,
-    StateSizes,
-    percentile,
 )
 
 A = ExecutionAttempt("src", 0, 1)
