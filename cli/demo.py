@@ -47,7 +47,7 @@ from snapflow.cli.demo_config import MODES, DemoConfig, DemoSummary, config_from
 from snapflow.cli.demo_pipeline import build_pipeline, read_kill
 
 # Spark, the Spark bridge and the worker are imported where used: the `snapflow` parser imports
-# this module (and its demo_* modules) for the demo's flags, which must stay light
+# this module (run_demo is the command's handler), so it and its demo_* modules must stay light
 # (tests/cli/test_light_cli.py).
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
