@@ -34,7 +34,7 @@ does not is reported and fails the benchmark). Sizes: ``SNAPFLOW_BENCH_RECORD_RE
 32 M) and ``SNAPFLOW_BENCH_BATCH_RECORDS`` (default 160 M; the batch and built-in variants).
 ``SNAPFLOW_BENCH_VARIANTS`` (comma-separated) runs a subset. For experiments:
 ``SNAPFLOW_BENCH_RUN_OPTIONS``, a JSON object of run options for every run (``RunOptions`` of
-``snapflow.spark_bridge.driver``, e.g. ``{"task_thread": false, "debloat_target_ms": 50}``);
+``snapflow.spark_bridge.run_options``, e.g. ``{"task_thread": false, "debloat_target_ms": 50}``);
 ``SNAPFLOW_BENCH_OFF=0`` skips the runs without checkpoints; ``SNAPFLOW_BENCH_RESULTS`` names
 the results file (default ``keyed_count``, so an experiment need not overwrite the full run).
 """
@@ -65,7 +65,7 @@ from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.errors import DeadlineExceededError
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge import JobStatus, NoRestart, Pipeline, Stream
-from snapflow.spark_bridge.driver import CoordinatorClient
+from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 
 PARALLELISM = 2
 INTERVAL_MS = 1000

@@ -55,7 +55,7 @@ from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.errors import DeadlineExceededError, SnapflowError
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge import FixedDelay, JobResult, JobStatus, Pipeline
-from snapflow.spark_bridge.driver import CoordinatorClient
+from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.spark_bridge.session import local_session
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb

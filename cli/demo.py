@@ -1,7 +1,7 @@
 """``snapflow demo`` (what ``make run`` runs): an exactly-once streaming job on Spark, a task
 killed mid-run, and a batch Spark check of the result.
 
-The job (:func:`build_pipeline`): a NexMark-style bid stream (:class:`snapflow.cli.nexmark.BidSource`,
+The job (:func:`snapflow.cli.demo_pipeline.build_pipeline`): a NexMark-style bid stream (:class:`snapflow.cli.nexmark.BidSource`,
 bounded, rate-limited) keyed by auction into tumbling event-time windows with the number of
 bids, the sum and the maximum of their prices per auction and window
 (:class:`snapflow.cli.nexmark.PriceStatsWindow`), written by the exactly-once
@@ -21,6 +21,10 @@ driver resubmits it, the job restores from the latest completed checkpoint and r
 end the committed output is compared with the same query computed by a batch Spark job over
 the same bids (generated on the executors from the source's scalar definition), and a summary
 says whether the result is exactly-once (exit code 0) or not (1).
+
+This module is the flow (set up, run, watch, check, report); the flags and the summary are in
+:mod:`snapflow.cli.demo_config`, the job in :mod:`snapflow.cli.demo_pipeline`, the batch check
+in :mod:`snapflow.cli.demo_check`.
 """
 
 from __future__ import annotations
@@ -28,264 +32,34 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from snapflow.cli.demo_check import BatchCheck
+from snapflow.cli.demo_config import MODES, DemoConfig, DemoSummary, config_from_args
+from snapflow.cli.demo_pipeline import build_pipeline, read_kill
+
 # Spark, the Spark bridge and the worker are imported where used: the `snapflow` parser imports
-# this module for the demo's flags, which must stay light (tests/cli/test_light_cli.py).
+# this module (run_demo is the command's handler), so it and its demo_* modules must stay light
+# (tests/cli/test_light_cli.py).
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from snapflow.cli.nexmark import BidSource, WindowRow
-    from snapflow.spark_bridge import JobHandle, Pipeline
+    from snapflow.spark_bridge import JobHandle
     from snapflow.v1 import coordinator_pb2 as cpb
-    from snapflow.worker.api.fault_injection import FailAt
 
-__all__ = [
-    "SIZES",
-    "DemoConfig",
-    "DemoSummary",
-    "build_pipeline",
-    "config_from_args",
-    "kill_operator",
-    "parse_size",
-    "run_demo",
-    "run_spark_demo",
-]
+__all__ = ["run_demo", "run_spark_demo"]
 
-# --records presets: (records, total rate per second). "medium", the default, takes about 15 s
-# of streaming (plus Spark's start-up and the batch check) on two cores.
-SIZES: dict[str, tuple[int, int]] = {
-    "small": (60_000, 15_000),
-    "medium": (240_000, 20_000),
-    "large": (2_000_000, 50_000),
-}
-DEFAULT_SIZE = "medium"
-MODES = ("aligned", "unaligned", "at_least_once")
 MARKER = ".snapflow-demo"
 # Names a demo run leaves in its data directory: a directory holding only these is cleaned.
 _DEMO_ENTRIES = {MARKER, "out", "checkpoints", "redis", "kill.json"}
-
-
-def parse_size(value: str) -> int:
-    """``--records``: a preset (small, medium, large) or a count (``250000``, ``250_000``,
-    ``250k``, ``2m``)."""
-    text = str(value).strip().lower().replace("_", "").replace(",", "")
-    if text in SIZES:
-        return SIZES[text][0]
-    m = re.fullmatch(r"(\d+)([km]?)", text)
-    if not m:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a number of records or one of {', '.join(SIZES)}"
-        )
-    n = int(m[1]) * {"": 1, "k": 1_000, "m": 1_000_000}[m[2]]
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--records must be at least 1, got {value!r}")
-    return n
-
-
-def _preset_rate(records: int) -> int:
-    """The default rate of a size: that of the preset with the most records <= it."""
-    rate = SIZES["small"][1]
-    for n, r in sorted(SIZES.values()):
-        if records >= n:
-            rate = r
-    return rate
-
-
-# ---------------------------------------------------------------------------------------------
-# Configuration and result
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """What the Spark demo runs (``snapflow demo`` flags)."""
-
-    records: int = SIZES[DEFAULT_SIZE][0]
-    rate_per_s: float | None = SIZES[DEFAULT_SIZE][1]
-    """Total rate of the source; None: as fast as possible."""
-    parallelism: int = 2
-    mode: str = "aligned"
-    interval_ms: int = 1000
-    window_ms: int = 10_000
-    kill_after_s: float | None = None
-    """When to kill a task (after a checkpoint completed); None: 40 % into the run."""
-    failure: bool = True
-    data_dir: str = "./data/demo"
-    coordinator: str | None = None
-    """host:port of a coordinator service; None: the embedded default."""
-    spark_master: str = "local[4]"
-    spark_conf: tuple[tuple[str, str], ...] = ()
-    verbose: bool = False
-    seed: int = 7
-
-    @property
-    def kill_after(self) -> float:
-        if self.kill_after_s is not None:
-            return self.kill_after_s
-        if not self.rate_per_s:
-            return 1.0
-        return max(1.0, round(0.4 * self.records / self.rate_per_s, 1))
-
-    def source(self) -> BidSource:
-        from snapflow.cli.nexmark import BidSource
-
-        return BidSource(
-            total_records=self.records,
-            rate_per_s=self.rate_per_s,
-            seed=self.seed,
-            batch_size=4096,
-        )
-
-    @property
-    def out_dir(self) -> str:
-        return os.path.join(os.path.abspath(self.data_dir), "out")
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return os.path.join(os.path.abspath(self.data_dir), "checkpoints")
-
-    @property
-    def kill_file(self) -> str:
-        return os.path.join(os.path.abspath(self.data_dir), "kill.json")
-
-
-@dataclass
-class DemoSummary:
-    """What a Spark demo run did and found."""
-
-    records: int
-    job_id: str = ""
-    state: str = ""
-    failure: str = ""
-    checkpoints_completed: int = 0
-    restarts: int = 0
-    restored_from: int = 0
-    killed_at_s: float | None = None
-    """Seconds after the submission when the task was killed (None: no kill)."""
-    killed_what: str = ""
-    recovery_s: float | None = None
-    """From the kill to the first checkpoint completed after the restart."""
-    running_again_s: float | None = None
-    """From the failure noticed by the driver to every task running again (JobResult)."""
-    committed_rows: int = 0
-    expected_rows: int = 0
-    missing: Counter[WindowRow] = field(default_factory=Counter)
-    """Rows of the batch result missing from the committed output."""
-    extra: Counter[WindowRow] = field(default_factory=Counter)
-    """Committed rows not in the batch result (or committed more often)."""
-    spark_start_s: float = 0.0
-    """Creating the SparkSession (0 when the caller gave one)."""
-    job_s: float = 0.0
-    check_s: float = 0.0
-    """After the job: reading the committed output and waiting for the batch result."""
-    batch_s: float = 0.0
-    """The batch Spark job (run alongside the streaming job)."""
-    total_s: float = 0.0
-
-    @property
-    def exactly_once(self) -> bool:
-        return (
-            self.state == "FINISHED"
-            and not self.missing
-            and not self.extra
-            and self.committed_rows == self.expected_rows
-        )
-
-
-def config_from_args(args: argparse.Namespace) -> DemoConfig:
-    records = args.records if isinstance(args.records, int) else parse_size(args.records)
-    if args.rate is None:
-        rate: float | None = float(_preset_rate(records))
-    else:
-        rate = float(args.rate) if args.rate > 0 else None
-    conf = []
-    for item in args.conf or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--conf takes KEY=VALUE, got {item!r}")
-        conf.append((key.strip(), value))
-    return DemoConfig(
-        records=records,
-        rate_per_s=rate,
-        parallelism=args.parallelism,
-        mode=args.mode,
-        interval_ms=args.interval_ms,
-        window_ms=args.window_ms,
-        kill_after_s=args.kill_after_s,
-        failure=not args.no_failure,
-        data_dir=args.storage_root,
-        coordinator=args.coordinator,
-        spark_master=args.spark_master,
-        spark_conf=tuple(conf),
-        verbose=args.verbose,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# The failure
-# ---------------------------------------------------------------------------------------------
-
-
-def kill_operator(config: DemoConfig) -> FailAt:
-    """The demo's failure: in deployment 1, subtask 0, once a checkpoint completed and
-    ``kill_after`` seconds passed, write ``kill.json`` and kill the Python worker
-    (``os._exit(1)``), as a crashed executor process would. The marker makes it kill once."""
-    from snapflow.worker.api.fault_injection import FailAt
-
-    return FailAt(
-        how="exit",
-        subtask=0,
-        attempts=(1,),
-        after_checkpoints=1,
-        after_s=config.kill_after,
-        marker=config.kill_file,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# The job
-# ---------------------------------------------------------------------------------------------
-
-
-def build_pipeline(config: DemoConfig) -> Pipeline:
-    """bids -> [kill once] -> key_by(auction) -> tumbling event-time window stats -> file sink."""
-    from snapflow.cli.nexmark import WINDOW_STATS_SCHEMA, PriceStatsWindow
-    from snapflow.spark_bridge import FixedDelay, Pipeline
-    from snapflow.worker.connectors.file_sink import TransactionalFileSink
-
-    p = Pipeline("nexmark-bid-stats", parallelism=config.parallelism, max_parallelism=128)
-    bids = p.source(config.source(), name="bids")
-    if config.failure:
-        bids = bids.transform(kill_operator(config), name="kill-once")
-    window = PriceStatsWindow(config.window_ms)
-    (
-        bids.key_by("auction")
-        .process(
-            window,
-            on_timer=window.on_timer,
-            output_schema=WINDOW_STATS_SCHEMA,
-            name=f"bid-stats-{config.window_ms // 1000}s"
-            if config.window_ms % 1000 == 0
-            else "bid-stats",
-        )
-        .sink(TransactionalFileSink(config.out_dir), name="window-stats")
-    )
-    p.checkpointing(interval_ms=config.interval_ms, mode=config.mode, storage=config.checkpoint_dir)
-    p.restart_strategy(FixedDelay(attempts=3, delay_s=0.5))
-    return p
 
 
 def prepare_data_dir(path: str) -> None:
@@ -402,53 +176,6 @@ def _wait_for_executors(
         time.sleep(0.5)
 
 
-class _BatchCheck:
-    """The query as a batch Spark job over the same bids, in a background thread."""
-
-    def __init__(self, spark: SparkSession, config: DemoConfig, slots: int) -> None:
-        self._spark = spark
-        self._config = config
-        total = spark.sparkContext.defaultParallelism
-        self._partitions = max(1, min(2, total - slots))  # leave the job's slots free
-        self._result: Counter[WindowRow] | None = None
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self.duration_s = 0.0
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        from pyspark import InheritableThread
-
-        self._thread = InheritableThread(target=self._run, name="snapflow-demo-check", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from snapflow.cli.nexmark import batch_window_stats, bids_dataframe
-
-        started = time.monotonic()
-        c = self._config
-        sc = self._spark.sparkContext
-        sc.setJobGroup("snapflow-demo-batch-check", "snapflow demo: the batch Spark check")
-        try:
-            bids = bids_dataframe(self._spark, c.source(), c.parallelism, self._partitions)
-            self._result = batch_window_stats(bids, c.window_ms)
-        except BaseException as e:
-            self._error = e
-        finally:
-            self.duration_s = time.monotonic() - started
-
-    def result(self) -> Counter[WindowRow]:
-        if self._thread is None:
-            self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-
 def _watch(
     handle: JobHandle,
     config: DemoConfig,
@@ -475,7 +202,7 @@ def _watch(
 
     while True:
         done = handle.done()
-        kill = _read_kill(config) if kill is None else kill
+        kill = read_kill(config) if kill is None else kill
         if kill is not None and not kill_said:
             kill_said = True
             console.print(
@@ -521,15 +248,6 @@ def _watch(
             break
         time.sleep(0.2)
     return {"completed": completed, "restored_from": restored_from}
-
-
-def _read_kill(config: DemoConfig) -> dict[str, Any] | None:
-    """What the kill operator wrote when it killed its worker (None: no kill yet)."""
-    from snapflow.worker.api.fault_injection import read_marker
-
-    if not config.failure:
-        return None
-    return read_marker(config.kill_file)  # written atomically: whole or absent
 
 
 def _kill_text(kill: dict[str, Any]) -> str:
@@ -600,7 +318,7 @@ def run_spark_demo(
         )
         # The expected result does not depend on the stream: compute it alongside the job (once
         # it runs), on the task slots the job leaves free.
-        check = _BatchCheck(spark, config, pipeline.slots)
+        check = BatchCheck(spark, config, pipeline.slots)
         t0, t0_wall = time.monotonic(), time.time()
         handle = pipeline.run_async(
             spark,
@@ -631,7 +349,7 @@ def run_spark_demo(
         summary.restored_from = seen["restored_from"]
         if result.recovery_times_s:
             summary.running_again_s = result.recovery_times_s[0]
-        kill = _read_kill(config)
+        kill = read_kill(config)
         if kill is not None:
             kill_ms = int(kill["at_ms"])
             summary.killed_at_s = kill_ms / 1000 - t0_wall

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from snapflow import wire
-from snapflow.cli import demo
+from snapflow.cli import demo, demo_config
 from snapflow.cli.client import (
     ADDRESS_ENV,
     CLIENT_SECURITY_FLAGS,
@@ -401,19 +401,19 @@ def _add_demo(sub: Any) -> None:
     )
     p.add_argument(
         "--records",
-        type=demo.parse_size,
-        default=demo.DEFAULT_SIZE,
+        type=demo_config.parse_size,
+        default=demo_config.DEFAULT_SIZE,
         metavar="SIZE",
         help="bids to generate: "
-        + ", ".join(f"{k} ({n:,})" for k, (n, _) in demo.SIZES.items())
-        + f", or a count like 500k (default {demo.DEFAULT_SIZE})",
+        + ", ".join(f"{k} ({n:,})" for k, (n, _) in demo_config.SIZES.items())
+        + f", or a count like 500k (default {demo_config.DEFAULT_SIZE})",
     )
     p.add_argument(
         "--rate",
         type=float,
         default=None,
         help="bids per second over all source subtasks; 0: as fast as possible (default: "
-        + ", ".join(f"{r:,}/s for {k}" for k, (_, r) in demo.SIZES.items())
+        + ", ".join(f"{r:,}/s for {k}" for k, (_, r) in demo_config.SIZES.items())
         + ")",
     )
     p.add_argument(
@@ -421,7 +421,7 @@ def _add_demo(sub: Any) -> None:
     )
     p.add_argument(
         "--mode",
-        choices=demo.MODES,
+        choices=demo_config.MODES,
         default="aligned",
         help="checkpoint mode (default aligned)",
     )

@@ -77,7 +77,7 @@ def _run_attached(args: argparse.Namespace) -> int:
 
     from snapflow.errors import SnapflowError
     from snapflow.logging import configure_logging
-    from snapflow.spark_bridge.driver import JobFailedError
+    from snapflow.spark_bridge.run_options import JobFailedError
     from snapflow.spark_bridge.submission import submission
 
     configure_logging(args.log_level, "auto")

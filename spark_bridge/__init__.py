@@ -13,11 +13,12 @@
     p.checkpointing(interval_ms=500).restart_strategy(FixedDelay(attempts=3, delay_s=1))
     result = p.run(spark)
 
-See :mod:`spark_bridge.pipeline` (the builder), :mod:`snapflow.spark_bridge.driver` (the driver loop)
-and :mod:`spark_bridge.restart` (restart strategies, the driver's decisions).
+See :mod:`spark_bridge.pipeline` (the builder), :mod:`snapflow.spark_bridge.driver` (the driver loop),
+:mod:`snapflow.spark_bridge.run_options` (a run's options and result) and
+:mod:`spark_bridge.restart` (restart strategies, the driver's decisions).
 """
 
-from snapflow.spark_bridge.driver import JobFailedError, JobHandle, JobResult, run, submit
+from snapflow.spark_bridge.driver import JobHandle, run, submit
 from snapflow.spark_bridge.pipeline import KeyedStream, Pipeline, Stream
 from snapflow.spark_bridge.restart import (
     ExponentialBackoff,
@@ -26,6 +27,7 @@ from snapflow.spark_bridge.restart import (
     NoRestart,
     RestartStrategy,
 )
+from snapflow.spark_bridge.run_options import JobFailedError, JobResult
 from snapflow.spark_bridge.submission import execute, spark_session
 
 __all__ = [

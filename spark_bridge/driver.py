@@ -30,6 +30,11 @@
    stage completes, the coordinator reports FINISHED. Stop-with-savepoint ends it the same way.
    A job the coordinator failed, or a failure the restart strategy does not restart, raises
    :class:`JobFailedError`.
+
+What a run takes and gives (:class:`JobDefinition`, :class:`RunOptions`, :class:`JobResult`) is in
+:mod:`snapflow.spark_bridge.run_options`; the coordinator client in
+:mod:`snapflow.spark_bridge.coordinator_client`; the progress line in
+:mod:`snapflow.spark_bridge.progress`.
 """
 
 from __future__ import annotations
@@ -44,41 +49,32 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import grpc
 import structlog
 
 from snapflow import wire
-from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.errors import (
-    AlreadyExistsError,
-    CheckpointFailedError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
-    NotFoundError,
-    ResourceExhaustedError,
     SnapflowError,
-    UnavailableError,
 )
 from snapflow.jobgraph import TaskState
-from snapflow.leader_channel import sync_leader_channel
 from snapflow.security import PLAINTEXT, SecuritySettings
+from snapflow.spark_bridge.coordinator_client import CoordinatorClient, agent_security
 from snapflow.spark_bridge.executor import SlotConfig, run_slot
+from snapflow.spark_bridge.progress import Progress
 from snapflow.spark_bridge.restart import (
     Finish,
     JobStatus,
     RecoveryTracker,
-    RestartStrategy,
     StageOutcome,
     next_action,
 )
-from snapflow.v1 import common_pb2 as pb
+from snapflow.spark_bridge.run_options import JobDefinition, JobFailedError, JobResult, RunOptions
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -86,217 +82,6 @@ if TYPE_CHECKING:
 
 
 log = structlog.get_logger("snapflow.spark")
-
-
-class JobDefinition(Protocol):
-    """What the driver needs of a job: :class:`snapflow.spark_bridge.pipeline.Pipeline` is one.
-
-    The driver depends on this shape, not on the builder, so the builder can call the driver
-    (``Pipeline.run``) without an import cycle.
-    """
-
-    name: str
-    restart: RestartStrategy
-
-    @property
-    def checkpoint_config(self) -> CheckpointConfig: ...
-
-    @property
-    def slots(self) -> int: ...
-
-    def job_graph(self) -> pb.JobGraph: ...
-
-
-RPC_TIMEOUT_S = 10.0
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-class JobFailedError(SnapflowError):
-    """The job failed: the coordinator failed it, or the restart strategy allowed no more
-    restarts. ``result`` is the job's :class:`JobResult`."""
-
-    def __init__(self, result: JobResult) -> None:
-        super().__init__(f"job {result.name!r} ({result.job_id}) failed: {result.failure}")
-        self.result = result
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How the driver runs a job (all optional).
-
-    ``startup_barrier``: each task calls ``BarrierTaskContext.barrier()`` once before its agent
-    registers, so that every slot is launched before a deployment starts. Off by default: the
-    agents already wait for each other through the coordinator (every subtask of the deployment
-    registered), and the barrier polls about once a second, which measured about +1 s on every
-    start and +1.5 to 2.5 s on every recovery (local[4], two slots). ``agent_host``: the address agents bind and advertise
-    (default: 127.0.0.1 on a local master, else the executor's host as Spark reports it).
-    ``executor_log_level``: the agents' log level (structlog, JSON on the executors' stderr).
-    ``driver_log_level``: when set, configure Snapflow's logging in the driver process (the
-    driver loop and an embedded coordinator log through structlog; by default their output
-    is left to the application's configuration, see :mod:`snapflow.logging`).
-    ``settle_timeout_s``: after a stage ends, how long to wait for the coordinator to report
-    the deployment's end. ``poll_interval_s``: how often the driver polls the job's state.
-    ``job_id``: 32 lowercase hex characters, generated when None. ``progress``: show a live
-    progress line (state, records the sources emitted as of the latest checkpoint, checkpoints,
-    restarts) on stderr; None (default) = only when stderr is a terminal.
-    """
-
-    startup_barrier: bool = False
-    agent_host: str | None = None
-    source_batch_records: int = 65_536
-    executor_log_level: str = "warning"
-    driver_log_level: str | None = None
-    settle_timeout_s: float = 5.0
-    poll_interval_s: float = 0.1
-    job_id: str | None = None
-    progress: bool | None = None
-    security: SecuritySettings | None = None
-    """TLS and token of the driver's and the agents' calls to a coordinator given by address
-    (docs/security.md); None: from the ``SNAPFLOW_*`` environment. An embedded coordinator is
-    plaintext on 127.0.0.1."""
-    debloat_target_ms: int | None = None
-    """The agents' buffer debloating: each output channel holds what its consumer drains in
-    this many milliseconds (0: off); None: the agent's default, 100 (docs/worker.md)."""
-    task_thread: bool = True
-    """Run every subtask's operators on a task thread of its own (the default), so checkpoints
-    never wait for user code; False: on the agent's loop, in steps (docs/worker.md, "Where
-    user code runs")."""
-    adaptive_task_thread: bool = True
-    """Without ``task_thread``: a subtask's operators move from the agent's loop to a task
-    thread once their calls are found to block (``DataplaneSettings.adaptive_task_thread``)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.task_thread, bool):
-            raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
-        if not isinstance(self.adaptive_task_thread, bool):
-            raise InvalidArgumentError(
-                f"adaptive_task_thread must be a bool, got {self.adaptive_task_thread!r}"
-            )
-        t = self.debloat_target_ms
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
-            raise InvalidArgumentError(
-                f"debloat_target_ms must be None or an integer >= 0 (0: off), got {t!r}"
-            )
-        if not isinstance(self.startup_barrier, bool):
-            raise InvalidArgumentError(
-                f"startup_barrier must be a bool, got {self.startup_barrier!r}"
-            )
-        if self.agent_host is not None and (
-            not isinstance(self.agent_host, str) or not self.agent_host
-        ):
-            raise InvalidArgumentError(
-                f"agent_host must be a non-empty string, got {self.agent_host!r}"
-            )
-        n = self.source_batch_records
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InvalidArgumentError(f"source_batch_records must be an integer >= 1, got {n!r}")
-        if self.executor_log_level not in LOG_LEVELS:
-            raise InvalidArgumentError(
-                f"executor_log_level must be one of {', '.join(LOG_LEVELS)}, got {self.executor_log_level!r}"
-            )
-        if self.driver_log_level is not None and self.driver_log_level not in LOG_LEVELS:
-            raise InvalidArgumentError(
-                f"driver_log_level must be None or one of {', '.join(LOG_LEVELS)}, got {self.driver_log_level!r}"
-            )
-        for name in ("settle_timeout_s", "poll_interval_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")
-        if self.job_id is not None and not re.fullmatch(r"[0-9a-f]{32}", str(self.job_id)):
-            raise InvalidArgumentError(
-                f"job_id must be 32 lowercase hex characters, got {self.job_id!r}"
-            )
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """How a job ended."""
-
-    job_id: str
-    name: str
-    state: JobStatus
-    """FINISHED, CANCELED or FAILED."""
-    checkpoints_completed: int
-    latest_checkpoint_id: int
-    restarts: int
-    """Redeployments of the graph (the coordinator's count)."""
-    stage_attempts: int
-    """Barrier stages the driver submitted (restarts + 1 unless Spark retried a stage itself)."""
-    recovery_times_s: tuple[float, ...]
-    """Per recovery: from the failure noticed to every task running again."""
-    duration_s: float
-    savepoint_path: str = ""
-    """The savepoint of :meth:`JobHandle.stop_with_savepoint`, if the job was stopped so."""
-    failure: str = ""
-    coordinator_address: str = ""
-    slot_summaries: tuple[Mapping[str, Any], ...] = ()
-    """What each Spark task of the last successful stage reported."""
-
-
-_STATUS_ERRORS: dict[grpc.StatusCode, type[SnapflowError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-    grpc.StatusCode.NOT_FOUND: NotFoundError,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
-    grpc.StatusCode.UNAVAILABLE: UnavailableError,
-}
-
-
-def _rpc_error(error: grpc.RpcError, what: str) -> SnapflowError:
-    code = error.code() if isinstance(error, grpc.Call) else None
-    details = error.details() if isinstance(error, grpc.Call) else str(error)
-    if code is grpc.StatusCode.ABORTED:
-        return CheckpointFailedError("ABORTED", f"{what}: {details}")
-    cls = _STATUS_ERRORS.get(code, SnapflowError) if code is not None else SnapflowError
-    return cls(f"{what}: {details} ({code.name if code else 'no status'})")
-
-
-def agent_security(driver: SecuritySettings) -> SecuritySettings:
-    """The settings the driver hands to its executors' agents. With a client certificate
-    (mutual TLS) the agents authenticate by it, as the service identity, and do not get the
-    driver's token file: a bearer token decides over a certificate (docs/security.md), and the
-    submitter's token (operator) lacks the service role; its file need not exist on the
-    executors either. Without a certificate the token is the agents' only credential."""
-    if driver.tls_cert_file:
-        return driver.replace(token_file="")
-    return driver
-
-
-class CoordinatorClient:
-    """A synchronous client of the coordinator (the driver's side): thread-safe."""
-
-    def __init__(self, address: str, security: SecuritySettings = PLAINTEXT) -> None:
-        self.address = address
-        self.security = security
-        self._closed = False
-        self._channel = sync_leader_channel(address, security)  # host:port[,host:port...]
-        self._stub = cgrpc.CoordinatorServiceStub(self._channel)
-
-    def close(self) -> None:
-        self._closed = True
-        self._channel.close()
-
-    def call(self, method: str, request: Any, timeout_s: float = RPC_TIMEOUT_S) -> Any:
-        if self._closed:
-            raise FailedPreconditionError(
-                f"{method}: the job's driver loop ended and closed its coordinator connection"
-            )
-        try:
-            return getattr(self._stub, method)(request, timeout=timeout_s)
-        except grpc.RpcError as e:
-            raise _rpc_error(e, f"{method} on {self.address}") from None
-        except ValueError as e:  # "Cannot invoke RPC on closed channel!": closed meanwhile
-            raise FailedPreconditionError(f"{method} on {self.address}: {e}") from None
-
-    def job(self, job_id: str) -> cpb.JobInfo:
-        return self.call("GetJob", cpb.GetJobRequest(job_id=job_id))
-
-    def stats(self, job_id: str) -> cpb.CheckpointStats:
-        return self.call("GetCheckpointStats", cpb.GetCheckpointStatsRequest(job_id=job_id))
 
 
 def _spark_context(spark: Any) -> SparkContext:
@@ -684,7 +469,7 @@ class JobHandle:
         show = self._options.progress
         if show is None:
             show = sys.stderr.isatty()
-        progress = _Progress(self.name) if show else None
+        progress = Progress(self.name) if show else None
         try:
             while not self._stop_monitor.wait(self._options.poll_interval_s):
                 with contextlib.suppress(SnapflowError):
@@ -725,35 +510,6 @@ class JobHandle:
             coordinator_address=self.coordinator_address,
             slot_summaries=summaries,
         )
-
-
-class _Progress:
-    """A live one-line status on stderr (rich): what a user watching ``run()`` wants to see."""
-
-    def __init__(self, name: str) -> None:
-        from rich.console import Console
-        from rich.live import Live
-        from rich.text import Text
-
-        self._text = Text
-        self._name = name
-        self._started = time.monotonic()
-        self._live = Live(Text(f"{name}: starting"), console=Console(stderr=True), transient=False)
-        self._live.start()
-
-    def update(self, info: cpb.JobInfo, stats: cpb.CheckpointStats) -> None:
-        latest = stats.latest_completed
-        records = f"{latest.source_records:,}" if latest.checkpoint_id else "0"
-        line = (
-            f"{self._name}: {JobStatus.from_pb(info.state).value.lower()} "
-            f"{time.monotonic() - self._started:5.1f}s | records {records} "
-            f"(checkpoint {latest.checkpoint_id or '-'}) | checkpoints {stats.counts.completed} completed, "
-            f"{stats.counts.failed} failed | restarts {info.restarts}"
-        )
-        self._live.update(self._text(line))
-
-    def stop(self) -> None:
-        self._live.stop()
 
 
 class _Canceled(Exception):

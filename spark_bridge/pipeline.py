@@ -54,8 +54,9 @@ from snapflow.checkpoint_config import CheckpointConfig, parse_checkpoint_mode
 from snapflow.checkpointing import CheckpointMode
 from snapflow.errors import ConfigError, InvalidArgumentError, InvalidFieldError
 from snapflow.jobgraph import PartitionerKind
-from snapflow.spark_bridge.driver import JobHandle, JobResult, run, submit
+from snapflow.spark_bridge.driver import JobHandle, run, submit
 from snapflow.spark_bridge.restart import DEFAULT_RESTART_STRATEGY, RestartStrategy
+from snapflow.spark_bridge.run_options import JobResult
 from snapflow.spark_bridge.submission import default_parallelism
 from snapflow.spark_bridge.submission import execute as execute_pipeline
 from snapflow.state_backend_options import StateBackendOptions, parse_state_backend

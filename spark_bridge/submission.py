@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from snapflow.checkpoint_config import CheckpointConfig, parse_checkpoint_mode
 from snapflow.checkpointing import CheckpointMode
 from snapflow.errors import InvalidArgumentError
-from snapflow.spark_bridge.driver import JobDefinition, JobResult, run
+from snapflow.spark_bridge.driver import run
+from snapflow.spark_bridge.run_options import JobDefinition, JobResult
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -132,7 +133,7 @@ def execute(pipeline: Executable, spark: SparkSession | None = None, **options: 
     """Run ``pipeline`` until it ends with the current submission's options (see the module
     docstring); ``spark``: the session to use (default: the active one, else a new one on the
     submission's master, else ``local[N]``); ``options``: see
-    :class:`snapflow.spark_bridge.driver.RunOptions`. Raises JobFailedError if the job failed."""
+    :class:`snapflow.spark_bridge.run_options.RunOptions`. Raises JobFailedError if the job failed."""
     ctx = _current
     restore: str | None = None
     allow = False

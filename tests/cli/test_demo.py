@@ -36,7 +36,7 @@ from kit.sources import src_ctx as _src_ctx
 from kit.tls import SERVICE_NAME, make_pki
 from pyspark import cloudpickle
 
-from snapflow.cli import demo
+from snapflow.cli import demo, demo_config
 from snapflow.cli.nexmark import (
     BID_SCHEMA,
     WINDOW_STATS_SCHEMA,
@@ -199,8 +199,8 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_demo_flags() -> None:
-    config = demo.config_from_args(parse())
-    assert (config.records, config.rate_per_s) == demo.SIZES["medium"]
+    config = demo_config.config_from_args(parse())
+    assert (config.records, config.rate_per_s) == demo_config.SIZES["medium"]
     assert (config.parallelism, config.mode, config.interval_ms, config.window_ms) == (
         2,
         "aligned",
@@ -210,7 +210,7 @@ def test_demo_flags() -> None:
     assert config.failure and config.kill_after == pytest.approx(4.8)
     assert config.coordinator is None and config.spark_master == "local[4]"
     assert config.data_dir == "./data/demo"
-    config = demo.config_from_args(
+    config = demo_config.config_from_args(
         parse(
             "--records",
             "small",
@@ -227,16 +227,19 @@ def test_demo_flags() -> None:
             "/data/demo",
         )
     )
-    assert config.records == demo.SIZES["small"][0] and not config.failure
+    assert config.records == demo_config.SIZES["small"][0] and not config.failure
     assert (config.coordinator, config.spark_master, config.data_dir) == (
         "coordinator:50051",
         "spark://spark-master:7077",
         "/data/demo",
     )
     assert config.spark_conf == (("spark.executor.cores", "2"),)
-    config = demo.config_from_args(parse("--records", "1_500k", "--rate", "0"))
+    config = demo_config.config_from_args(parse("--records", "1_500k", "--rate", "0"))
     assert config.records == 1_500_000 and config.rate_per_s is None
-    assert demo.config_from_args(parse("--records", "70000", "--rate", "7000")).kill_after == 4.0
+    assert (
+        demo_config.config_from_args(parse("--records", "70000", "--rate", "7000")).kill_after
+        == 4.0
+    )
 
 
 @pytest.mark.parametrize(

@@ -111,7 +111,7 @@ if __name__ == "__main__":
 def test_run_hands_its_options_to_execute(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapflow.spark_bridge import driver
+    from snapflow.spark_bridge import JobResult, JobStatus
 
     calls: list[dict[str, Any]] = []
 
@@ -126,10 +126,10 @@ def test_run_hands_its_options_to_execute(
                 **kwargs,
             }
         )
-        return driver.JobResult(
+        return JobResult(
             job_id="f" * 32,
             name=pipeline.name,
-            state=driver.JobStatus.FINISHED,
+            state=JobStatus.FINISHED,
             checkpoints_completed=1,
             latest_checkpoint_id=1,
             restarts=0,

@@ -21,7 +21,7 @@ from kit.workers import check_exactly_once, count_graph, expected_counts, submit
 
 from snapflow.leader_channel import aio_leader_channel
 from snapflow.redis_server import RedisServer
-from snapflow.spark_bridge.driver import CoordinatorClient
+from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc

@@ -36,7 +36,7 @@ import yaml
 from compose_spec import PyCompose
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from snapflow.cli.demo import config_from_args
+from snapflow.cli.demo_config import config_from_args
 from snapflow.cli.parser import build_parser
 from snapflow.coordinator.config import load_settings
 

@@ -33,7 +33,7 @@ from snapflow.spark_bridge import (
     NoRestart,
     Pipeline,
 )
-from snapflow.spark_bridge.driver import RunOptions, local_slots, summarize_spark_error
+from snapflow.spark_bridge.driver import local_slots, summarize_spark_error
 from snapflow.spark_bridge.executor import _host_of
 from snapflow.spark_bridge.restart import (
     Finish,
@@ -42,6 +42,7 @@ from snapflow.spark_bridge.restart import (
     StageOutcome,
     next_action,
 )
+from snapflow.spark_bridge.run_options import RunOptions
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.api.windows import TumblingEventTimeWindows
@@ -582,7 +583,7 @@ def test_run_checks_slots_and_master_before_submitting(monkeypatch: pytest.Monke
 
 def test_embedded_coordinator_serves_the_driver_and_stops_cleanly(tmp_path: Path) -> None:
     from snapflow.coordinator.embedded import EmbeddedCoordinator
-    from snapflow.spark_bridge.driver import CoordinatorClient
+    from snapflow.spark_bridge.coordinator_client import CoordinatorClient
     from snapflow.v1 import coordinator_pb2 as cpb
 
     p = Pipeline("embedded")

@@ -14,8 +14,8 @@ from kit.workers import check_exactly_once, count_graph, expected_counts, submit
 
 from snapflow.cli.parser import build_parser
 from snapflow.errors import InvalidArgumentError
-from snapflow.spark_bridge.driver import RunOptions
 from snapflow.spark_bridge.executor import SlotConfig, _agent
+from snapflow.spark_bridge.run_options import RunOptions
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.keyed_operators import KeyedCount
