@@ -70,7 +70,6 @@ def _agent(config: SlotConfig, slot: int, host: str) -> Agent:
         num_slots=config.num_slots,
         host=host,
         source_batch_records=config.source_batch_records,
-        final_checkpoint_without_interval=True,
         security=config.security,
         dataplane=dataplane,
         launch=config.launch,

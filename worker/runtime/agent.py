@@ -160,16 +160,15 @@ class Agent:
         port: int = 0,
         buffers_per_channel: int = 4,
         source_batch_records: int = 65_536,
-        final_checkpoint_without_interval: bool = False,
         security: SecuritySettings = PLAINTEXT,
         dataplane: DataplaneSettings = _DEFAULT_DATAPLANE,
         launch: int = 0,
     ) -> None:
-        """``final_checkpoint_without_interval``: in a job without periodic checkpoints, a
-        source whose input ended asks the coordinator for a checkpoint (``TriggerCheckpoint``)
-        and the job ends with a final checkpoint that commits its sinks (the Spark bridge sets
-        it); off, such a job ends without one. ``security``: TLS, tokens and the access
-        check of the agent's servers and its calls (``snapflow.security`` settings, ``snapflow.tls``, ``snapflow.access_control``); default plaintext.
+        """A bounded job always ends with a final checkpoint that commits its sinks: in a job
+        without periodic checkpoints a source whose input ended asks the coordinator for it
+        (``TriggerCheckpoint``). ``security``: TLS, tokens and the access check of the agent's
+        servers and its calls (``snapflow.security`` settings, ``snapflow.tls``,
+        ``snapflow.access_control``); default plaintext.
         ``dataplane``: buffer debloating and the task thread (:class:`DataplaneSettings`).
         ``launch``: the Spark driver's stage submission this agent runs in (0: not launched by
         a driver); sent with every registration, so the coordinator refuses the agents of a
@@ -185,7 +184,6 @@ class Agent:
         self.port = port
         self.buffers_per_channel = buffers_per_channel
         self.source_batch_records = source_batch_records
-        self.final_checkpoint_without_interval = final_checkpoint_without_interval
         self.security = security
         self.dataplane = dataplane
         self.address = ""
@@ -442,10 +440,11 @@ class Agent:
                 state_backend=self._state_backend,
                 task_thread=self.dataplane.task_thread,
                 placement=PlacementSettings() if self.dataplane.adaptive_task_thread else None,
-                request_final_checkpoint=(
-                    functools.partial(self._request_final_checkpoint, hosted.attempt)
-                    if self.final_checkpoint_without_interval
-                    else None
+                # Also without periodic checkpoints: an ended source asks for the final
+                # checkpoint, so the job never finishes with uncommitted sink output (Flink
+                # commits at the end of input with checkpointing off as well).
+                request_final_checkpoint=functools.partial(
+                    self._request_final_checkpoint, hosted.attempt
                 ),
             )
             await task.open_where_it_runs()

@@ -488,7 +488,6 @@ def test_a_job_without_periodic_checkpoints_ends_with_one_final_checkpoint(
                 c.address,
                 job.job_id,
                 source_batch_records=4096,
-                final_checkpoint_without_interval=True,
             )
             info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=5)
             assert info.state == pb.JOB_STATE_FINISHED
