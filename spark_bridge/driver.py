@@ -65,6 +65,7 @@ from snapflow.jobgraph import TaskState
 from snapflow.security import PLAINTEXT, SecuritySettings
 from snapflow.spark_bridge.coordinator_client import CoordinatorClient, agent_security
 from snapflow.spark_bridge.executor import SlotConfig, run_slot
+from snapflow.spark_bridge.preflight import check_executors
 from snapflow.spark_bridge.progress import Progress
 from snapflow.spark_bridge.restart import (
     Finish,
@@ -580,13 +581,16 @@ def submit(
     restore = cpb.RestoreSettings(allow_non_restored_state=allow_non_restored_state)
     if restore_from is not None:
         restore.savepoint_path = _abs_dir(restore_from)
+    if coordinator_address is None and local is None:
+        raise InvalidArgumentError(
+            f"an embedded coordinator binds 127.0.0.1, which executors of master {sc.master!r} "
+            f"cannot reach: start `snapflow coordinator` and pass coordinator_address"
+        )
+    # Before anything is started or submitted: executors with another Snapflow would fail the
+    # stage over and over (spark_bridge/preflight.py).
+    check_executors(sc, slots)
     embedded: EmbeddedCoordinator | None = None
     if coordinator_address is None:
-        if local is None:
-            raise InvalidArgumentError(
-                f"an embedded coordinator binds 127.0.0.1, which executors of master {sc.master!r} "
-                f"cannot reach: start `snapflow coordinator` and pass coordinator_address"
-            )
         embedded = EmbeddedCoordinator().start()
         coordinator_address = embedded.address
     security = PLAINTEXT if embedded is not None else (opts.security or SecuritySettings.from_env())
