@@ -13,11 +13,10 @@ events) and reads its stats.
 records/s
     total source records / (job RUNNING -> FINISHED), both timestamps from the coordinator's
     WatchJob events. A bounded source only ends after a checkpoint that covers its last
-    records, and with checkpoints off nothing triggers one (the job never finishes: the worker
-    waits for a final checkpoint even when periodic checkpoints are disabled), so in
-    *every* run the benchmark triggers one checkpoint as soon as both sources wrote their end
-    marker (``bench.dataplane_ops.MarkedGeneratorSource``): every run pays one final checkpoint,
-    and the 1 s run does not wait up to a second for its next periodic one. The time from
+    records (with checkpoints off, its agent asks the coordinator for that final checkpoint),
+    and in *every* run the benchmark triggers one checkpoint as soon as both sources wrote
+    their end marker (``bench.dataplane_ops.MarkedGeneratorSource``): every run pays one final
+    checkpoint, and the 1 s run does not wait up to a second for its next periodic one. The time from
     RUNNING to the last batch a sink saw is recorded too (``*_data``). Throughput runs are
     repeated interleaved (``SNAPFLOW_BENCH_REPEATS``, default 3) and the best of each kind is
     reported: on a shared machine noise only ever slows a run down.
