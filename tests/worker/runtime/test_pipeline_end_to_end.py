@@ -45,21 +45,25 @@ def test_bounded_pipeline_two_agents_exactly_once(redis_url: str, tmp_path: Path
     check_exactly_once(read_committed(out), expected_counts(source, 2))
 
 
-def test_bounded_job_without_periodic_checkpoints_finishes(redis_url: str, tmp_path: Path) -> None:
-    """No interval: the sources end without waiting for a final checkpoint that nothing would
-    trigger (the sink then commits nothing: two-phase commit needs checkpoints)."""
+def test_bounded_job_without_periodic_checkpoints_finishes_committed(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """No interval: the ended sources ask the coordinator for the final checkpoint, and the job
+    finishes with exactly that one checkpoint, which commits the sink (it used to finish with
+    nothing committed: two-phase commit needs a checkpoint)."""
     out = tmp_path / "out"
+    source = GeneratorSource(total_records=20_000, num_keys=50, batch_size=4096, seed=3)
 
     async def main() -> None:
         async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
-            graph = count_graph(
-                GeneratorSource(total_records=20_000, num_keys=50, batch_size=4096, seed=3),
-                KeyedCount("key"),
-                TransactionalFileSink(str(out)),
-            )
+            graph = count_graph(source, KeyedCount("key"), TransactionalFileSink(str(out)))
             job_id = await run_job(c, graph, timeout_s=30)
             info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
             assert info.state == pb.JOB_STATE_FINISHED
+            stats = await c.stub.GetCheckpointStats(
+                cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=5
+            )
+            assert stats.counts.completed == 1
 
     asyncio.run(main())
-    assert read_committed(out).num_rows == 0
+    check_exactly_once(read_committed(out), expected_counts(source, 2))
