@@ -5,7 +5,6 @@ a command's heavy modules are imported when it runs (tests/cli/test_light_cli.py
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,13 +34,7 @@ from snapflow.cli.run_command import RUN_DETACH_WAIT_S, cmd_run
 from snapflow.cli.worker_command import WORKER_WAIT_S, cmd_worker
 from snapflow.jobgraph import JobState
 from snapflow.security import SECURITY_FIELDS
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("snapflow")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+from snapflow.version import installed_version
 
 
 def _client_options() -> argparse.ArgumentParser:
@@ -481,7 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="snapflow",
         description="Snapflow: Flink-style checkpoint coordination for Python dataflows.",
     )
-    parser.add_argument("--version", action="version", version=f"snapflow {_version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"snapflow {installed_version('unknown')}"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     client = [_client_options()]
 

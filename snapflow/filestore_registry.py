@@ -6,7 +6,6 @@ A module of its own because it names the implementations, which import the inter
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from snapflow.errors import InvalidArgumentError
@@ -14,7 +13,7 @@ from snapflow.filestore import FileStore
 from snapflow.local_filestore import LocalFileStore
 from snapflow.s3_filestore import S3FileStore, S3Settings
 
-__all__ = ["request_totals", "store_for"]
+__all__ = ["store_for"]
 
 _STORES: dict[tuple[str, S3Settings | None], FileStore] = {}
 _STORES_LOCK = threading.Lock()
@@ -37,9 +36,3 @@ def store_for(location: str, s3: S3Settings | None = None) -> FileStore:
             store = S3FileStore(s3) if scheme == "s3" else LocalFileStore()
             _STORES[key] = store
         return store
-
-
-def request_totals() -> Mapping[str, dict[str, int]]:
-    """Requests of every store this process made, by scheme and kind (for benchmarks)."""
-    with _STORES_LOCK:
-        return {scheme: store.requests.snapshot() for (scheme, _), store in _STORES.items()}

@@ -28,7 +28,6 @@ import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from snapflow.errors import ConfigError
 
@@ -212,13 +211,3 @@ def modified_stamp(path: str) -> float:
         return os.stat(path).st_mtime_ns
     except OSError:
         return -1
-
-
-def describe(settings: SecuritySettings) -> dict[str, Any]:
-    """What is on, for a start-up log line (file names, never contents)."""
-    return {
-        "tls": settings.server_tls,
-        "mutual_tls": bool(settings.tls_client_ca_file),
-        "auth": settings.auth_enabled,
-        "client_tls": settings.client_tls,
-    }

@@ -29,8 +29,10 @@ ROCKSDB = "rocksdb"
 """A local RocksDB instance per keyed subtask: state larger than memory, incremental
 checkpoints (docs/storage.md)."""
 STATE_BACKENDS = (HEAP, ROCKSDB)
-COMPACTION_STYLES = ("level", "universal")
-"""The rocksdb compaction styles (the worker's ``rocksdb_tuning.COMPACTION_STYLES``)."""
+LEVEL = "level"
+UNIVERSAL = "universal"
+COMPACTION_STYLES = (LEVEL, UNIVERSAL)
+"""The rocksdb compaction styles (``worker/state/rocksdb_tuning.py`` applies them)."""
 
 # Each integer field's bounds: wide enough for any real machine, narrow enough that a typo
 # cannot ask for an absurd instance.

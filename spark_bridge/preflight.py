@@ -11,12 +11,12 @@ refuses the job with ``FailedPreconditionError`` naming ``PYSPARK_PYTHON`` and b
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from snapflow.errors import FailedPreconditionError
+from snapflow.version import installed_version
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -27,16 +27,15 @@ MISSING = "none"
 
 def snapflow_version() -> str:
     """This Python's installed Snapflow version (``MISSING`` without one)."""
-    try:
-        return importlib.metadata.version("snapflow")
-    except importlib.metadata.PackageNotFoundError:
-        return MISSING
+    return installed_version(MISSING)
 
 
 def _probe() -> Callable[[Any], tuple[str, str]]:
     """A task function that reports (Snapflow version, Python executable). A nested function,
     so that cloudpickle ships it by value: it must run on an executor that cannot import
     Snapflow at all (the very case to report)."""
+
+    missing = MISSING  # captured by value: the executor need not import snapflow
 
     def probe(_: Any) -> tuple[str, str]:
         import importlib.metadata as metadata
@@ -45,7 +44,7 @@ def _probe() -> Callable[[Any], tuple[str, str]]:
         try:
             return metadata.version("snapflow"), sys.executable
         except metadata.PackageNotFoundError:
-            return "none", sys.executable
+            return missing, sys.executable
 
     return probe
 

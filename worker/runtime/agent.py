@@ -65,7 +65,7 @@ from snapflow.worker.runtime.exchange import (
     DataExchangeServicer,
     exchange_grpc_options,
 )
-from snapflow.worker.runtime.input_channel import InputChannel
+from snapflow.worker.runtime.input_channel import DEFAULT_BUFFERS_PER_CHANNEL, InputChannel
 from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.local_channel import LocalChannel
 from snapflow.worker.runtime.operator import Operator
@@ -79,6 +79,7 @@ from snapflow.worker.runtime.partitioners import (
 )
 from snapflow.worker.runtime.placement import PlacementSettings
 from snapflow.worker.runtime.remote_output_channel import RemoteOutputChannel
+from snapflow.worker.runtime.source_loop import SOURCE_BATCH_RECORDS
 from snapflow.worker.runtime.subtask_checkpoints import AckFn, DeclineFn, SnapshotReport
 from snapflow.worker.runtime.task import Subtask
 from snapflow.worker.runtime.task_output import OutputEdge
@@ -158,8 +159,8 @@ class Agent:
         num_slots: int = 1,
         host: str = "127.0.0.1",
         port: int = 0,
-        buffers_per_channel: int = 4,
-        source_batch_records: int = 65_536,
+        buffers_per_channel: int = DEFAULT_BUFFERS_PER_CHANNEL,
+        source_batch_records: int = SOURCE_BATCH_RECORDS,
         security: SecuritySettings = PLAINTEXT,
         dataplane: DataplaneSettings = _DEFAULT_DATAPLANE,
         launch: int = 0,

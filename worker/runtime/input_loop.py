@@ -47,7 +47,6 @@ class InputLoop:
         self.handler = handler
         self.valve = WatermarkValve(gate.input_of)
         self._data_ended = [False] * gate.num_channels
-        self._inputs_ended: set[int] = set()
         # at least once never blocks a channel: no barrier has to overtake anything
         self._exactly_once = isinstance(handler, b.SingleCheckpointBarrierHandler)
         shell.output.serve_mailbox = self.serve_priority
@@ -102,10 +101,9 @@ class InputLoop:
         elif isinstance(frame, EndOfDataFrame):
             self._data_ended[channel] = True
             index = self.gate.input_of[channel]
-            if index not in self._inputs_ended and all(
+            if index not in shell.lifecycle.ended_inputs and all(
                 self._data_ended[c] for c in self.gate.channels_of(index)
             ):
-                self._inputs_ended.add(index)
                 await shell.handle(InputEnded(index))
         elif isinstance(frame, EndOfPartitionFrame):
             await self.execute(self.handler.on_end_of_partition(channel, now_ms()))

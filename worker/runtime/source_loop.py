@@ -145,7 +145,7 @@ class SourceLoop:
         if batch.num_rows == 0:
             return 0, [], None
         out = self._shell.chain.process_batch(batch)
-        watermark = getattr(self._source, "current_watermark", lambda: None)()
+        watermark = self._source.current_watermark()
         return batch.num_rows, out, watermark
 
     async def _output_has_room(self) -> bool:

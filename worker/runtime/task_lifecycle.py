@@ -351,10 +351,6 @@ class TaskLifecycle:
         """The stop-with-savepoint this source waits for; 0: none."""
         return self._stop.checkpoint_id if self._stop is not None else 0
 
-    @property
-    def outcome(self) -> Phase | None:
-        return self._outcome
-
     def source_step(self) -> SourceStep:
         if self._drain_failed:
             return SourceStep.FAIL
@@ -461,10 +457,9 @@ class TaskLifecycle:
         if self._drain_failed:
             return []  # its savepoint was aborted during the flush: the task fails
         self.input_exhausted = True  # only now may a snapshot say so: its barrier follows
-        if self.final_completed:
-            return self._finish()
-        if self.final_checkpoint is FinalCheckpoint.NONE:
-            return self._finish()
+        if self.final_completed or self.final_checkpoint is FinalCheckpoint.NONE:
+            self.phase = Phase.FINISHING  # nothing (more) to wait for
+            return []
         if self.final_checkpoint is FinalCheckpoint.REQUEST:
             return [RequestFinalCheckpoint()]
         return []
@@ -549,10 +544,6 @@ class TaskLifecycle:
             self._stop = None
             self._held_trigger = None  # aborted during the flush: no barrier for it
         return [NotifyAborted(checkpoint_id)] if self.accepts_notices else []
-
-    def _finish(self) -> list[Action]:
-        self.phase = Phase.FINISHING
-        return []
 
     def _on_run_ended(self, event: Event, outcome: Phase) -> list[Action]:
         if outcome not in OUTCOMES:

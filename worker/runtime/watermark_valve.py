@@ -43,7 +43,8 @@ class WatermarkValve:
     def _combine(self) -> int | None:
         if not self._channels:
             return None
-        combined = min(self.input_watermark(i) for i in range(self.num_inputs))
+        # The minimum over the inputs' minimums is the minimum over all channels.
+        combined = min(self._channels)
         if combined <= self.current:
             return None
         self.current = combined

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import rocksdict
 
 from snapflow.errors import StateError
+from snapflow.state_backend_options import COMPACTION_STYLES, LEVEL, UNIVERSAL
 
 __all__ = [
     "COMPACTION_STYLES",
@@ -23,10 +24,6 @@ __all__ = [
 ]
 
 DEFAULT_MEMORY_BUDGET_BYTES = 64 * 1024 * 1024
-
-LEVEL = "level"
-UNIVERSAL = "universal"
-COMPACTION_STYLES = (LEVEL, UNIVERSAL)
 
 
 @dataclass(frozen=True)
