@@ -185,11 +185,49 @@ def graph_from_pb(msg: pb.JobGraph) -> JobGraph:
             )
         if e.key_field and kind is not PartitionerKind.HASH:
             raise InvalidArgumentError(f"graph.edges[{i}]: key_field is only for HASH edges")
-        edges.append(JobEdge(e.source_vertex_id, e.target_vertex_id, kind, e.key_field))
+        if not 0 <= e.target_input < limits.MAX_INPUTS_PER_VERTEX:
+            raise InvalidArgumentError(
+                f"graph.edges[{i}].target_input {e.target_input} out of range "
+                f"0..{limits.MAX_INPUTS_PER_VERTEX - 1}"
+            )
+        _check_name(e.output_tag, f"graph.edges[{i}].output_tag")
+        edges.append(
+            JobEdge(
+                e.source_vertex_id,
+                e.target_vertex_id,
+                kind,
+                e.key_field,
+                e.target_input,
+                e.output_tag,
+            )
+        )
     if not any(v.is_source for v in vertices):
         raise InvalidArgumentError("graph has no source vertex (set is_source on at least one)")
+    _check_inputs(edges)
     _check_acyclic(vertices, edges)
     return JobGraph(msg.name or "job", tuple(vertices), tuple(edges))
+
+
+def _check_inputs(edges: list[JobEdge]) -> None:
+    """A vertex's inputs are numbered 0..k-1 without gaps, and the edges of one input are
+    either all HASH (the input is keyed) or none: key-group locality needs every record of a
+    keyed input routed by its key."""
+    inputs: dict[str, dict[int, set[bool]]] = {}
+    for e in edges:
+        hashed = e.partitioner is PartitionerKind.HASH
+        inputs.setdefault(e.target_vertex_id, {}).setdefault(e.target_input, set()).add(hashed)
+    for vertex_id, by_input in inputs.items():
+        if sorted(by_input) != list(range(len(by_input))):
+            raise InvalidArgumentError(
+                f"vertex {vertex_id!r}: its edges feed inputs {sorted(by_input)}; inputs must "
+                f"be numbered 0..{len(by_input) - 1} without gaps (JobEdge.target_input)"
+            )
+        for index, kinds in by_input.items():
+            if len(kinds) > 1:
+                raise InvalidArgumentError(
+                    f"vertex {vertex_id!r} input {index}: HASH and other edges mixed; the edges "
+                    f"of one input are either all HASH or none"
+                )
 
 
 def _check_acyclic(vertices: list[JobVertex], edges: list[JobEdge]) -> None:
@@ -238,6 +276,8 @@ def graph_to_pb(g: JobGraph, include_payloads: bool = True) -> pb.JobGraph:
                 target_vertex_id=e.target_vertex_id,
                 partitioner=wire.PARTITIONER_KIND.to_pb(e.partitioner),
                 key_field=e.key_field,
+                target_input=e.target_input,
+                output_tag=e.output_tag,
             )
             for e in g.edges
         ],

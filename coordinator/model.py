@@ -135,6 +135,10 @@ class JobEdge:
     partitioner: PartitionerKind
     key_field: str = ""
     """HASH edges: the key column; the target vertex is keyed by it."""
+    target_input: int = 0
+    """The logical input of the target that the edge feeds (several for connect and joins)."""
+    output_tag: str = ""
+    """The source's output the edge carries: "" the main one, else that side output."""
 
 
 @dataclass(frozen=True)
@@ -391,6 +395,8 @@ class JobRecord:
                     e["target_vertex_id"],
                     PartitionerKind(e["partitioner"]),
                     e.get("key_field", ""),
+                    int(e.get("target_input", 0)),
+                    e.get("output_tag", ""),
                 )
                 for e in g["edges"]
             ),

@@ -33,6 +33,9 @@ MAX_OPERATORS_PER_VERTEX = 1000
 """Operators chained in one vertex."""
 MAX_VERTICES = 1000
 MAX_EDGES = 10_000
+MAX_INPUTS_PER_VERTEX = 64
+"""Logical inputs of one vertex (``JobEdge.target_input``): connect and joins use 2, a
+multiple-input operator a few more."""
 MAX_PARALLELISM = 32_768
 """Flink's upper bound of max parallelism (key groups)."""
 

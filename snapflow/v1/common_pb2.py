@@ -24,45 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapflow/v1/common.proto\x12\x0bsnapflow.v1\"P\n\x0cOperatorSpec\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"\x9b\x01\n\tJobVertex\x12\x11\n\tvertex_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bparallelism\x18\x03 \x01(\x05\x12\x17\n\x0fmax_parallelism\x18\x04 \x01(\x05\x12,\n\toperators\x18\x05 \x03(\x0b\x32\x19.snapflow.v1.OperatorSpec\x12\x11\n\tis_source\x18\x06 \x01(\x08\"\x83\x01\n\x07JobEdge\x12\x18\n\x10source_vertex_id\x18\x01 \x01(\t\x12\x18\n\x10target_vertex_id\x18\x02 \x01(\t\x12\x31\n\x0bpartitioner\x18\x03 \x01(\x0e\x32\x1c.snapflow.v1.PartitionerKind\x12\x11\n\tkey_field\x18\x04 \x01(\t\"g\n\x08JobGraph\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x08vertices\x18\x02 \x03(\x0b\x32\x16.snapflow.v1.JobVertex\x12#\n\x05\x65\x64ges\x18\x03 \x03(\x0b\x32\x14.snapflow.v1.JobEdge\"\xfc\x02\n\x10\x43heckpointConfig\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\x12\x14\n\x0cmin_pause_ms\x18\x03 \x01(\x03\x12\x16\n\x0emax_concurrent\x18\x04 \x01(\x05\x12)\n\x04mode\x18\x05 \x01(\x0e\x32\x1b.snapflow.v1.CheckpointMode\x12%\n\x1d\x61ligned_checkpoint_timeout_ms\x18\x06 \x01(\x03\x12\x1a\n\x12tolerable_failures\x18\x07 \x01(\x05\x12\x10\n\x08retained\x18\x08 \x01(\x05\x12\x13\n\x0bstorage_uri\x18\t \x01(\t\x12$\n\x1ctolerable_failures_unlimited\x18\n \x01(\x08\x12\x15\n\rstate_backend\x18\x0b \x01(\t\x12?\n\x15state_backend_options\x18\x0c \x01(\x0b\x32 .snapflow.v1.StateBackendOptions\"\x99\x03\n\x13StateBackendOptions\x12 \n\x13memory_budget_bytes\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1a\n\rcache_entries\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x1d\n\x10\x63ompaction_style\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x1f\n\x12\x63ompaction_trigger\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12+\n\x1emax_size_amplification_percent\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0eupload_threads\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x1b\n\x0elocal_recovery\x18\x07 \x01(\x08H\x06\x88\x01\x01\x42\x16\n\x14_memory_budget_bytesB\x10\n\x0e_cache_entriesB\x13\n\x11_compaction_styleB\x15\n\x13_compaction_triggerB!\n\x1f_max_size_amplification_percentB\x11\n\x0f_upload_threadsB\x11\n\x0f_local_recovery\"H\n\x0bTaskAttempt\x12\x11\n\tvertex_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\"}\n\x0bStateHandle\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x17\n\x0fkey_group_start\x18\x04 \x01(\x05\x12\x15\n\rkey_group_end\x18\x05 \x01(\x05\x12\x0e\n\x06offset\x18\x06 \x01(\x03\"V\n\x14OperatorSubtaskState\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12)\n\x07handles\x18\x02 \x03(\x0b\x32\x18.snapflow.v1.StateHandle\"\x94\x02\n\x18SubtaskCheckpointMetrics\x12\x18\n\x10sync_duration_ms\x18\x01 \x01(\x03\x12\x19\n\x11\x61sync_duration_ms\x18\x02 \x01(\x03\x12\x1d\n\x15\x61lignment_duration_ms\x18\x03 \x01(\x03\x12\x16\n\x0estart_delay_ms\x18\x04 \x01(\x03\x12\x18\n\x10state_size_bytes\x18\x05 \x01(\x03\x12(\n processed_during_alignment_bytes\x18\x06 \x01(\x03\x12!\n\x19persisted_in_flight_bytes\x18\x07 \x01(\x03\x12\x11\n\tunaligned\x18\x08 \x01(\x08\x12\x12\n\nrecords_in\x18\t \x01(\x03\"\xa9\x01\n\x11\x43heckpointOptions\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.snapflow.v1.CheckpointKind\x12)\n\x04mode\x18\x02 \x01(\x0e\x32\x1b.snapflow.v1.CheckpointMode\x12%\n\x1d\x61ligned_checkpoint_timeout_ms\x18\x03 \x01(\x03\x12\x17\n\x0ftarget_location\x18\x04 \x01(\t*\x90\x01\n\x0e\x43heckpointMode\x12\x1f\n\x1b\x43HECKPOINT_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43HECKPOINT_MODE_ALIGNED\x10\x01\x12\x1d\n\x19\x43HECKPOINT_MODE_UNALIGNED\x10\x02\x12!\n\x1d\x43HECKPOINT_MODE_AT_LEAST_ONCE\x10\x03*\xc0\x01\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43HECKPOINT_KIND_CHECKPOINT\x10\x01\x12\x1d\n\x19\x43HECKPOINT_KIND_SAVEPOINT\x10\x02\x12%\n!CHECKPOINT_KIND_SAVEPOINT_SUSPEND\x10\x03\x12\'\n#CHECKPOINT_KIND_SAVEPOINT_TERMINATE\x10\x04*\x97\x01\n\x10\x43heckpointStatus\x12!\n\x1d\x43HECKPOINT_STATUS_UNSPECIFIED\x10\x00\x12!\n\x1d\x43HECKPOINT_STATUS_IN_PROGRESS\x10\x01\x12\x1f\n\x1b\x43HECKPOINT_STATUS_COMPLETED\x10\x02\x12\x1c\n\x18\x43HECKPOINT_STATUS_FAILED\x10\x03*\xa2\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATE_DEPLOYING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x17\n\x13TASK_STATE_FINISHED\x10\x03\x12\x15\n\x11TASK_STATE_FAILED\x10\x04\x12\x17\n\x13TASK_STATE_CANCELED\x10\x05*\xb3\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_CREATED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x18\n\x14JOB_STATE_RESTARTING\x10\x03\x12\x16\n\x12JOB_STATE_FINISHED\x10\x04\x12\x16\n\x12JOB_STATE_CANCELED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06*\xac\x01\n\x0fPartitionerKind\x12 \n\x1cPARTITIONER_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18PARTITIONER_KIND_FORWARD\x10\x01\x12\x19\n\x15PARTITIONER_KIND_HASH\x10\x02\x12\x1e\n\x1aPARTITIONER_KIND_REBALANCE\x10\x03\x12\x1e\n\x1aPARTITIONER_KIND_BROADCAST\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapflow/v1/common.proto\x12\x0bsnapflow.v1\"P\n\x0cOperatorSpec\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"\x9b\x01\n\tJobVertex\x12\x11\n\tvertex_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bparallelism\x18\x03 \x01(\x05\x12\x17\n\x0fmax_parallelism\x18\x04 \x01(\x05\x12,\n\toperators\x18\x05 \x03(\x0b\x32\x19.snapflow.v1.OperatorSpec\x12\x11\n\tis_source\x18\x06 \x01(\x08\"\xad\x01\n\x07JobEdge\x12\x18\n\x10source_vertex_id\x18\x01 \x01(\t\x12\x18\n\x10target_vertex_id\x18\x02 \x01(\t\x12\x31\n\x0bpartitioner\x18\x03 \x01(\x0e\x32\x1c.snapflow.v1.PartitionerKind\x12\x11\n\tkey_field\x18\x04 \x01(\t\x12\x14\n\x0ctarget_input\x18\x05 \x01(\x05\x12\x12\n\noutput_tag\x18\x06 \x01(\t\"g\n\x08JobGraph\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x08vertices\x18\x02 \x03(\x0b\x32\x16.snapflow.v1.JobVertex\x12#\n\x05\x65\x64ges\x18\x03 \x03(\x0b\x32\x14.snapflow.v1.JobEdge\"\xfc\x02\n\x10\x43heckpointConfig\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\x12\x14\n\x0cmin_pause_ms\x18\x03 \x01(\x03\x12\x16\n\x0emax_concurrent\x18\x04 \x01(\x05\x12)\n\x04mode\x18\x05 \x01(\x0e\x32\x1b.snapflow.v1.CheckpointMode\x12%\n\x1d\x61ligned_checkpoint_timeout_ms\x18\x06 \x01(\x03\x12\x1a\n\x12tolerable_failures\x18\x07 \x01(\x05\x12\x10\n\x08retained\x18\x08 \x01(\x05\x12\x13\n\x0bstorage_uri\x18\t \x01(\t\x12$\n\x1ctolerable_failures_unlimited\x18\n \x01(\x08\x12\x15\n\rstate_backend\x18\x0b \x01(\t\x12?\n\x15state_backend_options\x18\x0c \x01(\x0b\x32 .snapflow.v1.StateBackendOptions\"\x99\x03\n\x13StateBackendOptions\x12 \n\x13memory_budget_bytes\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1a\n\rcache_entries\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x1d\n\x10\x63ompaction_style\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x1f\n\x12\x63ompaction_trigger\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12+\n\x1emax_size_amplification_percent\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0eupload_threads\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x1b\n\x0elocal_recovery\x18\x07 \x01(\x08H\x06\x88\x01\x01\x42\x16\n\x14_memory_budget_bytesB\x10\n\x0e_cache_entriesB\x13\n\x11_compaction_styleB\x15\n\x13_compaction_triggerB!\n\x1f_max_size_amplification_percentB\x11\n\x0f_upload_threadsB\x11\n\x0f_local_recovery\"H\n\x0bTaskAttempt\x12\x11\n\tvertex_id\x18\x01 \x01(\t\x12\x15\n\rsubtask_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\"}\n\x0bStateHandle\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x17\n\x0fkey_group_start\x18\x04 \x01(\x05\x12\x15\n\rkey_group_end\x18\x05 \x01(\x05\x12\x0e\n\x06offset\x18\x06 \x01(\x03\"V\n\x14OperatorSubtaskState\x12\x13\n\x0boperator_id\x18\x01 \x01(\t\x12)\n\x07handles\x18\x02 \x03(\x0b\x32\x18.snapflow.v1.StateHandle\"\x94\x02\n\x18SubtaskCheckpointMetrics\x12\x18\n\x10sync_duration_ms\x18\x01 \x01(\x03\x12\x19\n\x11\x61sync_duration_ms\x18\x02 \x01(\x03\x12\x1d\n\x15\x61lignment_duration_ms\x18\x03 \x01(\x03\x12\x16\n\x0estart_delay_ms\x18\x04 \x01(\x03\x12\x18\n\x10state_size_bytes\x18\x05 \x01(\x03\x12(\n processed_during_alignment_bytes\x18\x06 \x01(\x03\x12!\n\x19persisted_in_flight_bytes\x18\x07 \x01(\x03\x12\x11\n\tunaligned\x18\x08 \x01(\x08\x12\x12\n\nrecords_in\x18\t \x01(\x03\"\xa9\x01\n\x11\x43heckpointOptions\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.snapflow.v1.CheckpointKind\x12)\n\x04mode\x18\x02 \x01(\x0e\x32\x1b.snapflow.v1.CheckpointMode\x12%\n\x1d\x61ligned_checkpoint_timeout_ms\x18\x03 \x01(\x03\x12\x17\n\x0ftarget_location\x18\x04 \x01(\t*\x90\x01\n\x0e\x43heckpointMode\x12\x1f\n\x1b\x43HECKPOINT_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43HECKPOINT_MODE_ALIGNED\x10\x01\x12\x1d\n\x19\x43HECKPOINT_MODE_UNALIGNED\x10\x02\x12!\n\x1d\x43HECKPOINT_MODE_AT_LEAST_ONCE\x10\x03*\xc0\x01\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43HECKPOINT_KIND_CHECKPOINT\x10\x01\x12\x1d\n\x19\x43HECKPOINT_KIND_SAVEPOINT\x10\x02\x12%\n!CHECKPOINT_KIND_SAVEPOINT_SUSPEND\x10\x03\x12\'\n#CHECKPOINT_KIND_SAVEPOINT_TERMINATE\x10\x04*\x97\x01\n\x10\x43heckpointStatus\x12!\n\x1d\x43HECKPOINT_STATUS_UNSPECIFIED\x10\x00\x12!\n\x1d\x43HECKPOINT_STATUS_IN_PROGRESS\x10\x01\x12\x1f\n\x1b\x43HECKPOINT_STATUS_COMPLETED\x10\x02\x12\x1c\n\x18\x43HECKPOINT_STATUS_FAILED\x10\x03*\xa2\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATE_DEPLOYING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x17\n\x13TASK_STATE_FINISHED\x10\x03\x12\x15\n\x11TASK_STATE_FAILED\x10\x04\x12\x17\n\x13TASK_STATE_CANCELED\x10\x05*\xb3\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_CREATED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x18\n\x14JOB_STATE_RESTARTING\x10\x03\x12\x16\n\x12JOB_STATE_FINISHED\x10\x04\x12\x16\n\x12JOB_STATE_CANCELED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06*\xac\x01\n\x0fPartitionerKind\x12 \n\x1cPARTITIONER_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18PARTITIONER_KIND_FORWARD\x10\x01\x12\x19\n\x15PARTITIONER_KIND_HASH\x10\x02\x12\x1e\n\x1aPARTITIONER_KIND_REBALANCE\x10\x03\x12\x1e\n\x1aPARTITIONER_KIND_BROADCAST\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snapflow.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKPOINTMODE']._serialized_start=2056
-  _globals['_CHECKPOINTMODE']._serialized_end=2200
-  _globals['_CHECKPOINTKIND']._serialized_start=2203
-  _globals['_CHECKPOINTKIND']._serialized_end=2395
-  _globals['_CHECKPOINTSTATUS']._serialized_start=2398
-  _globals['_CHECKPOINTSTATUS']._serialized_end=2549
-  _globals['_TASKSTATE']._serialized_start=2552
-  _globals['_TASKSTATE']._serialized_end=2714
-  _globals['_JOBSTATE']._serialized_start=2717
-  _globals['_JOBSTATE']._serialized_end=2896
-  _globals['_PARTITIONERKIND']._serialized_start=2899
-  _globals['_PARTITIONERKIND']._serialized_end=3071
+  _globals['_CHECKPOINTMODE']._serialized_start=2098
+  _globals['_CHECKPOINTMODE']._serialized_end=2242
+  _globals['_CHECKPOINTKIND']._serialized_start=2245
+  _globals['_CHECKPOINTKIND']._serialized_end=2437
+  _globals['_CHECKPOINTSTATUS']._serialized_start=2440
+  _globals['_CHECKPOINTSTATUS']._serialized_end=2591
+  _globals['_TASKSTATE']._serialized_start=2594
+  _globals['_TASKSTATE']._serialized_end=2756
+  _globals['_JOBSTATE']._serialized_start=2759
+  _globals['_JOBSTATE']._serialized_end=2938
+  _globals['_PARTITIONERKIND']._serialized_start=2941
+  _globals['_PARTITIONERKIND']._serialized_end=3113
   _globals['_OPERATORSPEC']._serialized_start=41
   _globals['_OPERATORSPEC']._serialized_end=121
   _globals['_JOBVERTEX']._serialized_start=124
   _globals['_JOBVERTEX']._serialized_end=279
   _globals['_JOBEDGE']._serialized_start=282
-  _globals['_JOBEDGE']._serialized_end=413
-  _globals['_JOBGRAPH']._serialized_start=415
-  _globals['_JOBGRAPH']._serialized_end=518
-  _globals['_CHECKPOINTCONFIG']._serialized_start=521
-  _globals['_CHECKPOINTCONFIG']._serialized_end=901
-  _globals['_STATEBACKENDOPTIONS']._serialized_start=904
-  _globals['_STATEBACKENDOPTIONS']._serialized_end=1313
-  _globals['_TASKATTEMPT']._serialized_start=1315
-  _globals['_TASKATTEMPT']._serialized_end=1387
-  _globals['_STATEHANDLE']._serialized_start=1389
-  _globals['_STATEHANDLE']._serialized_end=1514
-  _globals['_OPERATORSUBTASKSTATE']._serialized_start=1516
-  _globals['_OPERATORSUBTASKSTATE']._serialized_end=1602
-  _globals['_SUBTASKCHECKPOINTMETRICS']._serialized_start=1605
-  _globals['_SUBTASKCHECKPOINTMETRICS']._serialized_end=1881
-  _globals['_CHECKPOINTOPTIONS']._serialized_start=1884
-  _globals['_CHECKPOINTOPTIONS']._serialized_end=2053
+  _globals['_JOBEDGE']._serialized_end=455
+  _globals['_JOBGRAPH']._serialized_start=457
+  _globals['_JOBGRAPH']._serialized_end=560
+  _globals['_CHECKPOINTCONFIG']._serialized_start=563
+  _globals['_CHECKPOINTCONFIG']._serialized_end=943
+  _globals['_STATEBACKENDOPTIONS']._serialized_start=946
+  _globals['_STATEBACKENDOPTIONS']._serialized_end=1355
+  _globals['_TASKATTEMPT']._serialized_start=1357
+  _globals['_TASKATTEMPT']._serialized_end=1429
+  _globals['_STATEHANDLE']._serialized_start=1431
+  _globals['_STATEHANDLE']._serialized_end=1556
+  _globals['_OPERATORSUBTASKSTATE']._serialized_start=1558
+  _globals['_OPERATORSUBTASKSTATE']._serialized_end=1644
+  _globals['_SUBTASKCHECKPOINTMETRICS']._serialized_start=1647
+  _globals['_SUBTASKCHECKPOINTMETRICS']._serialized_end=1923
+  _globals['_CHECKPOINTOPTIONS']._serialized_start=1926
+  _globals['_CHECKPOINTOPTIONS']._serialized_end=2095
 # @@protoc_insertion_point(module_scope)

@@ -116,16 +116,20 @@ class JobVertex(_message.Message):
     def __init__(self, vertex_id: _Optional[str] = ..., name: _Optional[str] = ..., parallelism: _Optional[int] = ..., max_parallelism: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorSpec, _Mapping]]] = ..., is_source: _Optional[bool] = ...) -> None: ...
 
 class JobEdge(_message.Message):
-    __slots__ = ("source_vertex_id", "target_vertex_id", "partitioner", "key_field")
+    __slots__ = ("source_vertex_id", "target_vertex_id", "partitioner", "key_field", "target_input", "output_tag")
     SOURCE_VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_VERTEX_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONER_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_INPUT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TAG_FIELD_NUMBER: _ClassVar[int]
     source_vertex_id: str
     target_vertex_id: str
     partitioner: PartitionerKind
     key_field: str
-    def __init__(self, source_vertex_id: _Optional[str] = ..., target_vertex_id: _Optional[str] = ..., partitioner: _Optional[_Union[PartitionerKind, str]] = ..., key_field: _Optional[str] = ...) -> None: ...
+    target_input: int
+    output_tag: str
+    def __init__(self, source_vertex_id: _Optional[str] = ..., target_vertex_id: _Optional[str] = ..., partitioner: _Optional[_Union[PartitionerKind, str]] = ..., key_field: _Optional[str] = ..., target_input: _Optional[int] = ..., output_tag: _Optional[str] = ...) -> None: ...
 
 class JobGraph(_message.Message):
     __slots__ = ("name", "vertices", "edges")

@@ -73,7 +73,7 @@ def harness(
         max_parallelism=128,
         attempt=1,
         operators=operators,
-        key_field=None,
+        key_fields=(),
         gate=InputGate([c.input for c in inputs], input_of),
         outputs=[OutputEdge(ForwardPartitioner(), [output.output])],
         mode=CheckpointMode.ALIGNED,

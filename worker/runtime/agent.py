@@ -111,6 +111,8 @@ class _Hosted:
     attempt: pb.TaskAttempt
     restore: cpb.TaskRestore
     inputs: list[InputChannel] = field(default_factory=list)
+    input_of: list[int] = field(default_factory=list)
+    """The logical input (``JobEdge.target_input``) of each of ``inputs``."""
     task: Subtask | None = None
     runner: asyncio.Task[None] | None = None
 
@@ -133,6 +135,15 @@ def _partitioner(edge: pb.JobEdge, target: pb.JobVertex, producer_index: int) ->
             return RebalancePartitioner(n, start_channel=producer_index)
         case unknown:
             assert_never(unknown)
+
+
+def _input_key_fields(graph: pb.JobGraph, vertex_id: str) -> tuple[str | None, ...]:
+    """The key field of each logical input of ``vertex_id`` (None: the input is not keyed)."""
+    fields: dict[int, str | None] = {}
+    for e in graph.edges:
+        if e.target_vertex_id == vertex_id:
+            fields[e.target_input] = fields.get(e.target_input) or e.key_field or None
+    return tuple(fields.get(i) for i in range(len(fields)))
 
 
 def _producers(edge: pb.JobEdge, source: pb.JobVertex, consumer_index: int) -> list[int]:
@@ -372,6 +383,7 @@ class Agent:
                         )
                         local[(edge.source_vertex_id, producer, vertex_id, index)] = pair
                         hosted.inputs.append(pair.input)
+                        hosted.input_of.append(edge.target_input)
                     else:
                         channel = InputChannel(self.buffers_per_channel, name=name)
                         self.registry.register(
@@ -381,6 +393,7 @@ class Agent:
                             channel,
                         )
                         hosted.inputs.append(channel)
+                        hosted.input_of.append(edge.target_input)
         addresses = await self._wait_for_deployment(graph, attempt)
         for (vertex_id, index), hosted in self.hosted.items():
             outputs = []
@@ -406,15 +419,8 @@ class Agent:
                     if len(channels) == 1
                     else _partitioner(edge, target, index)
                 )
-                outputs.append(OutputEdge(partitioner, channels))
-            key_field = next(
-                (
-                    e.key_field
-                    for e in graph.edges
-                    if e.target_vertex_id == vertex_id and e.key_field
-                ),
-                None,
-            )
+                outputs.append(OutputEdge(partitioner, channels, tag=edge.output_tag))
+            key_fields = _input_key_fields(graph, vertex_id)
             operators: list[Operator] = [
                 cloudpickle.loads(o.payload) for o in hosted.vertex.operators
             ]
@@ -429,8 +435,8 @@ class Agent:
                 max_parallelism=hosted.vertex.max_parallelism or 128,
                 attempt=attempt,
                 operators=operators,
-                key_field=key_field,
-                gate=InputGate(hosted.inputs) if hosted.inputs else None,
+                key_fields=key_fields,
+                gate=InputGate(hosted.inputs, hosted.input_of) if hosted.inputs else None,
                 outputs=outputs,
                 mode=mode,
                 restore=_restore_data(hosted.restore),

@@ -79,20 +79,29 @@ class Chain:
             current = nxt
         return current
 
-    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """Run ``batch`` through the chain (from operator 1 when the head is a source)."""
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        """Run ``batch`` of logical input ``input_index`` through the chain (from operator 1
+        when the head is a source); the head tells its inputs apart
+        (:meth:`Operator.process_input`)."""
+        if input_index and self.operators and batch.num_rows:
+            return self._push(self.operators[0].process_input(input_index, batch), 1)
         return self._push((batch,), 1 if self.is_source else 0)
 
     def process_batch_steps(
-        self, batch: pa.RecordBatch
+        self, batch: pa.RecordBatch, input_index: int = 0
     ) -> Generator[None, None, list[pa.RecordBatch]]:
         """:meth:`process_batch` in the steps of the first operator it reaches
-        (:meth:`Operator.process_batch_steps`); the rest of the chain runs in the last step."""
+        (:meth:`Operator.process_input_steps`); the rest of the chain runs in the last step."""
         start = 1 if self.is_source else 0
         if start >= len(self.operators) or not batch.num_rows:
             return self._push((batch,), start)
-        out = yield from self.operators[start].process_batch_steps(batch)
+        out = yield from self.operators[start].process_input_steps(input_index, batch)
         return self._push(out, start + 1)
+
+    def end_of_input(self, input_index: int) -> list[pa.RecordBatch]:
+        """One of several inputs ended: only the head has several inputs."""
+        head = self.head
+        return self._push(head.end_of_input(input_index), 1) if head is not None else []
 
     def poll_batch(self, max_records: int) -> list[pa.RecordBatch] | None:
         """Source chains: poll the head and run the batch through the rest. ``None`` when the

@@ -89,7 +89,9 @@ class InputLoop:
             batch = frame.batch
             shell.checkpoints.on_input(channel, batch, aligning=self.gate.aligning)
             shell.records_in += batch.num_rows
-            await shell.output.emit(await shell.runner.process(shell.chain, batch))
+            await shell.output.emit(
+                await shell.runner.process(shell.chain, batch, self.gate.input_of[channel])
+            )
         elif isinstance(frame, BarrierFrame):
             await self.execute(
                 self.handler.on_barrier(channel, barrier_from_frame(frame), now_ms())

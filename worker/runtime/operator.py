@@ -13,6 +13,10 @@ Life cycle (driven by the task, ``snapflow.worker.runtime.task``)::
     op.process_watermark(wm_ms) -> [batch, ...]     # e.g. windows fire
     op.snapshot_state(checkpoint_id)    # synchronously, right before the backends snapshot
     op.notify_checkpoint_complete(id) / op.notify_checkpoint_aborted(id)
+    op.process_input(i, batch) -> [batch, ...]      # heads with several inputs (connect,
+                                        # joins): a batch of logical input i (0 goes to
+                                        # process_batch by default)
+    op.end_of_input(i) -> [batch, ...]  # several inputs: input i ended (not the last one too)
     op.end_input() -> [batch, ...]      # bounded input ended (end of data on every input):
                                         # flush; runs before the final checkpoint's snapshot
     op.close()
@@ -26,6 +30,10 @@ Conventions
     * Keyed operators (``ctx.keyed_state`` set) only ever see keys of their subtask's key-group
       range: the upstream edge is hash-partitioned by :class:`snapflow.worker.runtime.partitioners.KeyGroupPartitioner`
       on the same key field and max parallelism.
+    * Side outputs: ``ctx.output(tag, batch)`` sends ``batch`` to the side output ``tag``
+      (:class:`OutputTag`) instead of the operator's main output. It skips the rest of the
+      chain and goes to the edges that carry that tag (none: dropped, as in Flink), in the same
+      emit as the main output of the call that produced it, so before any later barrier.
     * Operators are picklable before :meth:`Operator.open`; the functions they wrap must be
       picklable by cloudpickle (lambdas and closures are).
 """
@@ -43,6 +51,18 @@ from snapflow.event_time import MIN_WATERMARK
 from snapflow.worker.state import keygroups as kgs
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.operator_state import OperatorStateBackend
+
+
+@dataclass(frozen=True)
+class OutputTag:
+    """The name of a side output (Flink's ``OutputTag``): an operator emits to it with
+    ``ctx.output(tag, batch)``; ``Stream.side_output(tag)`` reads it in the pipeline."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise InvalidArgumentError(f"OutputTag needs a non-empty name, got {self.name!r}")
 
 
 @dataclass
@@ -63,7 +83,13 @@ class OperatorContext:
     keyed_state: KeyedStateBackend | None = None
     operator_state: OperatorStateBackend = field(default_factory=OperatorStateBackend)
     key_field: str | None = None
+    """The key field of the first keyed input (one-input keyed operators: the key)."""
+    input_key_fields: tuple[str | None, ...] = ()
+    """The key field of each logical input (None: that input is not keyed, e.g. a broadcast
+    side); empty for a source."""
     restored_checkpoint_id: int = 0
+    side_outputs: list[tuple[str, pa.RecordBatch]] = field(default_factory=list)
+    """Side-output batches not yet sent, shared by the task's operators (``output``)."""
 
     @property
     def is_restored(self) -> bool:
@@ -72,6 +98,13 @@ class OperatorContext:
     def state_name(self, name: str) -> str:
         """The backend name of this operator's state ``name``: ``"<operator_id>/<name>"``."""
         return f"{self.operator_id}/{name}"
+
+    def output(self, tag: OutputTag, batch: pa.RecordBatch) -> None:
+        """Emit ``batch`` to the side output ``tag`` (Flink's ``Context.output``)."""
+        if not isinstance(tag, OutputTag):
+            raise InvalidArgumentError(f"output() needs an OutputTag, got {tag!r:.80}")
+        if batch.num_rows:
+            self.side_outputs.append((tag.name, batch))
 
     def require_keyed_state(self, who: str) -> KeyedStateBackend:
         if self.keyed_state is None:
@@ -112,6 +145,30 @@ class Operator:
         between two batches. The default is one step."""
         return self.process_batch(batch)
         yield  # unreachable: makes this a generator
+
+    def process_input(self, input_index: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """A batch of logical input ``input_index``. Operators with several inputs override
+        this; one-input operators take input 0 in :meth:`process_batch` and refuse others."""
+        if input_index == 0:
+            return self.process_batch(batch)
+        raise InvalidArgumentError(
+            f"{self.name} has one input but got a batch of input {input_index}: only "
+            f"operators with several inputs (connect, joins) can head a vertex that has more"
+        )
+
+    def process_input_steps(
+        self, input_index: int, batch: pa.RecordBatch
+    ) -> Generator[None, None, list[pa.RecordBatch]]:
+        """:meth:`process_input` in steps (see :meth:`process_batch_steps`)."""
+        if input_index == 0:
+            return (yield from self.process_batch_steps(batch))
+        return self.process_input(input_index, batch)
+
+    def end_of_input(self, input_index: int) -> list[pa.RecordBatch]:
+        """Input ``input_index`` of several ended (Flink's ``BoundedMultiInput.endInput``);
+        the last one to end is followed by :meth:`end_input`. May run again after a restore
+        from a checkpoint taken between two inputs' ends."""
+        return []
 
     def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
         return []

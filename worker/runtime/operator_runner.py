@@ -92,17 +92,20 @@ class OperatorRunner:
         else:
             self._run_posted(fn, args)
 
-    async def process(self, chain: Chain, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """``batch`` through ``chain`` where the operators run."""
+    async def process(
+        self, chain: Chain, batch: pa.RecordBatch, input_index: int = 0
+    ) -> list[pa.RecordBatch]:
+        """``batch`` of logical input ``input_index`` through ``chain`` where the operators
+        run."""
         if self.thread is None:
-            out = await self._process_in_steps(chain, batch)
+            out = await self._process_in_steps(chain, batch, input_index)
             # Operators ran on the loop: give it a turn after every batch, as a source does
             # after every poll. The gate returns buffered frames without waiting, so without
             # this a backlogged task would process all of them in one turn of the loop, and
             # triggers, credits, acks and heartbeats would wait.
             await asyncio.sleep(0)
             return out
-        return await self.thread.call(chain.process_batch, batch)
+        return await self.thread.call(chain.process_batch, batch, input_index)
 
     async def close(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` (close the operators, dispose the state) where the operators run, then
@@ -147,12 +150,14 @@ class OperatorRunner:
         except Exception as e:
             self._log.warning("task.posted_call_failed", error=repr(e))
 
-    async def _process_in_steps(self, chain: Chain, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    async def _process_in_steps(
+        self, chain: Chain, batch: pa.RecordBatch, input_index: int
+    ) -> list[pa.RecordBatch]:
         """Operators on the loop: run ``batch`` through the chain, giving the loop a turn at
         the first step after every ``LOOP_SLICE_S``. Meanwhile only other coroutines run; this
         task's mailbox waits, so no snapshot splits the batch, and notices posted meanwhile
         run after it (as on the task thread, between two calls)."""
-        steps = chain.process_batch_steps(batch)
+        steps = chain.process_batch_steps(batch, input_index)
         deferred: list[Posted] = []
         self.deferred = deferred
         wall_ns = cpu_ns = 0

@@ -71,7 +71,7 @@ class Subtask:
         max_parallelism: int,
         attempt: int,
         operators: Sequence[Operator],
-        key_field: str | None,
+        key_fields: Sequence[str | None],
         gate: InputGate | None,
         outputs: list[OutputEdge],
         mode: CheckpointMode,
@@ -124,7 +124,7 @@ class Subtask:
             SubtaskIdentity(
                 job_id, vertex_id, subtask_index, parallelism, max_parallelism, attempt
             ),
-            key_field=key_field,
+            key_fields=key_fields,
             backend=StateBackendConfig.parse(state_backend),
             restore=restore,
         )
@@ -135,7 +135,7 @@ class Subtask:
             placement=placement,
             accepts_notices=lambda: self.lifecycle.accepts_notices,
         )
-        self._output = TaskOutput(outputs)
+        self._output = TaskOutput(outputs, self.state.side_outputs)
         self._shell = TaskShell(
             name=self.name,
             snapshot_dir=f"{vertex_id}-{subtask_index}-{attempt}",
@@ -268,7 +268,11 @@ class Subtask:
                     if target is not None:
                         await target.send(DataFrame(batch))
             else:
+                # input state is keyed by its channel (same numbering: same parallelism), and
+                # goes to the logical input that channel belongs to
+                gate = self.input_loop.gate if self.input_loop is not None else None
+                index = gate.input_of[h.key_group_start] if gate is not None else 0
                 for batch in batches:
                     await self._output.emit(
-                        await self.runner.call(self._shell.chain.process_batch, batch)
+                        await self.runner.call(self._shell.chain.process_batch, batch, index)
                     )

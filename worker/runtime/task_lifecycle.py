@@ -233,6 +233,14 @@ Event = (
 
 
 @dataclass(frozen=True)
+class EndInput:
+    """One of several inputs ended: run the head operator's ``end_of_input(input_index)`` and
+    emit what it flushes (tasks with one input only get ``EndData``)."""
+
+    input_index: int
+
+
+@dataclass(frozen=True)
 class EndData:
     """Flush and end the data: run the chain's ``end_input`` (unless ``run_end_input`` is
     false: it ran before the restored snapshot), a source emits the maximum watermark, record
@@ -277,7 +285,8 @@ class CloseOperators:
 
 
 Action = (
-    EndData
+    EndInput
+    | EndData
     | TakeSnapshot
     | RequestFinalCheckpoint
     | NotifyComplete
@@ -440,11 +449,18 @@ class TaskLifecycle:
         if not 0 <= index < self.num_inputs:
             raise ValueError(f"no input {index} (the task has {self.num_inputs})")
         self._expect(event, Phase.RUNNING)
+        if index in self.ended_inputs:
+            return []  # the same input again changes nothing
         self.ended_inputs.add(index)
+        # Operators with several inputs hear of each one's end (Flink's
+        # BoundedMultiInput.endInput(i)); not again after a restore past the whole end.
+        actions: list[Action] = (
+            [EndInput(index)] if self.num_inputs > 1 and not self.restored_end_of_data else []
+        )
         if len(self.ended_inputs) < self.num_inputs:
-            return []
+            return actions
         self.phase = Phase.ENDING_DATA
-        return [EndData(run_end_input=not self.restored_end_of_data)]
+        return [*actions, EndData(run_end_input=not self.restored_end_of_data)]
 
     def _on_data_ended(self, event: Event, now_ms: int) -> list[Action]:
         self._expect(event, Phase.ENDING_DATA)

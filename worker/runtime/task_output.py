@@ -28,6 +28,8 @@ class OutputEdge:
 
     partitioner: Partitioner
     channels: list[OutputChannel]
+    tag: str = ""
+    """The output it carries: "" the main one, else the side output of that name."""
 
 
 async def _nothing_to_serve() -> None:
@@ -37,9 +39,19 @@ async def _nothing_to_serve() -> None:
 class TaskOutput:
     """Sends what the operator chain produced, partitioned, onto the output channels."""
 
-    def __init__(self, edges: list[OutputEdge]) -> None:
+    def __init__(
+        self,
+        edges: list[OutputEdge],
+        side_outputs: list[tuple[str, pa.RecordBatch]] | None = None,
+    ) -> None:
+        """``side_outputs``: where the operators put side-output batches
+        (``OperatorContext.side_outputs``); every ``emit`` sends and clears them."""
         self.edges = edges
         self.channels: list[OutputChannel] = [c for edge in edges for c in edge.channels]
+        self.side_outputs: list[tuple[str, pa.RecordBatch]] = (
+            side_outputs if side_outputs is not None else []
+        )
+        self._main = [e for e in edges if not e.tag]
         self.records_out = 0
         self.serve_mailbox: Callable[[], Awaitable[None]] = _nothing_to_serve
         """What may not wait while the output is backpressured (set by the task's loop)."""
@@ -59,9 +71,18 @@ class TaskOutput:
             self.records_out += batch.num_rows
             sends.extend(
                 edge.channels[index].send(DataFrame(part))
-                for edge in self.edges
+                for edge in self._main
                 for index, part in edge.partitioner.partition(batch)
             )
+        if self.side_outputs:
+            side, self.side_outputs[:] = list(self.side_outputs), []
+            for tag, batch in side:
+                sends.extend(
+                    edge.channels[index].send(DataFrame(part))
+                    for edge in self.edges
+                    if edge.tag == tag
+                    for index, part in edge.partitioner.partition(batch)
+                )
         if not sends:
             return
         if len(sends) == 1 and not self.backpressured():

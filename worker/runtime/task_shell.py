@@ -31,6 +31,7 @@ from snapflow.worker.runtime.task_lifecycle import (
     CloseOperators,
     DataEnded,
     EndData,
+    EndInput,
     Event,
     NotifyAborted,
     NotifyComplete,
@@ -110,6 +111,8 @@ class TaskShell:
             if self._execute_now(action):
                 continue
             match action:
+                case EndInput(input_index=index):
+                    await self.output.emit(await self.runner.call(self.chain.end_of_input, index))
                 case EndData(run_end_input=run_end_input):
                     await self._end_data(run_end_input)
                 case TakeSnapshot():

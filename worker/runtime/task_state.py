@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from snapflow.checkpointing import (
     CHANNEL_INPUT,
     CHANNEL_OUTPUT,
@@ -66,12 +68,17 @@ class TaskState:
         self,
         identity: SubtaskIdentity,
         *,
-        key_field: str | None,
+        key_fields: Sequence[str | None],
         backend: StateBackendConfig,
         restore: RestoreData,
     ) -> None:
+        """``key_fields``: the key field of each logical input (None: not keyed); the subtask
+        has keyed state when any input is keyed."""
         self.identity = identity
-        self.key_field = key_field
+        self.key_fields = tuple(key_fields)
+        self.key_field = next((k for k in self.key_fields if k is not None), None)
+        self.side_outputs: list[tuple[str, pa.RecordBatch]] = []
+        """Shared by the operators' contexts; the task's output sends them."""
         self.backend = backend
         self.restore_data = restore
         self.keyed: dict[str, KeyedStateBackend] = {}
@@ -118,6 +125,8 @@ class TaskState:
                 keyed_state=keyed,
                 operator_state=op_state,
                 key_field=self.key_field,
+                input_key_fields=self.key_fields,
+                side_outputs=self.side_outputs,
                 restored_checkpoint_id=self.restore_data.checkpoint_id,
             )
             op.open(ctx)

@@ -66,6 +66,20 @@ class CountAtEnd(Operator):
         return [pa.RecordBatch.from_pydict({"rows": [self.rows]})]
 
 
+class TwoInputCountAtEnd(CountAtEnd):
+    """``CountAtEnd`` over two inputs; remembers which inputs ended, in order."""
+
+    def __init__(self) -> None:
+        self.ended: list[int] = []
+
+    def process_input(self, input_index: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return self.process_batch(batch)
+
+    def end_of_input(self, input_index: int) -> list[pa.RecordBatch]:
+        self.ended.append(input_index)
+        return []
+
+
 def rows(n: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"rows": [n]})
 
@@ -131,7 +145,8 @@ def test_two_inputs_align_on_one_handler_and_end_input_runs_once_both_ended(
     came; end_input runs once, after end of data on both inputs."""
 
     async def main() -> None:
-        h = harness([CountAtEnd()], input_of=[0, 1])
+        op = TwoInputCountAtEnd()
+        h = harness([op], input_of=[0, 1])
         options = BarrierOptions(target_location=str(tmp_path))
         first, second = h.inputs
         await first.output.send(BarrierFrame(1, 1_000, options))
@@ -155,6 +170,7 @@ def test_two_inputs_align_on_one_handler_and_end_input_runs_once_both_ended(
         ]
         [report] = h.acks
         assert report.checkpoint_id == 1 and report.records_in == 2
+        assert op.ended == [1, 0]  # each input's end, in the order they came
 
     run(main())
 
@@ -249,7 +265,7 @@ class SourceRun:
             max_parallelism=128,
             attempt=1,
             operators=[source, CountAtEnd()],
-            key_field=None,
+            key_fields=(),
             gate=None,
             outputs=[OutputEdge(ForwardPartitioner(), [self.output.output])],
             mode=CheckpointMode.ALIGNED,

@@ -23,6 +23,7 @@ from snapflow.worker.runtime.task_lifecycle import (
     DataEnded,
     Discard,
     EndData,
+    EndInput,
     Event,
     FinalCheckpoint,
     InputEnded,
@@ -285,11 +286,11 @@ def test_a_savepoint_after_the_input_ended_stops_the_ended_source() -> None:
 
 def test_a_task_ends_its_data_when_every_input_ended() -> None:
     lc = running_task(num_inputs=3)
-    assert step(lc, InputEnded(1)) == []
-    assert step(lc, InputEnded(0)) == []
+    assert step(lc, InputEnded(1)) == [EndInput(1)]
+    assert step(lc, InputEnded(0)) == [EndInput(0)]
     assert step(lc, InputEnded(1)) == []  # the same input again changes nothing
     assert phase_of(lc) is Phase.RUNNING
-    assert step(lc, InputEnded(2)) == [EndData(run_end_input=True)]
+    assert step(lc, InputEnded(2)) == [EndInput(2), EndData(run_end_input=True)]
     assert step(lc, DataEnded()) == []
     assert phase_of(lc) is Phase.DATA_ENDED
     assert step(lc, barrier(4, alignment=12, delay=3)) == [

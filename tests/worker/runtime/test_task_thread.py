@@ -82,7 +82,7 @@ class Pair:
                 max_parallelism=128,
                 attempt=1,
                 operators=operators,
-                key_field=None,
+                key_fields=(),
                 mode=mode,
                 restore=RestoreData(),
                 ack=ack,
