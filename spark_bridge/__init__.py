@@ -13,13 +13,14 @@
     p.checkpointing(interval_ms=500).restart_strategy(FixedDelay(attempts=3, delay_s=1))
     result = p.run(spark)
 
-See :mod:`spark_bridge.pipeline` (the builder), :mod:`snapflow.spark_bridge.driver` (the driver loop),
+See :mod:`snapflow.spark_bridge.pipeline` (the builder), :mod:`snapflow.spark_bridge.streams` (the
+stream types), :mod:`snapflow.spark_bridge.driver` (the driver loop),
 :mod:`snapflow.spark_bridge.run_options` (a run's options and result) and
 :mod:`spark_bridge.restart` (restart strategies, the driver's decisions).
 """
 
 from snapflow.spark_bridge.driver import JobHandle, run, submit
-from snapflow.spark_bridge.pipeline import KeyedStream, Pipeline, Stream
+from snapflow.spark_bridge.pipeline import Pipeline
 from snapflow.spark_bridge.restart import (
     ExponentialBackoff,
     FixedDelay,
@@ -28,15 +29,25 @@ from snapflow.spark_bridge.restart import (
     RestartStrategy,
 )
 from snapflow.spark_bridge.run_options import JobFailedError, JobResult
+from snapflow.spark_bridge.streams import (
+    BroadcastStream,
+    ConnectedStreams,
+    KeyedConnectedStreams,
+    KeyedStream,
+    Stream,
+)
 from snapflow.spark_bridge.submission import execute, spark_session
 
 __all__ = [
+    "BroadcastStream",
+    "ConnectedStreams",
     "ExponentialBackoff",
     "FixedDelay",
     "JobFailedError",
     "JobHandle",
     "JobResult",
     "JobStatus",
+    "KeyedConnectedStreams",
     "KeyedStream",
     "NoRestart",
     "Pipeline",

@@ -1,0 +1,661 @@
+"""The streams of the pipeline builder (:class:`Stream`, :class:`KeyedStream`, and the
+streams of several inputs: ``union``, ``connect``, broadcast, side outputs).
+
+* ``map``/``filter``/``flat_map`` (row functions over ``dict`` rows),
+  ``map_batches``/``filter_batches``/``flat_map_batches`` (functions over
+  ``pyarrow.RecordBatch``), ``transform`` (any operator) and ``sink`` are chained into the
+  current vertex (Flink's operator chaining: FORWARD, same task).
+* ``key_by(field)`` starts a new vertex behind a HASH edge on ``field`` (by key group); the
+  :class:`KeyedStream` it returns offers the keyed operations (``count``, ``reduce``,
+  ``window``, ``process``, ``aggregate``), which are the head of that vertex.
+  ``rebalance()`` starts a new vertex behind a round-robin edge.
+* ``union(*others)`` makes one stream of several (one logical input fed by several edges);
+  ``side_output(tag)`` is what the operators emitted to a side output. Both are a vertex
+  waiting for its first operator: ``key_by``/``rebalance`` on them re-partition the edges
+  into it instead of adding a hop.
+* ``connect(other)`` gives an operator two inputs (``ConnectedStreams``);
+  ``keyed.connect(other_keyed)`` keys both into one keyed vertex
+  (``KeyedConnectedStreams``), ``keyed.connect(stream.broadcast())`` adds a broadcast input.
+
+A stream is consumed once: after ``s.map(f)``, ``s`` itself cannot be used again (branching
+inside a chain is not supported); several ``key_by``/``rebalance``/``union``/``connect`` edges
+may leave the same stream, though (fan-out to several vertices).
+
+Schemas: a stream knows its rows' schema when its source declares one (``output_schema``)
+and its operators keep it or declare theirs; ``union`` and the key checks of ``connect``
+compare known schemas at build time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pyarrow as pa
+
+from snapflow.errors import InvalidArgumentError
+from snapflow.jobgraph import PartitionerKind
+from snapflow.spark_bridge.stream_graph import (
+    EdgeNode,
+    OpNode,
+    StreamGraph,
+    VertexNode,
+    check_fn,
+    check_name,
+    schema_mismatch,
+    slug,
+)
+from snapflow.worker.api.functions import (
+    AggregateFunction,
+    KeyedBatchFunction,
+    KeyedProcessFunction,
+)
+from snapflow.worker.api.keyed_operators import (
+    Aggregate,
+    KeyedBatchProcess,
+    KeyedCount,
+    KeyedProcess,
+    KeyedReduce,
+    RowsFn,
+    TimerFn,
+    keyed_process_function,
+)
+from snapflow.worker.api.operators import (
+    Filter,
+    FilterBatches,
+    FlatMap,
+    FlatMapBatches,
+    Map,
+    MapBatches,
+)
+from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
+from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
+from snapflow.worker.runtime.operator import Operator, OutputTag, SourceOperator
+
+__all__ = [
+    "BroadcastStream",
+    "ConnectedStreams",
+    "KeyedConnectedStreams",
+    "KeyedStream",
+    "Stream",
+]
+
+
+class Stream:
+    """The output of the last operator of a vertex's chain. Chain more operators onto it,
+    start a new vertex behind an edge (``key_by``, ``rebalance``), or end it with ``sink``."""
+
+    def __init__(
+        self,
+        graph: StreamGraph,
+        vertex: VertexNode,
+        position: int,
+        schema: pa.Schema | None = None,
+    ) -> None:
+        self._graph = graph
+        self._vertex = vertex
+        self._position = position
+        self.schema = schema
+        """The rows' schema when the pipeline knows it (a source that declares it, operators
+        that keep it or say theirs), else None; checked by ``union`` and the joins."""
+
+    def __repr__(self) -> str:
+        ops = " -> ".join(o.name for o in self._vertex.operators[: self._position])
+        return f"Stream({self._vertex.vertex_id}: {ops})"
+
+    @property
+    def parallelism(self) -> int:
+        return self._vertex.parallelism
+
+    # --- chaining -------------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        v = self._vertex
+        if v.merged_into:
+            raise InvalidArgumentError(
+                f"{what}: this keyed stream was connected into vertex {v.merged_into!r}; a "
+                f"stream is consumed once"
+            )
+        if v.sunk:
+            raise InvalidArgumentError(f"{what}: {v.describe()} already ends in a sink")
+        if self._position != len(v.operators):
+            raise InvalidArgumentError(
+                f"{what}: this stream was already consumed by "
+                f"{v.operators[self._position].name!r}; a stream is consumed once (branching "
+                f"inside a chain is not supported: use key_by() or rebalance() to fan out)"
+            )
+
+    def _chain(
+        self,
+        operator: Operator,
+        kind: str,
+        name: str | None,
+        schema: pa.Schema | None = None,
+    ) -> Stream:
+        """Chain ``operator``; ``schema``: its output's, when known."""
+        self._check_open(kind)
+        if v_edges := self._vertex.out_edges:
+            raise InvalidArgumentError(
+                f"{kind}: {self._vertex.describe()} already feeds {v_edges} edge(s); operators "
+                f"cannot be chained after key_by()/rebalance() left it"
+            )
+        label = check_name("name", name) if name is not None else kind
+        v = self._vertex
+        index = len(v.operators)
+        v.operators.append(OpNode(f"{v.vertex_id}.{index}-{slug(kind)}", label, kind, operator))
+        return Stream(self._graph, v, index + 1, schema)
+
+    def map(
+        self,
+        fn: Callable[[dict[str, Any]], dict[str, Any]],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(row: dict) -> dict`` for every row."""
+        check_fn("map", fn)
+        return self._chain(Map(fn, output_schema), "map", name, output_schema)
+
+    def filter(self, fn: Callable[[dict[str, Any]], Any], *, name: str | None = None) -> Stream:
+        """Keep the rows for which ``fn(row: dict)`` is truthy."""
+        check_fn("filter", fn)
+        return self._chain(Filter(fn), "filter", name, self.schema)
+
+    def flat_map(
+        self,
+        fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]] | None],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(row: dict) -> iterable of dicts`` (None: nothing)."""
+        check_fn("flat_map", fn)
+        return self._chain(FlatMap(fn, output_schema), "flat_map", name, output_schema)
+
+    def map_batches(
+        self, fn: Callable[[pa.RecordBatch], pa.RecordBatch], *, name: str | None = None
+    ) -> Stream:
+        """``fn(batch: pyarrow.RecordBatch) -> RecordBatch`` (vectorised; a Table is accepted)."""
+        check_fn("map_batches", fn)
+        return self._chain(MapBatches(fn), "map_batches", name)
+
+    def filter_batches(
+        self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None
+    ) -> Stream:
+        """Keep the rows where ``fn(batch)`` (a boolean array) is true."""
+        check_fn("filter_batches", fn)
+        return self._chain(FilterBatches(fn), "filter_batches", name, self.schema)
+
+    def flat_map_batches(
+        self,
+        fn: Callable[[pa.RecordBatch], Iterable[pa.RecordBatch] | None],
+        *,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(batch) -> iterable of RecordBatch``."""
+        check_fn("flat_map_batches", fn)
+        return self._chain(FlatMapBatches(fn), "flat_map_batches", name)
+
+    def map_pandas(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """``fn(df: pandas.DataFrame) -> DataFrame`` per batch (needs pandas, an optional
+        extra: ``pip install 'snapflow[pandas]'``). ``output_schema`` fixes the output types
+        (recommended: pandas infers them per batch)."""
+        check_fn("map_pandas", fn)
+        return self._chain(
+            MapBatches(_PandasFn(fn, output_schema)), "map_pandas", name, output_schema
+        )
+
+    def transform(self, operator: Operator, *, name: str | None = None) -> Stream:
+        """Chain any :class:`snapflow.worker.runtime.operator.Operator` (Flink's ``transform``)."""
+        if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
+            raise InvalidArgumentError(
+                f"transform needs a snapflow.worker.runtime.operator.Operator that is not a source, got {operator!r:.100}"
+            )
+        return self._chain(operator, type(operator).__name__, name)
+
+    def sink(self, operator: Operator, *, name: str | None = None) -> None:
+        """End the stream in ``operator`` (e.g. :class:`snapflow.worker.connectors.file_sink.TransactionalFileSink`),
+        chained into this vertex: the end of this stream."""
+        if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
+            raise InvalidArgumentError(
+                f"sink needs a snapflow.worker.runtime.operator.Operator (e.g. TransactionalFileSink), got {operator!r:.100}"
+            )
+        self._chain(operator, "sink", name or type(operator).__name__)
+        self._vertex.sunk = True
+
+    # --- new vertices ---------------------------------------------------------------------
+
+    def _edge(
+        self, what: str, partitioner: PartitionerKind, key_field: str, parallelism: int | None
+    ) -> VertexNode:
+        self._check_open(what)
+        graph = self._graph
+        par = graph.check_parallelism(parallelism)
+        label = f"{what}({key_field})" if key_field else what
+        v = self._vertex
+        if v.pending:
+            # A union or a side output not yet consumed: re-partition the edges into it
+            # instead of adding a hop behind it.
+            v.label, v.parallelism, v.key_field, v.pending = label, par, key_field or None, False
+            for e in graph.in_edges(v):
+                e.partitioner, e.key_field = partitioner, key_field
+            return v
+        follow = (
+            "a keyed operation (count, reduce, window, process, aggregate, connect)"
+            if key_field
+            else "an operator or a sink"
+        )
+        target = graph.new_vertex(
+            label, par, is_source=False, key_field=key_field or None, follow=follow
+        )
+        graph.add_edge(v, EdgeNode(v.vertex_id, target.vertex_id, partitioner, key_field))
+        return target
+
+    def key_by(self, key_field: str, *, parallelism: int | None = None) -> KeyedStream:
+        """Partition by ``key_field`` (a HASH edge by key group) into a new, keyed vertex."""
+        check_name("key_by field", key_field)
+        _check_field(self.schema, key_field, "key_by")
+        target = self._edge("key_by", PartitionerKind.HASH, key_field, parallelism)
+        return KeyedStream(self._graph, target, key_field, self.schema)
+
+    def rebalance(self, *, parallelism: int | None = None) -> Stream:
+        """Round-robin into a new vertex (e.g. to change the parallelism)."""
+        target = self._edge("rebalance", PartitionerKind.REBALANCE, "", parallelism)
+        return Stream(self._graph, target, 0, self.schema)
+
+    # --- several streams ------------------------------------------------------------------
+
+    def union(self, *others: Stream, parallelism: int | None = None) -> Stream:
+        """One stream of this stream's rows and the rows of ``others`` (Flink's ``union``):
+        all must have the same schema. Chain onto it, ``key_by`` it (the edges from every
+        member are then hash-partitioned, with no extra hop) or sink it."""
+        members = [self, *others]
+        for i, m in enumerate(members):
+            if not isinstance(m, Stream):
+                raise InvalidArgumentError(f"union needs Streams, argument {i} is {m!r:.80}")
+        if len({id(m._vertex) for m in members}) != len(members):
+            raise InvalidArgumentError("union: the same stream appears twice")
+        why = schema_mismatch([m.schema for m in members], lambda i: f"union member {i}")
+        if why:
+            raise InvalidArgumentError(
+                f"union needs streams of one schema: {why}; map them to one schema first "
+                f"(map(..., output_schema=...) or map_batches)"
+            )
+        graph = self._graph
+        par = graph.check_parallelism(parallelism)
+        target = graph.new_vertex("union", par, is_source=False, key_field=None)
+        target.pending = True
+        for m in members:
+            m._check_open("union")
+            kind = (
+                PartitionerKind.FORWARD
+                if m._vertex.parallelism == par
+                else PartitionerKind.REBALANCE
+            )
+            graph.add_edge(m._vertex, EdgeNode(m._vertex.vertex_id, target.vertex_id, kind))
+        return Stream(self._graph, target, 0, members[0].schema)
+
+    def side_output(self, tag: OutputTag, *, schema: pa.Schema | None = None) -> Stream:
+        """The rows this stream's operators emitted to ``tag`` (``ctx.output(tag, batch)``;
+        windows send late rows to theirs): a new stream, on a vertex of this one's parallelism
+        (Flink's ``getSideOutput``). ``schema``: the rows' schema, when known."""
+        if not isinstance(tag, OutputTag):
+            raise InvalidArgumentError(f"side_output needs an OutputTag, got {tag!r:.80}")
+        v = self._vertex
+        if any(e.output_tag == tag.name for e in self._graph.edges if e.source == v.vertex_id):
+            raise InvalidArgumentError(
+                f"side_output({tag.name!r}) of {v.describe()} is already taken; take it once "
+                f"and fan it out with key_by() or rebalance()"
+            )
+        graph = self._graph
+        target = graph.new_vertex(
+            f"side-output({tag.name})", v.parallelism, is_source=False, key_field=None
+        )
+        target.pending = True
+        graph.edges.append(
+            EdgeNode(v.vertex_id, target.vertex_id, PartitionerKind.FORWARD, output_tag=tag.name)
+        )
+        return Stream(self._graph, target, 0, schema)
+
+    def connect(self, other: Stream | KeyedStream | BroadcastStream) -> ConnectedStreams:
+        """Two streams into one operator with two inputs (Flink's ``connect``): this one is
+        input 0, ``other`` input 1; their schemas may differ. Process them with a
+        ``CoProcessFunction`` (``.process``) or key both (``.key_by``); a
+        :meth:`broadcast` stream gives broadcast state."""
+        if isinstance(other, KeyedStream):
+            raise InvalidArgumentError(
+                "connect: this stream is not keyed but the other is; key both "
+                "(keyed.connect(other_keyed)) or connect first and key both with "
+                "connect(other).key_by(first_key, second_key)"
+            )
+        if not isinstance(other, Stream | BroadcastStream):
+            raise InvalidArgumentError(
+                f"connect needs a Stream, KeyedStream or BroadcastStream, got {other!r:.80}"
+            )
+        return ConnectedStreams(self, other)
+
+    def broadcast(self) -> BroadcastStream:
+        """This stream sent whole to every subtask of the operator it is connected to
+        (Flink's ``broadcast``): the side that writes broadcast state."""
+        return BroadcastStream(self)
+
+
+class BroadcastStream:
+    """A stream to broadcast into a connected operator (``Stream.broadcast``): every subtask
+    of that operator gets all of its rows, on input 1."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    def __repr__(self) -> str:
+        return f"BroadcastStream({self.stream!r})"
+
+
+class ConnectedStreams:
+    """Two connected streams (``Stream.connect``), neither keyed: input 0 and input 1 of one
+    operator."""
+
+    def __init__(self, first: Stream, second: Stream | BroadcastStream) -> None:
+        self.first = first
+        self.second = second
+
+    def __repr__(self) -> str:
+        return f"ConnectedStreams({self.first!r}, {self.second!r})"
+
+    @property
+    def is_broadcast(self) -> bool:
+        return isinstance(self.second, BroadcastStream)
+
+    def key_by(
+        self, first_key: str, second_key: str, *, parallelism: int | None = None
+    ) -> KeyedConnectedStreams:
+        """Key both inputs (``first_key`` of input 0, ``second_key`` of input 1): records of
+        either input with equal keys meet in one subtask and share its keyed state and
+        timers (Flink's ``ConnectedStreams.keyBy``). The key types must be equal."""
+        if isinstance(self.second, BroadcastStream):
+            raise InvalidArgumentError(
+                "key_by: a broadcast input cannot be keyed; key the other stream before "
+                "connect: stream.key_by(k).connect(other.broadcast())"
+            )
+        first = self.first.key_by(first_key, parallelism=parallelism)
+        second = self.second.key_by(second_key, parallelism=first.parallelism)
+        return first.connect(second)
+
+    def transform(
+        self, operator: Operator, *, name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
+        """Any two-input :class:`snapflow.worker.runtime.operator.Operator` (it overrides
+        ``process_input``) as the head of a new vertex: each input forwarded at equal
+        parallelism, else round-robin; a broadcast input to every subtask."""
+        check_operator("connect", operator)
+        first = self.first
+        second = self.second.stream if isinstance(self.second, BroadcastStream) else self.second
+        if first._vertex is second._vertex:
+            raise InvalidArgumentError("connect: a stream cannot be connected to itself")
+        first._check_open("connect")
+        second._check_open("connect")
+        graph = first._graph
+        par = graph.check_parallelism(parallelism)
+        target = graph.new_vertex("connect", par, is_source=False, key_field=None)
+        for index, stream in enumerate((first, second)):
+            if index == 1 and self.is_broadcast:
+                kind = PartitionerKind.BROADCAST
+            elif stream._vertex.parallelism == par:
+                kind = PartitionerKind.FORWARD
+            else:
+                kind = PartitionerKind.REBALANCE
+            graph.add_edge(
+                stream._vertex,
+                EdgeNode(stream._vertex.vertex_id, target.vertex_id, kind, target_input=index),
+            )
+        return Stream(first._graph, target, 0)._chain(operator, type(operator).__name__, name)
+
+
+class KeyedConnectedStreams:
+    """Two inputs of one keyed vertex (``keyed.connect(other_keyed)``, or a keyed input 0 and
+    a broadcast input 1: ``keyed.connect(stream.broadcast())``). The operator to run on them
+    is the head of that vertex."""
+
+    def __init__(
+        self,
+        keyed: KeyedStream,
+        second_key: str | None,
+        second_schema: pa.Schema | None,
+    ) -> None:
+        self._stream = keyed._stream
+        self.first_key = keyed.key_field
+        self.second_key = second_key
+        """Input 1's key field; None: input 1 is broadcast."""
+        self.schemas = (keyed._stream.schema, second_schema)
+
+    def __repr__(self) -> str:
+        second = "broadcast" if self.second_key is None else f"by {self.second_key!r}"
+        return f"KeyedConnectedStreams({self._stream._vertex.vertex_id}: by {self.first_key!r}, {second})"
+
+    @property
+    def is_broadcast(self) -> bool:
+        return self.second_key is None
+
+    @property
+    def parallelism(self) -> int:
+        return self._stream.parallelism
+
+    def transform(self, operator: Operator, *, name: str | None = None) -> Stream:
+        """Any keyed two-input operator as the head of the keyed vertex."""
+        check_operator("connect", operator)
+        return self._stream._chain(operator, type(operator).__name__, name)
+
+
+def check_operator(what: str, operator: object) -> None:
+    if not isinstance(operator, Operator) or isinstance(operator, SourceOperator):
+        raise InvalidArgumentError(
+            f"{what} needs a snapflow Operator that is not a source, got {operator!r:.100}"
+        )
+
+
+def _field_type(schema: pa.Schema | None, name: str) -> pa.DataType | None:
+    return schema.field(name).type if schema is not None else None
+
+
+def _check_field(schema: pa.Schema | None, field_name: str, what: str) -> None:
+    if schema is not None and schema.get_field_index(field_name) < 0:
+        raise InvalidArgumentError(
+            f"{what}: no field {field_name!r} in the stream's schema ({', '.join(schema.names)})"
+        )
+
+
+class KeyedStream:
+    """A stream partitioned by ``key_field``: the keyed operation to run on it is the head of
+    the keyed vertex. Every keyed operation keeps its state per key (in key groups) and
+    returns a :class:`Stream` (chain more operators onto it, or sink it)."""
+
+    def __init__(
+        self,
+        graph: StreamGraph,
+        vertex: VertexNode,
+        key_field: str,
+        schema: pa.Schema | None = None,
+    ) -> None:
+        self._stream = Stream(graph, vertex, 0, schema)
+        self.key_field = key_field
+
+    @property
+    def parallelism(self) -> int:
+        return self._stream.parallelism
+
+    def connect(self, other: KeyedStream | BroadcastStream) -> KeyedConnectedStreams:
+        """``keyed.connect(other_keyed)``: one keyed vertex with this stream as input 0 and
+        ``other`` as input 1, both hash-partitioned by their keys into one key-group space
+        (records with equal keys meet; key types must be equal).
+        ``keyed.connect(stream.broadcast())``: input 1 goes to every subtask (broadcast
+        state)."""
+        v = self._stream._vertex
+        graph = self._stream._graph
+        if v.operators or any(e.target_input for e in graph.in_edges(v)):
+            raise InvalidArgumentError(
+                f"connect: key_by({self.key_field!r}) was already consumed; key the stream "
+                f"again for another operation"
+            )
+        if isinstance(other, BroadcastStream):
+            source = other.stream
+            source._check_open("connect")
+            graph.add_edge(
+                source._vertex,
+                EdgeNode(
+                    source._vertex.vertex_id,
+                    v.vertex_id,
+                    PartitionerKind.BROADCAST,
+                    target_input=1,
+                ),
+            )
+            v.label = f"{v.label}+broadcast"
+            return KeyedConnectedStreams(self, None, source.schema)
+        if not isinstance(other, KeyedStream):
+            raise InvalidArgumentError(
+                f"a KeyedStream connects to a KeyedStream or a BroadcastStream, got {other!r:.80}"
+            )
+        w = other._stream._vertex
+        if w is v or w.operators or any(e.target_input for e in graph.in_edges(w)):
+            raise InvalidArgumentError(
+                "connect: the other keyed stream was already consumed (or is this one)"
+            )
+        t0 = _field_type(self._stream.schema, self.key_field)
+        t1 = _field_type(other._stream.schema, other.key_field)
+        if t0 is not None and t1 is not None and not t0.equals(t1):
+            raise InvalidArgumentError(
+                f"the keys of connected streams must have one type: input 0's "
+                f"{self.key_field!r} is {t0}, input 1's {other.key_field!r} is {t1}; cast one "
+                f"(map(..., output_schema=...)) so that equal keys meet"
+            )
+        # The other keyed vertex is still empty: its edges move to input 1 of this one.
+        for e in graph.in_edges(w):
+            e.target, e.target_input = v.vertex_id, 1
+        graph.vertices.remove(w)
+        w.merged_into = v.vertex_id
+        v.label = f"connect({self.key_field},{other.key_field})"
+        return KeyedConnectedStreams(self, other.key_field, other._stream.schema)
+
+    def __repr__(self) -> str:
+        return f"KeyedStream({self._stream._vertex.vertex_id}, key_field={self.key_field!r})"
+
+    def count(
+        self, *, count_field: str = "count", output: str = "updates", name: str | None = None
+    ) -> Stream:
+        """A running count per key: rows ``(key, count_field)`` with the new totals of the keys
+        each batch updated (``output="final"``: the totals once, at the end of the input)."""
+        check_name("count_field", count_field)
+        return self._stream._chain(KeyedCount(self.key_field, output, count_field), "count", name)
+
+    def reduce(
+        self,
+        value_field: str,
+        agg: str | Callable[[Any, Any], Any] = "sum",
+        *,
+        name: str | None = None,
+    ) -> Stream:
+        """A running reduction of ``value_field`` per key: ``"sum"``, ``"min"``, ``"max"`` or
+        ``fn(a, b) -> c``; rows ``(key, value_field)``."""
+        check_name("value_field", value_field)
+        return self._stream._chain(KeyedReduce(self.key_field, value_field, agg), "reduce", name)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        time_field: str,
+        value_field: str | None = None,
+        agg: str = "sum",
+        *,
+        allowed_lateness_ms: int = 0,
+        output_field: str = "value",
+        name: str | None = None,
+    ) -> Stream:
+        """Event-time windows (``TumblingEventTimeWindows``, ``SlidingEventTimeWindows``) with
+        ``agg`` (``"sum"``, ``"count"``, ``"min"``, ``"max"``) of ``value_field``; rows
+        ``(key, window_start, window_end, output_field)`` when a window fires."""
+        check_name("time_field", time_field)
+        op = WindowAggregate(
+            self.key_field,
+            time_field,
+            value_field,
+            assigner,
+            agg,
+            allowed_lateness_ms=allowed_lateness_ms,
+            output_field=output_field,
+        )
+        return self._stream._chain(op, "window", name)
+
+    def process(
+        self,
+        fn: RowsFn,
+        *,
+        on_timer: TimerFn | None = None,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Flink's ``KeyedProcessFunction``: ``fn(key, rows, ctx)`` per distinct key of a batch,
+        with keyed state and event-time timers on ``ctx`` (:class:`snapflow.worker.api.functions.KeyedContext`)."""
+        check_fn("process", fn)
+        if on_timer is not None:
+            check_fn("process on_timer", on_timer)
+        op = KeyedProcess(self.key_field, fn, on_timer, output_schema)
+        return self._stream._chain(op, "process", name)
+
+    def process_function(
+        self,
+        function: KeyedProcessFunction,
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Record at a time with a :class:`snapflow.worker.api.functions.KeyedProcessFunction`
+        (Flink's ``process(KeyedProcessFunction)``): ``process_element(row, ctx)`` per row,
+        ``on_timer(timestamp, ctx)`` per fired event-time timer, ``open(ctx)``/``close()``."""
+        if not isinstance(function, KeyedProcessFunction):
+            raise InvalidArgumentError(
+                f"process_function needs a snapflow.worker.api.functions.KeyedProcessFunction, got {function!r:.100}"
+            )
+        op = keyed_process_function(self.key_field, function, output_schema)
+        return self._stream._chain(op, "process", name)
+
+    def process_batches(self, function: KeyedBatchFunction, *, name: str | None = None) -> Stream:
+        """Vectorised keyed processing with a :class:`snapflow.worker.api.functions.KeyedBatchFunction`:
+        ``process_batch(batch, ctx)`` per input batch with the bulk state API
+        (``get_many``/``update_many``), ``on_timers(timers, ctx)`` with the due timers as one batch."""
+        if not isinstance(function, KeyedBatchFunction):
+            raise InvalidArgumentError(
+                f"process_batches needs a snapflow.worker.api.functions.KeyedBatchFunction, got {function!r:.100}"
+            )
+        return self._stream._chain(
+            KeyedBatchProcess(self.key_field, function), "process_batches", name
+        )
+
+    def aggregate(
+        self,
+        function: AggregateFunction,
+        *,
+        value_field: str | None = None,
+        output_field: str = "result",
+        result_type: pa.DataType | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """A running aggregation per key with an :class:`snapflow.worker.api.functions.AggregateFunction`."""
+        op = Aggregate(self.key_field, function, value_field, output_field, result_type)
+        return self._stream._chain(op, "aggregate", name)
+
+
+class _PandasFn:
+    """A pandas function as a batch function: the conversions at the edge."""
+
+    def __init__(self, fn: Callable[[Any], Any], schema: pa.Schema | None) -> None:
+        self.fn = fn
+        self.schema = schema
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        out = self.fn(to_pandas(batch))
+        return None if out is None else from_pandas(out, self.schema)
