@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from snapflow.worker.runtime.busy_time import BusyTimeMeter
 from snapflow.worker.runtime.frames import DataFrame, Frame
 from snapflow.worker.runtime.output_channel import OutputChannel
 from snapflow.worker.runtime.partitioners import BroadcastPartitioner, Partitioner
@@ -37,8 +38,10 @@ async def _nothing_to_serve() -> None:
 class TaskOutput:
     """Sends what the operator chain produced, partitioned, onto the output channels."""
 
-    def __init__(self, edges: list[OutputEdge]) -> None:
+    def __init__(self, edges: list[OutputEdge], meter: BusyTimeMeter | None = None) -> None:
         self.edges = edges
+        self.meter = meter or BusyTimeMeter()
+        """Counts the waits for credit as backpressured (the task's ``BusyTimeMeter``)."""
         self.channels: list[OutputChannel] = [c for edge in edges for c in edge.channels]
         self.records_out = 0
         self.serve_mailbox: Callable[[], Awaitable[None]] = _nothing_to_serve
@@ -113,7 +116,8 @@ class TaskOutput:
             await self.serve_mailbox()
             if all(task.done() for task in tasks):
                 break
-            await asyncio.wait(tasks, timeout=BACKPRESSURE_POLL_S)
+            with self.meter.backpressured:
+                await asyncio.wait(tasks, timeout=BACKPRESSURE_POLL_S)
         for task in tasks:
             task.result()  # a failed channel fails the task
 
