@@ -1,7 +1,8 @@
 """The one place where the checkpoint vocabulary meets proto enum numbers and messages.
 
 Every enum of ``snapflow.checkpointing`` and ``snapflow.jobgraph`` has one ``EnumMapping``
-here, and ``BarrierOptions``, ``StateHandle``, a job's ``CheckpointConfig``
+here, and ``BarrierOptions``, ``StateHandle``, a task's ``TaskMetrics``
+(``snapflow.task_metrics``), a job's ``CheckpointConfig``
 (``snapflow.checkpoint_config``) and its ``StateBackendOptions``
 (``snapflow.state_backend_options``) have their message conversions; the
 coordinator, the workers and the API clients (the Spark bridge, the CLI) convert through them

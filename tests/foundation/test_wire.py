@@ -228,14 +228,14 @@ def test_task_metrics_round_trip(metrics: TaskMetrics) -> None:
 
 
 def test_task_metrics_refuse_what_no_measure_gives_and_cap_rounding() -> None:
-    for field, value in [
-        ("busy_ms_per_second", -1.0),
-        ("busy_ms_per_second", float("nan")),
-        ("backpressured_ms_per_second", float("inf")),
-        ("period_ms", -1),
+    for field, message in [
+        ("busy_ms_per_second", cpb.TaskMetrics(busy_ms_per_second=-1.0)),
+        ("busy_ms_per_second", cpb.TaskMetrics(busy_ms_per_second=float("nan"))),
+        ("backpressured_ms_per_second", cpb.TaskMetrics(backpressured_ms_per_second=float("inf"))),
+        ("period_ms", cpb.TaskMetrics(period_ms=-1)),
     ]:
         with pytest.raises(InvalidArgumentError, match=f"^{field} must be"):
-            wire.task_metrics_from_pb(cpb.TaskMetrics(**{field: value}))
+            wire.task_metrics_from_pb(message)
     capped = wire.task_metrics_from_pb(cpb.TaskMetrics(busy_ms_per_second=1000.4))
     assert capped.busy_ms_per_second == 1000.0
     assert capped.watermark_ms is None
