@@ -94,6 +94,11 @@ class CheckpointRecord:
         return sum(a.state_size_bytes for a in self.acks.values())
 
     @property
+    def max_alignment_duration_ms(self) -> int:
+        """The longest alignment of the acknowledged subtasks."""
+        return max((a.metrics.alignment_duration_ms for a in self.acks.values()), default=0)
+
+    @property
     def processed_during_alignment_bytes(self) -> int:
         return sum(a.metrics.processed_during_alignment_bytes for a in self.acks.values())
 

@@ -29,8 +29,9 @@ from snapflow.coordinator.model import (
     SubtaskMetrics,
 )
 from snapflow.coordinator.savepoint_operations import SavepointOperation
-from snapflow.errors import InvalidArgumentError
+from snapflow.errors import InvalidArgumentError, InvalidFieldError
 from snapflow.jobgraph import PartitionerKind
+from snapflow.task_metrics import TaskMetrics
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -355,6 +356,20 @@ def metrics_to_pb(m: SubtaskMetrics) -> pb.SubtaskCheckpointMetrics:
         unaligned=m.unaligned,
         records_in=m.records_in,
     )
+
+
+def task_metrics_reports_from_pb(
+    reports: Iterable[cpb.TaskMetricsReport],
+) -> list[tuple[ExecutionAttempt, TaskMetrics]]:
+    """What a heartbeat reports per task; a bad report refuses the heartbeat, naming it."""
+    out = []
+    for i, r in enumerate(reports):
+        attempt = attempt_from_pb(r.attempt)
+        try:
+            out.append((attempt, wire.task_metrics_from_pb(r.metrics)))
+        except InvalidFieldError as e:
+            raise e.within(f"task_metrics[{i}].metrics") from None
+    return out
 
 
 def task_restore_to_pb(cp: CompletedCheckpoint | None, vertex_id: str) -> cpb.TaskRestore:

@@ -3,8 +3,8 @@ API (docs/coordinator.md, "Dashboard").
 
 Served by aiohttp on the coordinator's own event loop, the loop that owns the jobs' state: a
 request reads the same views as the gRPC service (``coordinator/dashboard_views.py``) without
-locks or copies. The dashboard itself is three static files in ``dashboard_static/`` (plain
-HTML, CSS and JavaScript, no build step) that poll the JSON API.
+locks or copies. The dashboard itself is static files in ``dashboard_static/`` (plain HTML,
+CSS and JavaScript drawing SVG, no library and no build step) that poll the JSON API.
 
 Security, as for gRPC (``snapflow/security.py``, ``tls.py`` and ``access_control.py``; docs/security.md): with TLS settings the
 endpoint serves HTTPS with the same certificate (re-read when the files change) and, with

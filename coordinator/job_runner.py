@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar, assert_never
 
@@ -90,6 +90,7 @@ from snapflow.coordinator.restore_point import (
     RestorePoint,
 )
 from snapflow.coordinator.savepoint_operations import SavepointOperation
+from snapflow.coordinator.task_metrics_table import TaskMetricsTable
 from snapflow.coordinator.watch import JobWatch
 from snapflow.errors import (
     CheckpointFailedError,
@@ -98,6 +99,7 @@ from snapflow.errors import (
     StaleEpochError,
 )
 from snapflow.jobgraph import TaskState
+from snapflow.task_metrics import TaskMetrics
 from snapflow.v1 import coordinator_pb2 as cpb
 
 log = structlog.get_logger("snapflow.coordinator")
@@ -208,7 +210,8 @@ class JobRunner:
             job_ended=record.state.is_terminal,
         )
         self.stats = CheckpointStatsTracker(host.settings.history_size)
-        self.views = JobViews(self.job_id, self.execution, self.core, self.stats)
+        self.task_metrics = TaskMetricsTable()
+        self.views = JobViews(self.job_id, self.execution, self.core, self.stats, self.task_metrics)
         self.restore_point: RestorePoint | None = None
         self._log = log.bind(job_id=self.job_id)
         self.watchers = JobWatch(self.job_id, host.clock)
@@ -386,10 +389,22 @@ class JobRunner:
             self.manager.refresh_job_gauges()
         self.agents.cancel(self.execution.group_by_address(to_cancel))
 
-    def heartbeat(self, address: str, attempts: list[ExecutionAttempt]) -> bool:
-        """An agent's heartbeat; whether every attempt it names is current and live here."""
+    def heartbeat(
+        self,
+        address: str,
+        attempts: list[ExecutionAttempt],
+        metrics: Sequence[tuple[ExecutionAttempt, TaskMetrics]] = (),
+    ) -> bool:
+        """An agent's heartbeat; whether every attempt it names is current and live here.
+        The task metrics it carries are kept when so (of the attempts it names)."""
         self.manager.check_not_fenced()
-        return self.liveness.heartbeat(address, attempts)
+        current = self.liveness.heartbeat(address, attempts)
+        if current:
+            named, now_ms = set(attempts), self.manager.clock()
+            for attempt, m in metrics:
+                if attempt in named:
+                    self.task_metrics.record(attempt, m, now_ms)
+        return current
 
     # --- job end -----------------------------------------------------------------------------
 

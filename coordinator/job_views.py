@@ -25,6 +25,7 @@ from snapflow.coordinator.model import (
     ExecutionAttempt,
     JobRecord,
 )
+from snapflow.coordinator.task_metrics_table import TaskMetricsTable
 from snapflow.errors import CheckpointNotFoundError
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -38,8 +39,10 @@ class JobViews:
         execution: JobExecution,
         core: CheckpointCoordinator,
         stats: CheckpointStatsTracker,
+        task_metrics: TaskMetricsTable,
     ) -> None:
         self.job_id = job_id
+        self.task_metrics = task_metrics
         self.execution = execution
         self.core = core
         self.stats = stats
@@ -68,15 +71,21 @@ class JobViews:
         )
 
     def task_infos(self) -> list[cpb.TaskInfo]:
-        return [
-            cpb.TaskInfo(
+        """Every task of the current deployment, with the metrics its attempt reported last."""
+        out = []
+        for _, t in sorted(self.execution.tasks.items()):
+            info = cpb.TaskInfo(
                 attempt=convert.attempt_to_pb(t.attempt),
                 state=wire.TASK_STATE.to_pb(t.state),
                 address=t.address,
                 failure=t.failure,
             )
-            for _, t in sorted(self.execution.tasks.items())
-        ]
+            reported = self.task_metrics.latest(t.attempt)
+            if reported is not None:
+                info.metrics.CopyFrom(wire.task_metrics_to_pb(reported.metrics))
+                info.metrics_timestamp_ms = reported.received_ms
+            out.append(info)
+        return out
 
     def summary(self, checkpoint_id: int) -> cpb.CheckpointSummary:
         """Summary of a checkpoint in the in-memory statistics history."""
@@ -96,6 +105,7 @@ class JobViews:
             state_size_bytes=sizes.state,
             incremental_size_bytes=sizes.incremental,
             shared_size_bytes=sizes.shared,
+            max_alignment_duration_ms=record.max_alignment_duration_ms,
             processed_during_alignment_bytes=record.processed_during_alignment_bytes,
             persisted_in_flight_bytes=record.persisted_in_flight_bytes,
             num_acknowledged=len(record.acks),
@@ -128,6 +138,9 @@ class JobViews:
             state_size_bytes=sizes.state,
             incremental_size_bytes=sizes.incremental,
             shared_size_bytes=sizes.shared,
+            max_alignment_duration_ms=max(
+                (a.metrics.alignment_duration_ms for a in cp.subtask_states), default=0
+            ),
             num_acknowledged=len(cp.subtask_states),
             num_tasks=len(cp.subtask_states),
             external_path=cp.external_path,

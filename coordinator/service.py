@@ -165,11 +165,17 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
             raise InvalidArgumentError(
                 f"{len(request.tasks)} tasks in one heartbeat; at most {MAX_HEARTBEAT_TASKS}"
             )
+        if len(request.task_metrics) > len(request.tasks):
+            raise InvalidArgumentError(
+                f"{len(request.task_metrics)} task_metrics in one heartbeat; at most one per "
+                f"task ({len(request.tasks)})"
+            )
         attempts = [convert.attempt_from_pb(a) for a in request.tasks]
+        metrics = convert.task_metrics_reports_from_pb(request.task_metrics)
         settings = self.manager.settings
         return cpb.HeartbeatResponse(
             coordinator_epoch=self.manager.epoch,
-            tasks_current=runner.heartbeat(request.address, attempts),
+            tasks_current=runner.heartbeat(request.address, attempts, metrics),
             heartbeat_interval_ms=round(settings.heartbeat_interval_s * 1000),
             heartbeat_timeout_ms=round(settings.heartbeat_timeout_s * 1000),
         )

@@ -1,7 +1,8 @@
 """The one place where the checkpoint vocabulary meets proto enum numbers and messages.
 
 Every enum of ``snapflow.checkpointing`` and ``snapflow.jobgraph`` has one ``EnumMapping``
-here, and ``BarrierOptions``, ``StateHandle``, a job's ``CheckpointConfig``
+here, and ``BarrierOptions``, ``StateHandle``, a task's ``TaskMetrics``
+(``snapflow.task_metrics``), a job's ``CheckpointConfig``
 (``snapflow.checkpoint_config``) and its ``StateBackendOptions``
 (``snapflow.state_backend_options``) have their message conversions; the
 coordinator, the workers and the API clients (the Spark bridge, the CLI) convert through them
@@ -29,6 +30,7 @@ proto's zeros as the defaults and names the field of any refusal (``checkpoint_c
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
@@ -48,6 +50,7 @@ from snapflow.checkpointing import (
 from snapflow.errors import InvalidArgumentError, InvalidFieldError
 from snapflow.jobgraph import JobState, PartitionerKind, TaskState
 from snapflow.state_backend_options import StateBackendOptions, parse_state_backend
+from snapflow.task_metrics import MS_PER_SECOND, TaskMetrics
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -71,6 +74,8 @@ __all__ = [
     "state_backend_options_to_pb",
     "state_handle_from_pb",
     "state_handle_to_pb",
+    "task_metrics_from_pb",
+    "task_metrics_to_pb",
 ]
 
 E = TypeVar("E", bound=enum.Enum)
@@ -297,6 +302,35 @@ def state_backend_options_from_pb(msg: pb.StateBackendOptions) -> StateBackendOp
         return StateBackendOptions(**values)
     except InvalidFieldError as e:
         raise e.within("state_backend_options") from None
+
+
+def task_metrics_to_pb(metrics: TaskMetrics) -> cpb.TaskMetrics:
+    """The message of ``metrics`` (no watermark yet: ``has_watermark`` false)."""
+    return cpb.TaskMetrics(
+        busy_ms_per_second=metrics.busy_ms_per_second,
+        backpressured_ms_per_second=metrics.backpressured_ms_per_second,
+        has_watermark=metrics.watermark_ms is not None,
+        watermark_ms=metrics.watermark_ms or 0,
+        period_ms=metrics.period_ms,
+    )
+
+
+def task_metrics_from_pb(msg: cpb.TaskMetrics) -> TaskMetrics:
+    """The metrics an agent sent; ``InvalidFieldError`` when a time is not a number >= 0 or the
+    period is negative. A time above 1000 ms per second (rounding) reads as 1000."""
+    times = {}
+    for name in ("busy_ms_per_second", "backpressured_ms_per_second"):
+        value = getattr(msg, name)
+        if not math.isfinite(value) or value < 0:
+            raise InvalidFieldError(name, f"{name} must be a number >= 0, got {value!r}")
+        times[name] = min(value, MS_PER_SECOND)
+    if msg.period_ms < 0:
+        raise InvalidFieldError("period_ms", f"period_ms must be >= 0, got {msg.period_ms}")
+    return TaskMetrics(
+        watermark_ms=msg.watermark_ms if msg.has_watermark else None,
+        period_ms=msg.period_ms,
+        **times,
+    )
 
 
 def checkpoint_config_to_pb(config: CheckpointConfig) -> pb.CheckpointConfig:

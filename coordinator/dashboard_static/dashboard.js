@@ -216,16 +216,23 @@ function renderJob(data) {
       e.key_field || "",
     ]),
   );
+  renderGraph("job-graph", graph, data.tasks);
   fill(
     "tasks",
-    data.tasks.map((t) => [
-      t.attempt.vertex_id,
-      t.attempt.subtask_index,
-      t.attempt.attempt,
-      stateSpan(t.state, "state"),
-      t.address,
-      t.failure || "",
-    ]),
+    data.tasks.map((t) => ({
+      data: { vertexId: t.attempt.vertex_id, subtask: t.attempt.subtask_index },
+      cells: [
+        t.attempt.vertex_id,
+        t.attempt.subtask_index,
+        t.attempt.attempt,
+        stateSpan(t.state, "state"),
+        loadCell(t.metrics, "busy_ms_per_second", "busy"),
+        loadCell(t.metrics, "backpressured_ms_per_second", "backpressured"),
+        watermarkCell(t.metrics),
+        t.address,
+        t.failure || "",
+      ],
+    })),
   );
   const exceptions = data.exceptions;
   $("no-exceptions").hidden = exceptions.entries.length > 0;
@@ -237,6 +244,60 @@ function renderJob(data) {
       e.task ? task(e.task) : "the job",
       el("pre", e.message, "exception"),
     ]),
+  );
+}
+
+// Busy or backpressured time: the share of the time, the ms per second in the title.
+function loadCell(metrics, field, kind) {
+  if (!metrics) {
+    const none = el("span", "–", `metric-${kind}`);
+    none.title = "not reported yet (the agent's next heartbeat brings it)";
+    return none;
+  }
+  const msPerSecond = Number(metrics[field] || 0);
+  const node = el("span", `${Math.round(msPerSecond / 10)}%`, `metric-${kind}`);
+  if (msPerSecond >= 500) node.classList.add(`high-${kind}`);
+  node.title = `${Math.round(msPerSecond)} ms/s over the last ${duration(metrics.period_ms)}`;
+  return node;
+}
+
+const MAX_DATE_MS = 8.64e15; // the latest time a JavaScript Date holds; Long.MAX_VALUE is above
+
+function watermarkCell(metrics) {
+  if (!metrics || !metrics.has_watermark) return el("span", "No watermark", "metric-watermark muted");
+  const ms = Number(metrics.watermark_ms);
+  if (ms >= MAX_DATE_MS) return el("span", "end of event time", "metric-watermark");
+  const node = el("span", new Date(ms).toLocaleString(), "metric-watermark");
+  node.title = `${metrics.watermark_ms} ms`;
+  return node;
+}
+
+function renderCharts(history) {
+  const completed = history
+    .filter((c) => enumName(c.status) === "COMPLETED")
+    .sort((a, b) => Number(a.checkpoint_id) - Number(b.checkpoint_id));
+  const series = (name, className, field) => ({
+    name,
+    className,
+    points: completed.map((c) => ({ id: c.checkpoint_id, value: Number(c[field] || 0) })),
+  });
+  renderLineChart(
+    "chart-duration",
+    [series("end to end", "series-duration", "end_to_end_duration_ms")],
+    duration,
+  );
+  renderLineChart(
+    "chart-size",
+    [
+      series("full", "series-state", "state_size_bytes"),
+      series("incremental", "series-incremental", "incremental_size_bytes"),
+    ],
+    bytes,
+  );
+  renderLineChart(
+    "chart-alignment",
+    [series("alignment", "series-alignment", "max_alignment_duration_ms")],
+    duration,
   );
 }
 
@@ -280,6 +341,7 @@ function renderCheckpoints(data) {
     ],
     { header: true },
   );
+  renderCharts(stats.history);
   fill(
     "checkpoint-history",
     stats.history.map((c) => {

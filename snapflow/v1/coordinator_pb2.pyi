@@ -102,16 +102,42 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("attempt", "state", "address", "failure")
+    __slots__ = ("attempt", "state", "address", "failure", "metrics", "metrics_timestamp_ms")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     attempt: _common_pb2.TaskAttempt
     state: _common_pb2.TaskState
     address: str
     failure: str
-    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., address: _Optional[str] = ..., failure: _Optional[str] = ...) -> None: ...
+    metrics: TaskMetrics
+    metrics_timestamp_ms: int
+    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., address: _Optional[str] = ..., failure: _Optional[str] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., metrics_timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class TaskMetrics(_message.Message):
+    __slots__ = ("busy_ms_per_second", "backpressured_ms_per_second", "has_watermark", "watermark_ms", "period_ms")
+    BUSY_MS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    BACKPRESSURED_MS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    HAS_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_MS_FIELD_NUMBER: _ClassVar[int]
+    busy_ms_per_second: float
+    backpressured_ms_per_second: float
+    has_watermark: bool
+    watermark_ms: int
+    period_ms: int
+    def __init__(self, busy_ms_per_second: _Optional[float] = ..., backpressured_ms_per_second: _Optional[float] = ..., has_watermark: _Optional[bool] = ..., watermark_ms: _Optional[int] = ..., period_ms: _Optional[int] = ...) -> None: ...
+
+class TaskMetricsReport(_message.Message):
+    __slots__ = ("attempt", "metrics")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    attempt: _common_pb2.TaskAttempt
+    metrics: TaskMetrics
+    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("job_id", "name", "state", "graph", "checkpoint_config", "created_at_ms", "restarts", "latest_completed_checkpoint_id", "failure", "total_tasks", "running_tasks")
@@ -252,14 +278,16 @@ class ListTasksRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("job_id", "address", "tasks")
+    __slots__ = ("job_id", "address", "tasks", "task_metrics")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    TASK_METRICS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     address: str
     tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskAttempt]
-    def __init__(self, job_id: _Optional[str] = ..., address: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskAttempt, _Mapping]]] = ...) -> None: ...
+    task_metrics: _containers.RepeatedCompositeFieldContainer[TaskMetricsReport]
+    def __init__(self, job_id: _Optional[str] = ..., address: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskAttempt, _Mapping]]] = ..., task_metrics: _Optional[_Iterable[_Union[TaskMetricsReport, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("coordinator_epoch", "tasks_current", "heartbeat_interval_ms", "heartbeat_timeout_ms")
@@ -428,7 +456,7 @@ class GetCheckpointDetailsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class CheckpointSummary(_message.Message):
-    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned", "completion_latency_ms", "source_records", "discarded", "incremental_size_bytes", "shared_size_bytes")
+    __slots__ = ("checkpoint_id", "kind", "status", "trigger_timestamp_ms", "latest_ack_timestamp_ms", "end_to_end_duration_ms", "state_size_bytes", "processed_during_alignment_bytes", "persisted_in_flight_bytes", "num_acknowledged", "num_tasks", "external_path", "failure_reason", "failure_message", "unaligned", "completion_latency_ms", "source_records", "discarded", "incremental_size_bytes", "shared_size_bytes", "max_alignment_duration_ms")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -449,6 +477,7 @@ class CheckpointSummary(_message.Message):
     DISCARDED_FIELD_NUMBER: _ClassVar[int]
     INCREMENTAL_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHARED_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ALIGNMENT_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: int
     kind: _common_pb2.CheckpointKind
     status: _common_pb2.CheckpointStatus
@@ -469,7 +498,8 @@ class CheckpointSummary(_message.Message):
     discarded: bool
     incremental_size_bytes: int
     shared_size_bytes: int
-    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ..., completion_latency_ms: _Optional[float] = ..., source_records: _Optional[int] = ..., discarded: _Optional[bool] = ..., incremental_size_bytes: _Optional[int] = ..., shared_size_bytes: _Optional[int] = ...) -> None: ...
+    max_alignment_duration_ms: int
+    def __init__(self, checkpoint_id: _Optional[int] = ..., kind: _Optional[_Union[_common_pb2.CheckpointKind, str]] = ..., status: _Optional[_Union[_common_pb2.CheckpointStatus, str]] = ..., trigger_timestamp_ms: _Optional[int] = ..., latest_ack_timestamp_ms: _Optional[int] = ..., end_to_end_duration_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., num_acknowledged: _Optional[int] = ..., num_tasks: _Optional[int] = ..., external_path: _Optional[str] = ..., failure_reason: _Optional[str] = ..., failure_message: _Optional[str] = ..., unaligned: _Optional[bool] = ..., completion_latency_ms: _Optional[float] = ..., source_records: _Optional[int] = ..., discarded: _Optional[bool] = ..., incremental_size_bytes: _Optional[int] = ..., shared_size_bytes: _Optional[int] = ..., max_alignment_duration_ms: _Optional[int] = ...) -> None: ...
 
 class Quantiles(_message.Message):
     __slots__ = ("min", "avg", "p50", "p90", "p99", "max")

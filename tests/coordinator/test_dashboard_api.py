@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
+import pytest
 from kit.coordinator import Running, running_coordinator, submit
 from kit.simulated_agent import SimulatedAgent
 
@@ -47,6 +49,47 @@ async def _agents(c: Running, job_id: str) -> list[SimulatedAgent]:
     return agents
 
 
+async def _report_metrics(c: Running, agent: SimulatedAgent) -> dict[tuple[str, int], Any]:
+    """A heartbeat of ``agent`` with metrics for its tasks; returns them as the API shows them
+    (keyed by vertex and subtask). Bad reports refuse the heartbeat; reports of attempts that
+    are not current are ignored."""
+    metrics = {
+        ("src", 0): cpb.TaskMetrics(
+            busy_ms_per_second=120.5,
+            backpressured_ms_per_second=610.0,
+            has_watermark=True,
+            watermark_ms=1_700_000_000_000,
+            period_ms=2000,
+        ),
+        ("map", 0): cpb.TaskMetrics(busy_ms_per_second=980.0, period_ms=2000),
+    }
+    stale = pb.TaskAttempt(vertex_id="map", subtask_index=0, attempt=99)
+    reports = [
+        cpb.TaskMetricsReport(attempt=agent.attempts[key], metrics=m) for key, m in metrics.items()
+    ]
+    request = cpb.HeartbeatRequest(
+        job_id=agent.job_id,
+        address=agent.address,
+        tasks=list(agent.attempts.values()),
+        task_metrics=reports,
+    )
+    response = await c.stub.Heartbeat(request, timeout=T)
+    assert response.tasks_current
+    # A report of an attempt the heartbeat does not name (an old one): ignored, the rest is
+    # not (the API below shows map#0's first report, not this one).
+    ignored = cpb.HeartbeatRequest()
+    ignored.CopyFrom(request)
+    ignored.task_metrics[1].attempt.CopyFrom(stale)
+    ignored.task_metrics[1].metrics.busy_ms_per_second = 1.0
+    assert (await c.stub.Heartbeat(ignored, timeout=T)).tasks_current
+    request.task_metrics[0].metrics.busy_ms_per_second = -5.0
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await c.stub.Heartbeat(request, timeout=T)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "task_metrics[0].metrics.busy_ms_per_second must be" in (refused.value.details() or "")
+    return {key: to_json(m) for key, m in metrics.items()}
+
+
 async def _trigger(c: Running, job_id: str) -> int:
     summary = await c.stub.TriggerCheckpoint(cpb.TriggerCheckpointRequest(job_id=job_id), timeout=T)
     return int(summary.checkpoint_id)
@@ -73,12 +116,28 @@ def test_api_shows_the_grpc_views_with_retention_markers_and_bad_input_errors(
                 assert jobs["jobs"][0]["state"] == "JOB_STATE_RUNNING"
                 assert jobs["jobs"][0]["latest_completed_checkpoint_id"] == 3  # a number
 
+                # Agent 0's tasks report their metrics with a heartbeat; agent 1's none yet.
+                reported = await _report_metrics(c, agents[0])
+
                 status, job = await _get(http, f"{base}/api/jobs/{job_id}")
                 assert status == 200
                 info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=T)
                 tasks = await c.stub.ListTasks(cpb.ListTasksRequest(job_id=job_id), timeout=T)
                 assert job["job"] == to_json(info)
                 assert job["tasks"] == [to_json(t) for t in tasks.tasks]
+                by_task = {
+                    (t["attempt"]["vertex_id"], t["attempt"]["subtask_index"]): t
+                    for t in job["tasks"]
+                }
+                for key, task in by_task.items():
+                    if key in reported:
+                        assert task["metrics"] == reported[key], key
+                        assert task["metrics_timestamp_ms"] > 0
+                    else:
+                        assert "metrics" not in task, key  # none reported yet: left out
+                        assert task["metrics_timestamp_ms"] == 0
+                assert by_task[("src", 0)]["metrics"]["watermark_ms"] == 1_700_000_000_000
+                assert by_task[("map", 0)]["metrics"]["has_watermark"] is False
                 assert job["uptime_ms"] > 0
                 assert job["exceptions"] == {"entries": [], "truncated": False}
 
@@ -100,6 +159,7 @@ def test_api_shows_the_grpc_views_with_retention_markers_and_bad_input_errors(
                 assert checkpoints["config"]["retained"] == 1
                 assert checkpoints["stats"]["end_to_end_duration_ms"]["max"] >= 0
                 assert checkpoints["stats"]["state_size_bytes"]["p50"] == 4 * 64
+                assert all(r["max_alignment_duration_ms"] == 0 for r in history)  # none reported
 
                 status, details = await _get(http, f"{base}/api/jobs/{job_id}/checkpoints/1")
                 assert status == 200

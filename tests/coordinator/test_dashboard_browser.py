@@ -1,12 +1,15 @@
 """The dashboard in a real headless browser: Debian's chromium driven through WebDriver
 (selenium with Debian's chromedriver) against a coordinator running a real job on in-process
-agents (a generator source, a keyed count, a transactional file sink).
+agents (a generator source fanning out to a keyed count with a transactional file sink and to a
+second file sink).
 
-It loads the page, waits for the checkpoint history to show completed checkpoints (with the
-retention marker on the older ones), opens one checkpoint's per-subtask details and the other
-tabs, checks the browser logged no error (a script error or a Content-Security-Policy
-violation), and saves a screenshot: in the test's tmp dir and at
-``test-artifacts/dashboard.png`` (git-ignored).
+It loads the page, waits for the checkpoint charts and the checkpoint history to show completed
+checkpoints (with the retention marker on the older ones), opens one checkpoint's per-subtask
+details, then the overview (the job graph drawn, every task's busy and backpressured time and
+watermark) and the exceptions tab, checks the browser logged no error (a script error or a
+Content-Security-Policy violation), and saves screenshots of the checkpoints tab and of the
+overview: in the test's tmp dir and at ``test-artifacts/dashboard.png`` and
+``test-artifacts/dashboard-overview.png`` (git-ignored; docs/images/ holds copies).
 
 The browser is a prerequisite, never a reason to skip: ``make test`` installs it (``make
 browser``), and without it this test fails saying what to install.
@@ -16,14 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kit.coordinator import Running, running_coordinator
 from kit.polling import wait_until_async
-from kit.workers import count_graph, submit_graph
+from kit.workers import count_graph, op_spec, submit_graph
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
@@ -36,6 +41,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACT = ROOT / "test-artifacts" / "dashboard.png"
+OVERVIEW_ARTIFACT = ROOT / "test-artifacts" / "dashboard-overview.png"
 WAIT_S = 30.0
 FLAGS = (
     "--headless",
@@ -61,7 +67,7 @@ def _require_browser() -> None:
         )
 
 
-def _browse(url: str, profile: Path, shot: Path) -> dict[str, Any]:
+def _browse(url: str, profile: Path, shot: Path, overview_shot: Path) -> dict[str, Any]:
     """Drive the dashboard; returns what it saw. Runs in a thread (selenium blocks)."""
     from selenium import webdriver
     from selenium.common.exceptions import StaleElementReferenceException
@@ -103,7 +109,21 @@ def _browse(url: str, profile: Path, shot: Path) -> dict[str, Any]:
 
         first = newest(driver)
         wait.until(lambda d: newest(d) > first)
+
+        # The charts: one point per completed checkpoint of the history, per series.
+        def points(d: Any, chart: str) -> list[int]:
+            return [
+                len(g.find_elements(By.CSS_SELECTOR, "circle"))
+                for g in d.find_elements(By.CSS_SELECTOR, f"#{chart} svg g.series")
+            ]
+
+        charts = ("chart-duration", "chart-size", "chart-alignment")
+        wait.until(lambda d: all(p and min(p) >= 3 for p in (points(d, c) for c in charts)))
+        completed_rows = len(driver.find_elements(By.CSS_SELECTOR, completed))
         seen: dict[str, Any] = {
+            "charts": {c: points(driver, c) for c in charts},
+            "completed_rows": completed_rows,
+            "chart_axis": driver.find_element(By.CSS_SELECTOR, "#chart-duration svg").text,
             "state": driver.find_element(By.ID, "job-state").text,
             "counts": driver.find_element(By.ID, "checkpoint-counts").text,
             "discarded": len(
@@ -124,8 +144,58 @@ def _browse(url: str, profile: Path, shot: Path) -> dict[str, Any]:
         # The other tabs.
         driver.find_element(By.ID, "tab-link-overview").click()
         wait.until(lambda d: d.find_element(By.ID, "tab-overview").is_displayed())
+
+        # Every task's metrics come with its agent's heartbeats: busy and backpressured time
+        # as a share, and a watermark once the sources emitted one and it reached the task.
+        def task_metrics(d: Any) -> list[tuple[str, str, str, str]] | None:
+            out = []
+            for row in d.find_elements(By.CSS_SELECTOR, "#tasks tbody tr"):
+                cells = [
+                    row.find_element(By.CSS_SELECTOR, f".metric-{kind}").text
+                    for kind in ("busy", "backpressured", "watermark")
+                ]
+                if not cells[0].endswith("%") or cells[2] == "No watermark":
+                    return None
+                out.append((row.get_attribute("data-vertex-id") or "", *cells))
+            return out or None
+
+        seen["task_metrics"] = wait.until(task_metrics)
         seen["tasks"] = rows("#tasks tbody tr")
         seen["edges"] = driver.find_element(By.ID, "edges").text
+        # The graph: a node per vertex in its column, an edge per job edge.
+        wait.until(lambda d: "busy" in d.find_element(By.ID, "job-graph").text)
+        seen["nodes"] = {
+            n.get_attribute("data-vertex-id"): (n.get_attribute("data-layer"), n.text)
+            for n in driver.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-node")
+        }
+        seen["graph_edges"] = {
+            (e.get_attribute("data-source"), e.get_attribute("data-target")): e.text
+            for e in driver.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-edge")
+        }
+        seen["arrows"] = len(
+            driver.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-edge path[marker-end]")
+        )
+        # The layout of graphs this job does not have: two sources, a join, a diamond.
+        seen["layouts"] = driver.execute_script(
+            """
+            const layout = (ids, pairs) => {
+              const r = graphLayout(
+                ids.map((id) => ({ vertex_id: id })),
+                pairs.map(([s, t]) => ({ source_vertex_id: s, target_vertex_id: t })),
+              );
+              return { layers: Object.fromEntries(r.layer), columns: r.columns };
+            };
+            return [
+              layout(["s1", "s2", "m", "j", "x", "sink"],
+                [["s1", "m"], ["m", "j"], ["s2", "j"], ["j", "sink"], ["s1", "x"], ["x", "sink"]]),
+              layout(["a", "b", "c", "d"], [["a", "b"], ["a", "c"], ["b", "d"], ["c", "d"]]),
+            ];
+            """
+        )
+        # The overview is shorter than the window: its screenshot ends below the page.
+        page_height = int(driver.execute_script("return document.body.scrollHeight"))
+        driver.set_window_size(1500, min(2200, page_height + 240))
+        driver.save_screenshot(str(overview_shot))
         driver.find_element(By.ID, "tab-link-exceptions").click()
         wait.until(lambda d: d.find_element(By.ID, "tab-exceptions").is_displayed())
         seen["exceptions"] = driver.find_element(By.ID, "tab-exceptions").text
@@ -149,8 +219,29 @@ def test_dashboard_shows_the_checkpoint_history_of_a_running_job(
 ) -> None:
     _require_browser()
     shot = tmp_path / "dashboard.png"
-    source = GeneratorSource(None, rate_per_s=5000, num_keys=50, batch_size=500, seed=3)
+    overview_shot = tmp_path / "dashboard-overview.png"
+    # Event time from now, so that the watermarks read as times of today.
+    source = GeneratorSource(
+        None, rate_per_s=5000, num_keys=50, batch_size=500, seed=3, start_ms=int(time.time() * 1000)
+    )
     graph = count_graph(source, KeyedCount("key"), TransactionalFileSink(str(tmp_path / "out")))
+    # A fan-out: the source also feeds a second sink, rebalanced.
+    graph.vertices.append(
+        pb.JobVertex(
+            vertex_id="mirror",
+            name="mirror",
+            parallelism=2,
+            max_parallelism=128,
+            operators=[op_spec("mirror", TransactionalFileSink(str(tmp_path / "mirror")))],
+        )
+    )
+    graph.edges.append(
+        pb.JobEdge(
+            source_vertex_id="source",
+            target_vertex_id="mirror",
+            partitioner=pb.PARTITIONER_KIND_REBALANCE,
+        )
+    )
 
     async def main() -> dict[str, Any]:
         async with running_coordinator(redis_url, str(tmp_path / "cp"), metrics_port=0) as c:
@@ -165,7 +256,9 @@ def test_dashboard_shows_the_checkpoint_history_of_a_running_job(
                     lambda: _completed(c, job_id, 3), "3 completed checkpoints", timeout_s=WAIT_S
                 )
                 url = f"http://127.0.0.1:{c.coordinator.metrics_port}/#/jobs/{job_id}/checkpoints"
-                seen = await asyncio.to_thread(_browse, url, tmp_path / "chromium", shot)
+                seen = await asyncio.to_thread(
+                    _browse, url, tmp_path / "chromium", shot, overview_shot
+                )
                 seen["job_id"] = job_id
                 await c.stub.CancelJob(cpb.CancelJobRequest(job_id=job_id), timeout=5)
                 async with asyncio.timeout(WAIT_S):
@@ -180,6 +273,7 @@ def test_dashboard_shows_the_checkpoint_history_of_a_running_job(
     seen = asyncio.run(main())
     ARTIFACT.parent.mkdir(exist_ok=True)
     shutil.copyfile(shot, ARTIFACT)
+    shutil.copyfile(overview_shot, OVERVIEW_ARTIFACT)
 
     assert seen["log"] == [], seen["log"]
     assert seen["state"] == "RUNNING"
@@ -190,10 +284,37 @@ def test_dashboard_shows_the_checkpoint_history_of_a_running_job(
     assert "State size" in seen["summary"] and "Incremental size" in seen["summary"]
     assert "Retained checkpoints 2" in seen["config"] and "300 ms" in seen["config"]
     assert seen["details_title"].startswith(seen["details_id"])
-    assert len(seen["subtasks"]) == 4  # 2 vertices x parallelism 2, all acknowledged
+    assert len(seen["subtasks"]) == 6  # 3 vertices x parallelism 2, all acknowledged
     assert all(" yes " in f" {r} " for r in seen["subtasks"]), seen["subtasks"]
-    assert len(seen["tasks"]) == 4 and all("RUNNING" in t for t in seen["tasks"]), seen["tasks"]
+    assert len(seen["tasks"]) == 6 and all("RUNNING" in t for t in seen["tasks"]), seen["tasks"]
     assert "HASH" in seen["edges"] and "key" in seen["edges"]
+    # The charts: a point per completed checkpoint shown (the size chart: full and incremental).
+    charts = seen["charts"]
+    assert len(charts["chart-duration"]) == 1 and len(charts["chart-alignment"]) == 1, charts
+    assert len(charts["chart-size"]) == 2, charts
+    assert all(n >= 3 for series in charts.values() for n in series), charts
+    assert re.search(r"#\d+", seen["chart_axis"]), seen["chart_axis"]  # checkpoint ids below
+    # The graph: the source in the first column, both consumers in the second.
+    nodes = seen["nodes"]
+    assert set(nodes) == {"source", "count", "mirror"}, nodes
+    assert [nodes[v][0] for v in ("source", "count", "mirror")] == ["0", "1", "1"], nodes
+    assert all("parallelism 2" in text and "busy" in text for _, text in nodes.values()), nodes
+    assert set(seen["graph_edges"]) == {("source", "count"), ("source", "mirror")}
+    assert seen["graph_edges"][("source", "count")] == "HASH (key)"
+    assert seen["graph_edges"][("source", "mirror")] == "REBALANCE"
+    assert seen["arrows"] == 2
+    join, diamond = seen["layouts"]
+    # Longest path from a source: the join after both of its inputs, the sink after the join.
+    assert join["layers"] == {"s1": 0, "s2": 0, "m": 1, "x": 1, "j": 2, "sink": 3}, join
+    assert diamond["columns"] == [["a"], ["b", "c"], ["d"]], diamond
+    # Per task: busy and backpressured as a share of the time, the watermark as a time.
+    task_metrics = seen["task_metrics"]
+    assert sorted(v for v, *_ in task_metrics) == ["count"] * 2 + ["mirror"] * 2 + ["source"] * 2
+    for vertex, busy, backpressured, watermark in task_metrics:
+        assert re.fullmatch(r"\d+%", busy) and re.fullmatch(r"\d+%", backpressured), vertex
+        assert int(busy[:-1]) + int(backpressured[:-1]) <= 101, (vertex, busy, backpressured)
+        assert re.search(r"\d:\d\d", watermark), (vertex, watermark)  # a time of day
     assert "No exceptions" in seen["exceptions"]
     assert seen["job_id"] in seen["jobs"]
     assert shot.stat().st_size > 10_000 and ARTIFACT.exists()
+    assert overview_shot.stat().st_size > 10_000 and OVERVIEW_ARTIFACT.exists()

@@ -21,6 +21,7 @@ from snapflow.checkpointing import (
 )
 from snapflow.errors import InvalidArgumentError
 from snapflow.jobgraph import JobState, PartitionerKind, TaskState
+from snapflow.task_metrics import TaskMetrics
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 
@@ -211,3 +212,30 @@ def test_a_state_handle_without_a_kind_is_keyed() -> None:
     assert wire.state_handle_from_pb(pb.StateHandle(path="/p", size_bytes=3)) == StateHandle(
         "/p", 3, "keyed", 0, 0, 0
     )
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        TaskMetrics(),
+        TaskMetrics(250.5, 700.0, watermark_ms=1_700_000_000_000, period_ms=2000),
+        TaskMetrics(0.0, 0.0, watermark_ms=0, period_ms=1),  # a watermark of 0 is one
+        TaskMetrics(1000.0, 0.0, watermark_ms=-(1 << 62), period_ms=5),
+    ],
+)
+def test_task_metrics_round_trip(metrics: TaskMetrics) -> None:
+    assert wire.task_metrics_from_pb(wire.task_metrics_to_pb(metrics)) == metrics
+
+
+def test_task_metrics_refuse_what_no_measure_gives_and_cap_rounding() -> None:
+    for field, message in [
+        ("busy_ms_per_second", cpb.TaskMetrics(busy_ms_per_second=-1.0)),
+        ("busy_ms_per_second", cpb.TaskMetrics(busy_ms_per_second=float("nan"))),
+        ("backpressured_ms_per_second", cpb.TaskMetrics(backpressured_ms_per_second=float("inf"))),
+        ("period_ms", cpb.TaskMetrics(period_ms=-1)),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=f"^{field} must be"):
+            wire.task_metrics_from_pb(message)
+    capped = wire.task_metrics_from_pb(cpb.TaskMetrics(busy_ms_per_second=1000.4))
+    assert capped.busy_ms_per_second == 1000.0
+    assert capped.watermark_ms is None

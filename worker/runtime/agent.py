@@ -488,10 +488,24 @@ class Agent:
     def _live_attempts(self) -> list[pb.TaskAttempt]:
         return [h.attempt for h in self.hosted.values() if h.runner is None or not h.runner.done()]
 
+    def _task_metrics(self) -> list[cpb.TaskMetricsReport]:
+        """What each running task measured since the previous heartbeat (docs/worker.md, "Task
+        metrics")."""
+        return [
+            cpb.TaskMetricsReport(
+                attempt=h.attempt, metrics=wire.task_metrics_to_pb(h.task.metrics())
+            )
+            for h in self.hosted.values()
+            if h.task is not None and h.runner is not None and not h.runner.done()
+        ]
+
     async def _heartbeat(self) -> cpb.HeartbeatResponse:
         response = await self.stub.Heartbeat(
             cpb.HeartbeatRequest(
-                job_id=self.job_id, address=self.address, tasks=self._live_attempts()
+                job_id=self.job_id,
+                address=self.address,
+                tasks=self._live_attempts(),
+                task_metrics=self._task_metrics(),
             ),
             timeout=min(RPC_TIMEOUT_S, self.heartbeat_timeout_s),
         )

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import structlog
 
+from snapflow.worker.runtime.busy_time import BusyTimeMeter
 from snapflow.worker.runtime.chain import Chain
 from snapflow.worker.runtime.mailbox import TaskThread
 from snapflow.worker.runtime.placement import Placement, PlacementSettings
@@ -46,8 +47,11 @@ class OperatorRunner:
         task_thread: bool,
         placement: PlacementSettings | None,
         accepts_notices: Callable[[], bool],
+        meter: BusyTimeMeter | None = None,
     ) -> None:
         self.name = name
+        self.meter = meter or BusyTimeMeter()
+        """Counts the time of every call as busy (the task's ``BusyTimeMeter``)."""
         self._log = log
         self.thread: TaskThread | None = TaskThread(name) if task_thread else None
         """Where operators run (``snapflow.worker.runtime.mailbox``); None: on the loop. A bare
@@ -69,12 +73,14 @@ class OperatorRunner:
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run operator code on the task thread (in order, after posted notices) and wait for
         it; the agent's loop stays free meanwhile. On the loop: here and now."""
-        if self.thread is None:
-            return fn(*args)
-        return await self.thread.call(fn, *args)
+        with self.meter.busy:
+            if self.thread is None:
+                return fn(*args)
+            return await self.thread.call(fn, *args)
 
     def call_measured(self, fn: Callable[..., T], *args: Any) -> T:
-        """On the loop: ``fn(*args)`` timed, for the placement to decide on."""
+        """On the loop: ``fn(*args)`` timed, for the placement to decide on (not counted as
+        busy here: the caller's own measure covers it, ``SourceLoop._poll``)."""
         started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
         try:
             return fn(*args)
@@ -98,14 +104,16 @@ class OperatorRunner:
         """``batch`` of logical input ``input_index`` through ``chain`` where the operators
         run."""
         if self.thread is None:
-            out = await self._process_in_steps(chain, batch, input_index)
+            with self.meter.busy:
+                out = await self._process_in_steps(chain, batch, input_index)
             # Operators ran on the loop: give it a turn after every batch, as a source does
             # after every poll. The gate returns buffered frames without waiting, so without
             # this a backlogged task would process all of them in one turn of the loop, and
             # triggers, credits, acks and heartbeats would wait.
             await asyncio.sleep(0)
             return out
-        return await self.thread.call(chain.process_batch, batch, input_index)
+        with self.meter.busy:
+            return await self.thread.call(chain.process_batch, batch, input_index)
 
     async def close(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` (close the operators, dispose the state) where the operators run, then

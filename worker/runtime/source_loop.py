@@ -132,9 +132,10 @@ class SourceLoop:
             self._shell.runner,
             self._shell.output.poll_records(self._batch_records),
         )
-        if runner.thread is None:
-            return runner.call_measured(self._poll_source, max_records)
-        return await runner.thread.call(self._poll_source, max_records)
+        with runner.meter.busy:
+            if runner.thread is None:
+                return runner.call_measured(self._poll_source, max_records)
+            return await runner.thread.call(self._poll_source, max_records)
 
     def _poll_source(self, max_records: int) -> Polled | None:
         """Where operators run: one poll of the source and the chain's output for it, with the
@@ -163,9 +164,12 @@ class SourceLoop:
         room = asyncio.ensure_future(blocked.wait_for_room())
         trigger = asyncio.ensure_future(self._wait_trigger())
         try:
-            await asyncio.wait(
-                [room, trigger], timeout=BACKPRESSURE_POLL_S, return_when=asyncio.FIRST_COMPLETED
-            )
+            with output.meter.backpressured:
+                await asyncio.wait(
+                    [room, trigger],
+                    timeout=BACKPRESSURE_POLL_S,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         finally:
             for waiter in (room, trigger):
                 waiter.cancel()

@@ -11,7 +11,8 @@ The pieces, one module each:
 * ``subtask_checkpoints`` and ``snapshot_writer``: taking a snapshot and writing its files;
 * ``task_state``: the state backends, restore and the synchronous part;
 * ``task_output``: partitioning onto the output channels, backpressure;
-* ``operator_runner``: where user code runs (task thread, or the loop in steps).
+* ``operator_runner``: where user code runs (task thread, or the loop in steps);
+* ``busy_time``: busy and backpressured time, reported with the watermark (``metrics``).
 
 Restore: channel state of an unaligned checkpoint is replayed before any new input (output
 channel state is sent first downstream, input channel state is processed first), which needs an
@@ -26,7 +27,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import structlog
 
 from snapflow.checkpointing import CHANNEL_OUTPUT, BarrierOptions, CheckpointMode
+from snapflow.event_time import MIN_WATERMARK
+from snapflow.task_metrics import TaskMetrics
 from snapflow.worker.runtime import barriers as b
+from snapflow.worker.runtime.busy_time import BusyTimeMeter
 from snapflow.worker.runtime.chain import Chain
 from snapflow.worker.runtime.frames import DataFrame
 from snapflow.worker.runtime.input_gate import InputGate
@@ -128,14 +132,17 @@ class Subtask:
             backend=StateBackendConfig.parse(state_backend),
             restore=restore,
         )
+        self.meter = BusyTimeMeter()
+        """Busy and backpressured time, sampled by the agent's heartbeats (``metrics``)."""
         self.runner = OperatorRunner(
             self.name,
             self._log,
             task_thread=task_thread,
             placement=placement,
             accepts_notices=lambda: self.lifecycle.accepts_notices,
+            meter=self.meter,
         )
-        self._output = TaskOutput(outputs, self.state.side_outputs)
+        self._output = TaskOutput(outputs, self.meter, self.state.side_outputs)
         self._shell = TaskShell(
             name=self.name,
             snapshot_dir=f"{vertex_id}-{subtask_index}-{attempt}",
@@ -182,6 +189,18 @@ class Subtask:
     @property
     def records_out(self) -> int:
         return self._output.records_out
+
+    def metrics(self) -> TaskMetrics:
+        """Busy and backpressured time since the previous call, and the watermark the task
+        emitted last (the agent's heartbeats carry them to the coordinator)."""
+        busy, backpressured, period_ms = self.meter.sample()
+        watermark = self._shell.watermark
+        return TaskMetrics(
+            busy_ms_per_second=busy,
+            backpressured_ms_per_second=backpressured,
+            watermark_ms=None if watermark == MIN_WATERMARK else watermark,
+            period_ms=period_ms,
+        )
 
     # --- lifecycle -------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from snapflow.worker.runtime.busy_time import BusyTimeMeter
 from snapflow.worker.runtime.frames import DataFrame, Frame
 from snapflow.worker.runtime.output_channel import OutputChannel
 from snapflow.worker.runtime.partitioners import BroadcastPartitioner, Partitioner
@@ -42,11 +43,14 @@ class TaskOutput:
     def __init__(
         self,
         edges: list[OutputEdge],
+        meter: BusyTimeMeter | None = None,
         side_outputs: list[tuple[str, pa.RecordBatch]] | None = None,
     ) -> None:
         """``side_outputs``: where the operators put side-output batches
         (``OperatorContext.side_outputs``); every ``emit`` sends and clears them."""
         self.edges = edges
+        self.meter = meter or BusyTimeMeter()
+        """Counts the waits for credit as backpressured (the task's ``BusyTimeMeter``)."""
         self.channels: list[OutputChannel] = [c for edge in edges for c in edge.channels]
         self.side_outputs: list[tuple[str, pa.RecordBatch]] = (
             side_outputs if side_outputs is not None else []
@@ -134,7 +138,8 @@ class TaskOutput:
             await self.serve_mailbox()
             if all(task.done() for task in tasks):
                 break
-            await asyncio.wait(tasks, timeout=BACKPRESSURE_POLL_S)
+            with self.meter.backpressured:
+                await asyncio.wait(tasks, timeout=BACKPRESSURE_POLL_S)
         for task in tasks:
             task.result()  # a failed channel fails the task
 
