@@ -150,6 +150,16 @@ class RequestCovered:
 
 
 @dataclass(frozen=True)
+class EndCommitted:
+    """A checkpoint after which the tasks end completed: the final one (every source had ended
+    its input) or a stop-with-savepoint. The output of ``tasks`` is committed once they are
+    notified, so the job may finish when they do (``JobExecution.end_committed``)."""
+
+    checkpoint_id: int
+    tasks: tuple[ExecutionAttempt, ...]
+
+
+@dataclass(frozen=True)
 class NotifyComplete:
     checkpoint_id: int
     tasks: tuple[ExecutionAttempt, ...]
@@ -202,6 +212,7 @@ Action = (
     | SubtaskAcknowledged
     | FinalizeCheckpoint
     | CheckpointCompleted
+    | EndCommitted
     | RequestCovered
     | NotifyComplete
     | CheckpointAborted
@@ -827,6 +838,10 @@ class CheckpointCoordinator:
         # Intermediate savepoints do not commit side effects (Flink 1.15+): only checkpoints and
         # stop-with-savepoint notify the tasks.
         if checkpoint.kind is CheckpointKind.CHECKPOINT or checkpoint.kind.is_synchronous:
+            if final or checkpoint.kind.is_synchronous:
+                actions.append(
+                    EndCommitted(checkpoint.checkpoint_id, tuple(sorted(pending.acknowledged)))
+                )
             actions.append(
                 NotifyComplete(
                     checkpoint.checkpoint_id, tuple(sorted(pending.acknowledged)), final=final

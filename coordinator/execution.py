@@ -4,7 +4,17 @@ A *deployment* is one run of the job's whole graph (the Spark bridge runs it as 
 stage). Every subtask of deployment ``n`` has attempt number ``n``: a failure anywhere ends the
 deployment, and the next registration starts deployment ``n + 1`` (Flink's full-restart
 failover, which is also what Spark's barrier mode does). No I/O and no clock. Only the events
-(``register``, ``update``, ``end``) change the state; ``check_invariants`` guards it.
+(``register``, ``update``, ``end_committed``, ``end``) change the state; ``check_invariants``
+guards it.
+
+FINISHED means committed: when every task of the deployment reported FINISHED, the job is
+FINISHED only if a checkpoint that ends the tasks (the final checkpoint, taken after every
+source's end of data, or a stop-with-savepoint) completed with every one of them
+(``end_committed``), or if no task could hold uncommitted output (every operator of the graph
+is of a kind in ``COMMIT_FREE_OPERATOR_KINDS``). Otherwise the tasks ended without committing
+what they wrote since the last completed checkpoint (an agent that never asked for the final
+checkpoint): the job is FAILED with a message saying so. The coordinator cannot take that
+checkpoint itself any more: barriers start at the sources, and a finished task takes none.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ from dataclasses import dataclass
 
 from snapflow.coordinator.model import ExecutionAttempt, JobGraph, JobState, TaskKey
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError, UnknownTaskError
-from snapflow.jobgraph import TaskState
+from snapflow.jobgraph import COMMIT_FREE_OPERATOR_KINDS, TaskState
 
 
 @dataclass
@@ -68,6 +78,16 @@ class JobExecution:
         self._next_registration_redeploys = True
         self._all_keys = frozenset(graph.task_keys())
         self._source_keys = frozenset(graph.source_task_keys())
+        self.end_committed_by = 0
+        """The completed checkpoint that ended the current deployment's tasks with their output
+        committed (``end_committed``); 0: none yet."""
+        self._may_hold_output = tuple(
+            sorted(
+                v.vertex_id
+                for v in graph.vertices
+                if any(op.kind not in COMMIT_FREE_OPERATOR_KINDS for op in v.operators)
+            )
+        )
 
     # -- queries --------------------------------------------------------------------------
 
@@ -82,6 +102,10 @@ class JobExecution:
         return len(self.tasks) == len(self._all_keys) and all(
             t.state is TaskState.RUNNING for t in self.tasks.values()
         )
+
+    def may_hold_uncommitted_output(self) -> tuple[str, ...]:
+        """The vertices whose tasks may hold output that only a completed checkpoint commits."""
+        return self._may_hold_output
 
     def current_attempts(self) -> list[ExecutionAttempt]:
         return sorted(t.attempt for t in self.tasks.values())
@@ -125,6 +149,11 @@ class JobExecution:
             assert self.deployment == 1, "CREATED after a redeployment"
         if self.state is JobState.RUNNING:
             assert not self._next_registration_redeploys, "RUNNING after a failure"
+        if self.state is JobState.FINISHED and self.tasks:  # (not a job recovered FINISHED)
+            assert self.end_committed_by or not self._may_hold_output, "FINISHED uncommitted"
+        assert self.end_committed_by == 0 or len(self.tasks) == len(self._all_keys), (
+            "end committed before every task registered"
+        )
 
     def require_current(self, attempt: ExecutionAttempt) -> TaskRecord:
         """The task record if ``attempt`` is the current attempt of a known subtask."""
@@ -184,6 +213,7 @@ class JobExecution:
                 self.restarts += 1
             self.deployment += 1
             self.tasks = {}
+            self.end_committed_by = 0
             self.state = JobState.RESTARTING if self.deployment > 1 else JobState.CREATED
         attempt = ExecutionAttempt(key.vertex_id, key.subtask_index, self.deployment)
         self.tasks[key] = TaskRecord(attempt=attempt, state=TaskState.DEPLOYING, address=address)
@@ -206,9 +236,36 @@ class JobExecution:
         elif state is TaskState.RUNNING and self.state in (JobState.CREATED, JobState.RESTARTING):
             if self.all_running():
                 self.state = JobState.RUNNING
-        elif state is TaskState.FINISHED and self._all_finished():
-            self.state = JobState.FINISHED
+        elif state is TaskState.FINISHED and self._all_finished() and not self.state.is_terminal:
+            if self.end_committed_by or not self._may_hold_output:
+                self.state = JobState.FINISHED
+            else:
+                self.state = JobState.FAILED
+                self.failure = self._uncommitted_end()
         return TaskTransition(task=record, job_state_before=before, job_state_after=self.state)
+
+    def end_committed(self, checkpoint_id: int, attempts: Iterable[ExecutionAttempt]) -> bool:
+        """A checkpoint after which the tasks end completed (the final one, or a
+        stop-with-savepoint): every task that acknowledged it committed its output. It counts
+        when ``attempts`` are exactly the current deployment's tasks (an older deployment's
+        checkpoint does not); returns whether it counted."""
+        if checkpoint_id < 1:
+            raise ValueError(f"checkpoint ids start at 1, not {checkpoint_id}")
+        current = {t.attempt for t in self.tasks.values()}
+        if len(current) != len(self._all_keys) or set(attempts) != current:
+            return False
+        self.end_committed_by = max(self.end_committed_by, checkpoint_id)
+        return True
+
+    def _uncommitted_end(self) -> str:
+        return (
+            f"every task of deployment {self.deployment} finished, but no final checkpoint "
+            f"committed their output: vertices {', '.join(self._may_hold_output)} may hold "
+            "output (sinks, custom operators) that only a checkpoint completed after every "
+            "source's end of data commits, and none completed (their agents did not ask for the "
+            "final checkpoint: older than the coordinator?). What they wrote after the last "
+            "completed checkpoint is not committed; run the job again from that checkpoint"
+        )
 
     def _all_finished(self) -> bool:
         return len(self.tasks) == len(self._all_keys) and all(

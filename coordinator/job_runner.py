@@ -38,6 +38,7 @@ from snapflow.coordinator.checkpoint_coordinator import (
     DeclineReason,
     DeleteCompleted,
     DiscardState,
+    EndCommitted,
     FailJob,
     FinalizeCheckpoint,
     NotifyAborted,
@@ -380,10 +381,14 @@ class JobRunner:
                 self._process(self.core.on_tasks_running(now))
             elif after is JobState.FINISHED:
                 self._process(self.core.shut_down(AbortReason.JOB_FINISHED, now))
+            elif after is JobState.FAILED:  # every task finished, their output uncommitted
+                self._log.error("job.failed", failure=self.execution.failure)
+                self._process(self.core.shut_down(AbortReason.JOB_FAILED, now))
             self._log.info(
                 "job.state_changed", state=after.value, previous=transition.job_state_before.value
             )
-            self.watchers.state_changed(after, f"task {attempt} {state.value}")
+            why = self.execution.failure if after is JobState.FAILED else ""
+            self.watchers.state_changed(after, why or f"task {attempt} {state.value}")
             # Persisted before any task is cancelled: a superseded incarnation fails here.
             await self._persist_record()
             self.manager.refresh_job_gauges()
@@ -648,6 +653,9 @@ class JobRunner:
                 self.io.submit(Finalize(action, last_ack_at=time.perf_counter()))
             case CheckpointCompleted(checkpoint=cp):
                 self._completed(action.request, cp)
+            case EndCommitted(checkpoint_id=checkpoint_id, tasks=tasks):
+                if not self.execution.end_committed(checkpoint_id, tasks):
+                    self._log.warning("job.end_commit_ignored", checkpoint_id=checkpoint_id)
             case RequestCovered(request=request, checkpoint=cp):
                 self.requests.resolve(request.request_id, cp)
             case NotifyComplete():

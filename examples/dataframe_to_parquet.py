@@ -19,9 +19,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapflow.spark_bridge import Pipeline, spark_session
-from snapflow.worker.connectors.file_sources import source_from_dataframe
-from snapflow.worker.connectors.parquet_sink import TransactionalParquetSink
+from snapflow import Pipeline, TransactionalParquetSink, source_from_dataframe, spark_session
 
 
 def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -16,10 +16,7 @@ import argparse
 
 import pyarrow as pa
 
-from snapflow.spark_bridge import Pipeline
-from snapflow.worker.api.windows import TumblingEventTimeWindows
-from snapflow.worker.connectors.file_sink import TransactionalFileSink
-from snapflow.worker.connectors.file_sources import FileSource
+from snapflow import FileSource, Pipeline, TransactionalFileSink, TumblingEventTimeWindows
 
 EVENTS = pa.schema([("user", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())])
 

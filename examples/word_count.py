@@ -6,8 +6,7 @@
 The input files are csv with one column, ``line``. Words are split and lower-cased with Arrow
 kernels (a vectorised ``flat_map_batches``), counted per word (``key_by("word").count``, the
 totals once at the end of the input), and written exactly once as Arrow IPC part files
-(``TransactionalFileSink``; read them back with
-``snapflow.worker.connectors.file_sink.read_committed``).
+(``TransactionalFileSink``; read them back with ``snapflow.read_committed``).
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ import argparse
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapflow.spark_bridge import Pipeline
-from snapflow.worker.connectors.file_sink import TransactionalFileSink
-from snapflow.worker.connectors.file_sources import FileSource
+from snapflow import FileSource, Pipeline, TransactionalFileSink
 
 LINES = pa.schema([("line", pa.string())])
 

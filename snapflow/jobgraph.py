@@ -1,7 +1,7 @@
 """The job vocabulary shared by the coordinator, the worker and the coordinator's clients: how
-an edge partitions its records, the states a task reports and the states of a job. Their proto
-numbers appear only in :mod:`snapflow.wire`. Enum values are the lower-case names, which the
-Redis records store.
+an edge partitions its records, the states a task reports and the states of a job, and which
+operator kinds commit nothing. Their proto numbers appear only in :mod:`snapflow.wire`. Enum
+values are the lower-case names, which the Redis records store.
 """
 
 from __future__ import annotations
@@ -49,3 +49,29 @@ class JobState(enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.FINISHED, JobState.CANCELED, JobState.FAILED)
+
+
+#: Operator kinds (``OperatorSpec.kind``) of the Spark bridge's built-in operators that hold no
+#: output back for a completed checkpoint to commit. Any other kind may: a sink (``"sink"``) or
+#: an operator given to ``Stream.transform`` (kind: its class name), whose
+#: ``notify_checkpoint_complete`` may commit. The coordinator finishes a job with such an
+#: operator only after a final checkpoint committed its output (docs/coordinator.md, "FINISHED
+#: means committed").
+COMMIT_FREE_OPERATOR_KINDS = frozenset(
+    {
+        "source",
+        "map",
+        "filter",
+        "flat_map",
+        "map_batches",
+        "filter_batches",
+        "flat_map_batches",
+        "map_pandas",
+        "count",
+        "reduce",
+        "window",
+        "process",
+        "process_batches",
+        "aggregate",
+    }
+)

@@ -1,10 +1,9 @@
 """The PySpark face of Snapflow: build a pipeline, run it as one barrier-mode Spark stage.
 
-::
+Users import these names from :mod:`snapflow` (the public API, with the sources, sinks and
+functions), not from here::
 
-    from snapflow.spark_bridge import FixedDelay, Pipeline
-    from snapflow.worker.connectors.file_sink import TransactionalFileSink
-    from snapflow.worker.connectors.split_sources import GeneratorSource
+    from snapflow import FixedDelay, GeneratorSource, Pipeline, TransactionalFileSink
 
     p = Pipeline("counts", parallelism=2)
     (p.source(GeneratorSource(total_records=100_000), name="events")

@@ -22,6 +22,7 @@ from snapflow.coordinator.checkpoint_coordinator import (
     DeclineReason,
     DeleteCompleted,
     DiscardState,
+    EndCommitted,
     FailJob,
     FinalizeCheckpoint,
     NotifyAborted,
@@ -586,7 +587,11 @@ def test_stop_with_savepoint_stops_periodic_and_shuts_down_after_notify() -> Non
     req, actions = h.manual(11)
     assert actions == [RequestRefused(req, TriggerRefusal.STOP_WITH_SAVEPOINT_PENDING)]
     cp, actions = h.complete(1, 20)
-    assert actions == [CheckpointCompleted(cp, stop, ()), NotifyComplete(1, ALL)]
+    assert actions == [
+        CheckpointCompleted(cp, stop, ()),
+        EndCommitted(1, ALL),
+        NotifyComplete(1, ALL),
+    ]
     req, actions = h.manual(21)
     assert actions == [RequestRefused(req, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)]
 
@@ -960,6 +965,7 @@ def test_an_intermediate_savepoint_does_not_subsume_older_checkpoints() -> None:
         ),
         NotifyAborted(1, ALL, AbortReason.SUBSUMED),
         CheckpointCompleted(cp, stop, ()),
+        EndCommitted(2, ALL),
         NotifyComplete(2, ALL),
     ]
 
@@ -1123,6 +1129,7 @@ def test_a_final_checkpoint_refuses_the_requests_queued_behind_it() -> None:
     cp, actions = _complete_final(h, 1, now=20)
     assert actions == [
         CheckpointCompleted(cp, first, ()),
+        EndCommitted(1, ALL),
         NotifyComplete(1, ALL, final=True),
         RequestRefused(second, TriggerRefusal.FINAL_CHECKPOINT_COMPLETED),
     ]
@@ -1158,6 +1165,7 @@ def test_the_final_checkpoint_waits_for_every_source_and_answers_them_all() -> N
     cp, actions = _complete_final(h, 1, now=30)
     assert actions == [
         CheckpointCompleted(cp, last, ()),
+        EndCommitted(1, ALL),
         NotifyComplete(1, ALL, final=True),
         RequestCovered(first, cp),
     ]
@@ -1216,3 +1224,29 @@ def test_held_requests_are_refused_when_the_coordinator_shuts_down() -> None:
     actions = h.step(h.cc.shut_down(AbortReason.JOB_CANCELED, 20))
     assert actions == [RequestRefused(held, TriggerRefusal.CHECKPOINT_COORDINATOR_SHUTDOWN)]
     assert not h.cc.held
+
+
+def test_only_a_checkpoint_that_ends_the_tasks_commits_the_end() -> None:
+    """``EndCommitted`` (the job may finish once its tasks do) follows the final checkpoint and
+    a stop-with-savepoint, never an ordinary checkpoint nor an intermediate savepoint; a
+    checkpoint in which only some sources had ended is not final."""
+    h = Harness(retained=4)
+    h.trigger(1, now=10)
+    _, actions = h.complete(1, now=20)
+    assert not any(isinstance(a, EndCommitted) for a in actions)
+    h.trigger(2, now=30, kind=CheckpointKind.SAVEPOINT)
+    _, actions = h.complete(2, now=40)
+    assert not any(isinstance(a, EndCommitted) for a in actions)
+    h.trigger(3, now=50)
+    for attempt in ALL:  # only SRC0's input ended
+        _, actions = h.cc.on_ack(attempt, 3, (), SubtaskMetrics(), 60, input_ended=attempt == SRC0)
+    assert isinstance(actions[-1], FinalizeCheckpoint)
+    actions = h.step(h.cc.on_checkpoint_committed(actions[-1].checkpoint, [], 60))
+    assert not any(isinstance(a, EndCommitted) for a in actions)
+    h.trigger(4, now=70)
+    cp4, actions = _complete_final(h, 4, now=80)
+    assert actions[:3] == [
+        CheckpointCompleted(cp4, actions[0].request, ()),
+        EndCommitted(4, ALL),
+        NotifyComplete(4, ALL, final=True),
+    ]

@@ -12,6 +12,7 @@ from snapflow.coordinator.model import (
     JobGraph,
     JobState,
     JobVertex,
+    OperatorSpec,
     TaskKey,
 )
 from snapflow.errors import FailedPreconditionError, InvalidArgumentError, UnknownTaskError
@@ -190,3 +191,125 @@ def test_a_recovered_job_continues_its_counters() -> None:
     h = Harness(state=JobState.RESTARTING, deployment=3, restarts=2, failure="")
     assert h.register(SRC0) == Registration(attempt(SRC0, 4), new_deployment=True)
     assert (h.ex.deployment, h.ex.restarts, h.ex.state) == (4, 3, JobState.RESTARTING)
+
+
+# --- FINISHED means committed -------------------------------------------------------------------
+
+SINK_GRAPH = JobGraph(
+    "g",
+    (
+        JobVertex(
+            "src", "source", 2, operators=(OperatorSpec("s", "s", "source"),), is_source=True
+        ),
+        JobVertex(
+            "sink",
+            "sink",
+            1,
+            operators=(OperatorSpec("m", "m", "map"), OperatorSpec("k", "k", "sink")),
+        ),
+    ),
+    (JobEdge("src", "sink", PartitionerKind.REBALANCE),),
+)
+ALL_1 = tuple(attempt(k, 1) for k in KEYS)
+
+
+def sink_harness() -> Harness:
+    h = Harness()
+    h.ex = JobExecution(SINK_GRAPH)
+    h.deploy_all()
+    return h
+
+
+def test_which_vertices_may_hold_uncommitted_output() -> None:
+    assert sink_harness().ex.may_hold_uncommitted_output() == ("sink",)
+    assert Harness().ex.may_hold_uncommitted_output() == ()  # no operator named: nothing to commit
+    custom = JobGraph(
+        "g",
+        (
+            JobVertex(
+                "src",
+                "s",
+                1,
+                operators=(OperatorSpec("s", "s", "source"), OperatorSpec("t", "t", "MyOperator")),
+                is_source=True,
+            ),
+        ),
+    )
+    assert JobExecution(custom).may_hold_uncommitted_output() == ("src",)  # Stream.transform
+
+
+def test_tasks_that_finish_after_the_final_checkpoint_finish_the_job() -> None:
+    h = sink_harness()
+    assert h.ex.end_committed(4, reversed(ALL_1))
+    h.ex.check_invariants()
+    assert h.update(SRC0, TaskState.FINISHED) == (JobState.RUNNING, JobState.RUNNING)
+    assert h.update(SRC1, TaskState.FINISHED) == (JobState.RUNNING, JobState.RUNNING)
+    assert h.update(SINK0, TaskState.FINISHED) == (JobState.RUNNING, JobState.FINISHED)
+    assert (h.ex.end_committed_by, h.ex.failure) == (4, "")
+
+
+def test_tasks_that_finish_without_a_final_checkpoint_fail_the_job() -> None:
+    """An agent that never asked for the final checkpoint: its sink's output since the last
+    completed checkpoint is uncommitted, so the job is FAILED, never FINISHED."""
+    h = sink_harness()
+    h.update(SRC0, TaskState.FINISHED)
+    h.update(SRC1, TaskState.FINISHED)
+    assert h.update(SINK0, TaskState.FINISHED) == (JobState.RUNNING, JobState.FAILED)
+    assert "every task of deployment 1 finished, but no final checkpoint committed" in h.ex.failure
+    assert "vertices sink may hold output" in h.ex.failure
+    with pytest.raises(FailedPreconditionError, match="job is failed"):
+        h.ex.register(SRC0, "agent:1")
+
+
+def test_an_end_commit_of_other_attempts_does_not_count() -> None:
+    h = sink_harness()
+    assert not h.ex.end_committed(3, ALL_1[:2])  # not every task
+    assert not h.ex.end_committed(3, tuple(attempt(k, 2) for k in KEYS))  # another deployment
+    with pytest.raises(ValueError, match="start at 1"):
+        h.ex.end_committed(0, ALL_1)
+    assert h.ex.end_committed_by == 0
+    h.ex.check_invariants()
+    for key in KEYS:
+        h.update(key, TaskState.FINISHED)
+    assert h.ex.state is JobState.FAILED
+
+
+def test_a_redeployment_needs_a_final_checkpoint_of_its_own() -> None:
+    """The final checkpoint completed, then a task failed before every task finished: the next
+    deployment restores and must commit its own end."""
+    h = sink_harness()
+    assert h.ex.end_committed(5, ALL_1)
+    assert h.update(SINK0, TaskState.FAILED, "lost") == (JobState.RUNNING, JobState.RESTARTING)
+    for key in KEYS:
+        h.register(key, f"agent:{key.subtask_index}")
+    assert (h.ex.deployment, h.ex.end_committed_by) == (2, 0)
+    assert not h.ex.end_committed(5, ALL_1)  # the old deployment's
+    for key in KEYS:
+        h.update(key, TaskState.RUNNING)
+    for key in KEYS:
+        h.update(key, TaskState.FINISHED)
+    assert h.ex.state is JobState.FAILED
+
+
+def test_a_job_without_uncommitted_output_finishes_without_a_final_checkpoint() -> None:
+    """The graph's operators commit nothing (built-in kinds only): the end needs no commit."""
+    graph = JobGraph(
+        "g",
+        (
+            JobVertex(
+                "src",
+                "s",
+                1,
+                operators=(OperatorSpec("s", "s", "source"), OperatorSpec("c", "c", "count")),
+                is_source=True,
+            ),
+        ),
+    )
+    ex = JobExecution(graph)
+    ex.register(TaskKey("src", 0), "agent:1")
+    ex.update(ExecutionAttempt("src", 0, 1), TaskState.RUNNING)
+    assert (
+        ex.update(ExecutionAttempt("src", 0, 1), TaskState.FINISHED).job_state_after
+        is JobState.FINISHED
+    )
+    ex.check_invariants()

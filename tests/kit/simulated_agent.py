@@ -49,6 +49,9 @@ class SimulatedAgent:
     """Write each subtask's state file (False: report the handle only, as a pure ack load)."""
     state_bytes: int = 64
     policy: AckPolicy = always_ack
+    input_ended: bool = False
+    """Acks say the subtask's input had ended (a bounded source's after its end of data): a
+    checkpoint acked so by every source is the job's final one."""
     attempts: dict[tuple[str, int], pb.TaskAttempt] = field(default_factory=dict)
     restores: dict[tuple[str, int], cpb.TaskRestore] = field(default_factory=dict)
     triggered: list[int] = field(default_factory=list)
@@ -209,6 +212,7 @@ class SimulatedAgent:
             metrics=pb.SubtaskCheckpointMetrics(
                 sync_duration_ms=1, async_duration_ms=2, state_size_bytes=self.state_bytes
             ),
+            input_ended=self.input_ended,
         )
         started = time.perf_counter()
         self.last_ack_sent[request.checkpoint_id] = started

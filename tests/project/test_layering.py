@@ -3,6 +3,13 @@ connectors <- Spark bridge <- CLI and demo, with no cycles.
 
 Every import counts, including imports inside functions and under ``TYPE_CHECKING``: a cycle
 hidden by a function-local import is still a cycle for a reader.
+
+One exception, with its own rule: the foundation package's ``__init__`` is Snapflow's public API
+(``from snapflow import Pipeline``), whose names live in the layers above it. It names them in
+one lazy table (``_PUBLIC``: name -> home module), imports a home module only when one of its
+names is first read (PEP 562 ``__getattr__``, through ``importlib``), and imports them statically
+only under ``TYPE_CHECKING``, for type checkers. Those imports are exactly the table's, and are
+not edges of the import graph: no module of a lower layer runs them.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import ast
 import os
 from pathlib import Path
+from typing import TypeGuard
 
 import pytest
 
@@ -82,7 +90,77 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 def _graph() -> dict[str, set[str]]:
     modules = _module_files()
-    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    # The public API's lazy table: checked by its own test below, not edges of the graph.
+    graph["snapflow"] -= set(_lazy_table().values())
+    return graph
+
+
+def _lazy_table() -> dict[str, str]:
+    """The foundation package's ``_PUBLIC``: public name -> home module."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "_PUBLIC" for t in targets):
+                assert node.value is not None
+                table: dict[str, str] = ast.literal_eval(node.value)
+                return table
+    raise AssertionError("snapflow/__init__.py has no _PUBLIC table")
+
+
+def _is_type_checking(node: ast.stmt) -> TypeGuard[ast.If]:
+    return isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+
+
+def test_the_foundation_package_names_upper_layers_only_in_its_lazy_table() -> None:
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    table = _lazy_table()
+    assert table, "the public API's table is empty"
+    modules = _module_files()
+    assert sorted({m for m in table.values() if m not in modules}) == [], "no such module"
+    # Under TYPE_CHECKING: exactly the table's names, each from its home module.
+    checked = [n for n in tree.body if _is_type_checking(n)]
+    assert len(checked) == 1, "one TYPE_CHECKING block"
+    assert all(isinstance(n, ast.ImportFrom) for n in checked[0].body), "only the table's names"
+    typed = {
+        alias.name: node.module
+        for node in ast.walk(checked[0])
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == table
+    # Everywhere else: no import of a module above the foundation, and the table's modules are
+    # imported in __getattr__ only (importlib.import_module, on first access).
+    runtime = [n for n in tree.body if not _is_type_checking(n)]
+    above = [
+        name
+        for node in runtime
+        for name in sorted(_imports_of(node))
+        if _layer_of(name) not in ("", "foundation")
+    ]
+    assert above == []
+
+    def dynamic_imports(scope: ast.AST) -> int:
+        return sum(
+            isinstance(n, ast.Call) and ast.unparse(n.func) == "importlib.import_module"
+            for n in ast.walk(scope)
+        )
+
+    getattr_ = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    getattr_ = [f for f in getattr_ if f.name == "__getattr__"]
+    assert len(getattr_) == 1
+    assert dynamic_imports(getattr_[0]) == dynamic_imports(tree) == 1
+
+
+def _imports_of(node: ast.AST) -> set[str]:
+    found: set[str] = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Import):
+            found.update(a.name for a in child.names)
+        elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+            found.add(child.module)
+    return found
 
 
 def test_every_module_is_in_a_layer() -> None:
