@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 from typing import Never, NoReturn
 
+import pyarrow as pa
+
 from snapflow.worker.runtime import barriers as b
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
@@ -89,7 +91,7 @@ class InputLoop:
             batch = frame.batch
             shell.checkpoints.on_input(channel, batch, aligning=self.gate.aligning)
             shell.records_in += batch.num_rows
-            await shell.output.emit(await shell.runner.process(shell.chain, batch))
+            await self.process_input(self.gate.input_of[channel], batch)
         elif isinstance(frame, BarrierFrame):
             await self.execute(
                 self.handler.on_barrier(channel, barrier_from_frame(frame), now_ms())
@@ -114,6 +116,13 @@ class InputLoop:
             await shell.output.broadcast(frame)
         else:
             _unknown("frame", frame)
+
+    async def process_input(self, input_index: int, batch: pa.RecordBatch) -> None:
+        """``batch`` through the chain as data of logical input ``input_index``, and its output
+        downstream: live data, and input channel state replayed on restore (to the input of the
+        channel it was captured on)."""
+        shell = self._shell
+        await shell.output.emit(await shell.runner.process(shell.chain, batch))
 
     async def _advance(self, watermark: int | None) -> None:
         if watermark is not None:

@@ -14,8 +14,8 @@ The pieces, one module each:
 * ``operator_runner``: where user code runs (task thread, or the loop in steps).
 
 Restore: channel state of an unaligned checkpoint is replayed before any new input (output
-channel state is sent first downstream, input channel state is processed first), which needs an
-unchanged parallelism.
+channel state is sent first downstream, input channel state is processed first, as data of the
+input whose channel it was captured on), which needs an unchanged parallelism.
 """
 
 from __future__ import annotations
@@ -268,7 +268,9 @@ class Subtask:
                     if target is not None:
                         await target.send(DataFrame(batch))
             else:
+                # Input channel state exists only for tasks with inputs; the handle's key is the
+                # gate's channel, so the data goes back to the input it was captured on.
+                assert self.input_loop is not None
+                input_index = self.input_loop.gate.input_of[h.key_group_start]
                 for batch in batches:
-                    await self._output.emit(
-                        await self.runner.call(self._shell.chain.process_batch, batch)
-                    )
+                    await self.input_loop.process_input(input_index, batch)

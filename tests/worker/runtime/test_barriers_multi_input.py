@@ -11,7 +11,14 @@ neither blocked nor persisted, and counts as aligned for every later checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from kit.channels import run
+from kit.subtasks import batch, harness
 
 from snapflow.checkpointing import BarrierOptions, CheckpointMode
 from snapflow.worker.runtime.barriers import (
@@ -31,6 +38,9 @@ from snapflow.worker.runtime.barriers import (
     TriggerSnapshot,
     UnblockChannels,
 )
+from snapflow.worker.runtime.frames import BarrierFrame, DataFrame
+from snapflow.worker.runtime.subtask_checkpoints import SnapshotReport
+from snapflow.worker.runtime.task_state import RestoreData
 
 ALIGNED = BarrierOptions()
 UNALIGNED = BarrierOptions(mode=CheckpointMode.UNALIGNED)
@@ -485,3 +495,57 @@ def test_at_least_once_cancel_marker_on_one_input() -> None:
         trigger(2, alignment=1, delay=2),
         CheckpointCompleteOnInput(2),
     ]
+
+
+# --- a task: unaligned in-flight data goes back to its input on restore -------------------
+
+
+def test_in_flight_data_of_input_1_is_replayed_to_input_1(tmp_path: Path) -> None:
+    """An unaligned checkpoint of a task with inputs 0 (channel 0) and 1 (channels 1 and 2)
+    captures data overtaken on channels 0 and 2; the restored task replays each batch as data
+    of the input its channel belongs to, before any new input."""
+    options = BarrierOptions(mode=CheckpointMode.UNALIGNED, target_location=str(tmp_path))
+    input_of = [0, 1, 1]
+    taken: dict[str, Any] = {}
+
+    async def snapshot() -> None:
+        h = harness([], num_inputs=3, input_of=input_of)
+        await h.inputs[0].output.send(DataFrame(batch(1)))
+        await h.inputs[2].output.send(DataFrame(batch(7, 8)))
+        for channel in h.inputs:  # each barrier overtakes the data queued ahead of it
+            channel.output.send_priority(BarrierFrame(1, 1_000, options))
+            await channel.output.close()
+        await asyncio.gather(h.outputs(), h.task.run())
+        [report] = h.acks
+        assert report.unaligned and report.persisted_in_flight_bytes > 0
+        taken["report"] = report
+
+    run(snapshot())
+    report: SnapshotReport = taken["report"]
+
+    async def restore() -> None:
+        by_op = {op_id: {0: hs} for op_id, hs in report.operator_states}
+        data = RestoreData(checkpoint_id=1, previous_parallelism=1, handles=by_op)
+        h = harness([], num_inputs=3, input_of=input_of, restore=data)
+        loop = h.task.input_loop
+        assert loop is not None
+        process_input = loop.process_input
+        replayed: list[tuple[int, list[int]]] = []
+
+        async def spy(input_index: int, b: pa.RecordBatch) -> None:
+            replayed.append((input_index, b.column(0).to_pylist()))
+            await process_input(input_index, b)
+
+        loop.process_input = spy  # type: ignore[method-assign,assignment]
+        await h.inputs[1].output.send(DataFrame(batch(9)))  # new input after the replay
+        for channel in h.inputs:
+            await channel.output.close()
+        frames, _ = await asyncio.gather(h.outputs(), h.task.run())
+        taken["replayed"] = replayed
+        taken["out"] = [
+            k for f in frames if isinstance(f, DataFrame) for k in f.batch.column(0).to_pylist()
+        ]
+
+    run(restore())
+    assert taken["replayed"] == [(0, [1]), (1, [7, 8]), (1, [9])]
+    assert taken["out"] == [1, 7, 8, 9]
