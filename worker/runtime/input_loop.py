@@ -27,6 +27,7 @@ from snapflow.worker.runtime.frames import (
     Frame,
     LatencyMarkerFrame,
     WatermarkFrame,
+    WatermarkStatusFrame,
 )
 from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.subtask_checkpoints import now_ms
@@ -112,6 +113,8 @@ class InputLoop:
             await self._advance(self.valve.on_channel_ended(channel))
         elif isinstance(frame, WatermarkFrame):
             await self._advance(self.valve.on_watermark(channel, frame.timestamp_ms))
+        elif isinstance(frame, WatermarkStatusFrame):
+            await self._advance(self.valve.on_status(channel, frame.idle))
         elif isinstance(frame, LatencyMarkerFrame):
             await shell.output.broadcast(frame)
         else:
@@ -125,8 +128,14 @@ class InputLoop:
         await shell.output.emit(await shell.runner.process(shell.chain, batch))
 
     async def _advance(self, watermark: int | None) -> None:
+        """The valve's outputs downstream: active again before the watermark, idle after it."""
+        shell, idle = self._shell, self.valve.idle
+        if not idle:
+            await shell.mark_idle(False)
         if watermark is not None:
-            await self._shell.advance_watermark(watermark)
+            await shell.advance_watermark(watermark)
+        if idle:
+            await shell.mark_idle(True)
 
     async def execute(self, actions: list[b.Action]) -> None:
         """Execute the barrier handler's actions, in order."""
