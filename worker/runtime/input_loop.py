@@ -1,8 +1,8 @@
 """The loop of a task with inputs (Flink's ``StreamInputProcessor`` over a
 ``CheckpointedInputGate``): take frames from the input gate, feed barriers, cancel markers and
 ends of partition into the one barrier handler over every channel of every input, execute its
-actions, run data through the chain, combine watermarks, and tell the lifecycle when an input's
-data ended.
+actions, run data through the chain, combine watermarks and watermark statuses (forwarding the
+task's own), and tell the lifecycle when an input's data ended.
 
 Channels are the gate's, numbered across all logical inputs; ``gate.input_of`` says which input
 each belongs to. An input's data ended once every one of its channels delivered end of data
