@@ -151,6 +151,9 @@ class FireAt(Operator):
         self.at = at
         self.fired = False
 
+    def process_input(self, input_index: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return [batch]  # either input, forwarded
+
     def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
         if self.fired or watermark_ms < self.at:
             return []
