@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from snapflow.v1 import common_pb2 as snapflow_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapflow/v1/worker.proto\x12\x0bsnapflow.v1\x1a\x18snapflow/v1/common.proto\"\xd0\x01\n\x1cTriggerTaskCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12/\n\x07options\x18\x06 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"\xa3\x01\n\x17NotifyCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\"g\n\x11\x43\x61ncelTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\"\x0b\n\tWorkerAck\"\x98\x01\n\tChannelId\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12producer_vertex_id\x18\x02 \x01(\t\x12\x18\n\x10producer_subtask\x18\x03 \x01(\x05\x12\x1a\n\x12\x63onsumer_vertex_id\x18\x04 \x01(\t\x12\x18\n\x10\x63onsumer_subtask\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"i\n\x0f\x45xchangeMessage\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.ChannelIdH\x00\x12#\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x12.snapflow.v1.FrameH\x00\x42\t\n\x07message\"\xf7\x02\n\x05\x46rame\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.DataBatchH\x00\x12\x31\n\x07\x62\x61rrier\x18\x02 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointBarrierH\x00\x12<\n\rcancel_marker\x18\x03 \x01(\x0b\x32#.snapflow.v1.CancelCheckpointMarkerH\x00\x12\x37\n\x10\x65nd_of_partition\x18\x04 \x01(\x0b\x32\x1b.snapflow.v1.EndOfPartitionH\x00\x12+\n\twatermark\x18\x05 \x01(\x0b\x32\x16.snapflow.v1.WatermarkH\x00\x12\x34\n\x0elatency_marker\x18\x06 \x01(\x0b\x32\x1a.snapflow.v1.LatencyMarkerH\x00\x12-\n\x0b\x65nd_of_data\x18\x07 \x01(\x0b\x32\x16.snapflow.v1.EndOfDataH\x00\x42\t\n\x07payload\"3\n\tDataBatch\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x13\n\x0bnum_records\x18\x02 \x01(\x05\"q\n\x11\x43heckpointBarrier\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12/\n\x07options\x18\x03 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"/\n\x16\x43\x61ncelCheckpointMarker\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\"\x10\n\x0e\x45ndOfPartition\"\x0b\n\tEndOfData\"!\n\tWatermark\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\"Y\n\rLatencyMarker\x12\x16\n\x0emarked_time_ms\x18\x01 \x01(\x03\x12\x18\n\x10source_vertex_id\x18\x02 \x01(\t\x12\x16\n\x0esource_subtask\x18\x03 \x01(\x05\"\x1e\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\x32\xe7\x02\n\x14WorkerControlService\x12V\n\x11TriggerCheckpoint\x12).snapflow.v1.TriggerTaskCheckpointRequest\x1a\x16.snapflow.v1.WorkerAck\x12X\n\x18NotifyCheckpointComplete\x12$.snapflow.v1.NotifyCheckpointRequest\x1a\x16.snapflow.v1.WorkerAck\x12W\n\x17NotifyCheckpointAborted\x12$.snapflow.v1.NotifyCheckpointRequest\x1a\x16.snapflow.v1.WorkerAck\x12\x44\n\nCancelTask\x12\x1e.snapflow.v1.CancelTaskRequest\x1a\x16.snapflow.v1.WorkerAck2]\n\x13\x44\x61taExchangeService\x12\x46\n\x08\x45xchange\x12\x1c.snapflow.v1.ExchangeMessage\x1a\x18.snapflow.v1.CreditGrant(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapflow/v1/worker.proto\x12\x0bsnapflow.v1\x1a\x18snapflow/v1/common.proto\"\xd0\x01\n\x1cTriggerTaskCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12/\n\x07options\x18\x06 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"\xa3\x01\n\x17NotifyCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\"g\n\x11\x43\x61ncelTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\"\x0b\n\tWorkerAck\"\x98\x01\n\tChannelId\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12producer_vertex_id\x18\x02 \x01(\t\x12\x18\n\x10producer_subtask\x18\x03 \x01(\x05\x12\x1a\n\x12\x63onsumer_vertex_id\x18\x04 \x01(\t\x12\x18\n\x10\x63onsumer_subtask\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"i\n\x0f\x45xchangeMessage\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.ChannelIdH\x00\x12#\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x12.snapflow.v1.FrameH\x00\x42\t\n\x07message\"\xb1\x03\n\x05\x46rame\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.DataBatchH\x00\x12\x31\n\x07\x62\x61rrier\x18\x02 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointBarrierH\x00\x12<\n\rcancel_marker\x18\x03 \x01(\x0b\x32#.snapflow.v1.CancelCheckpointMarkerH\x00\x12\x37\n\x10\x65nd_of_partition\x18\x04 \x01(\x0b\x32\x1b.snapflow.v1.EndOfPartitionH\x00\x12+\n\twatermark\x18\x05 \x01(\x0b\x32\x16.snapflow.v1.WatermarkH\x00\x12\x34\n\x0elatency_marker\x18\x06 \x01(\x0b\x32\x1a.snapflow.v1.LatencyMarkerH\x00\x12-\n\x0b\x65nd_of_data\x18\x07 \x01(\x0b\x32\x16.snapflow.v1.EndOfDataH\x00\x12\x38\n\x10watermark_status\x18\x08 \x01(\x0b\x32\x1c.snapflow.v1.WatermarkStatusH\x00\x42\t\n\x07payload\"3\n\tDataBatch\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x13\n\x0bnum_records\x18\x02 \x01(\x05\"q\n\x11\x43heckpointBarrier\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12/\n\x07options\x18\x03 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"/\n\x16\x43\x61ncelCheckpointMarker\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\"\x10\n\x0e\x45ndOfPartition\"\x0b\n\tEndOfData\"!\n\tWatermark\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\"\x1f\n\x0fWatermarkStatus\x12\x0c\n\x04idle\x18\x01 \x01(\x08\"Y\n\rLatencyMarker\x12\x16\n\x0emarked_time_ms\x18\x01 \x01(\x03\x12\x18\n\x10source_vertex_id\x18\x02 \x01(\t\x12\x16\n\x0esource_subtask\x18\x03 \x01(\x05\"\x1e\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\x32\xe7\x02\n\x14WorkerControlService\x12V\n\x11TriggerCheckpoint\x12).snapflow.v1.TriggerTaskCheckpointRequest\x1a\x16.snapflow.v1.WorkerAck\x12X\n\x18NotifyCheckpointComplete\x12$.snapflow.v1.NotifyCheckpointRequest\x1a\x16.snapflow.v1.WorkerAck\x12W\n\x17NotifyCheckpointAborted\x12$.snapflow.v1.NotifyCheckpointRequest\x1a\x16.snapflow.v1.WorkerAck\x12\x44\n\nCancelTask\x12\x1e.snapflow.v1.CancelTaskRequest\x1a\x16.snapflow.v1.WorkerAck2]\n\x13\x44\x61taExchangeService\x12\x46\n\x08\x45xchange\x12\x1c.snapflow.v1.ExchangeMessage\x1a\x18.snapflow.v1.CreditGrant(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,25 +45,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXCHANGEMESSAGE']._serialized_start=717
   _globals['_EXCHANGEMESSAGE']._serialized_end=822
   _globals['_FRAME']._serialized_start=825
-  _globals['_FRAME']._serialized_end=1200
-  _globals['_DATABATCH']._serialized_start=1202
-  _globals['_DATABATCH']._serialized_end=1253
-  _globals['_CHECKPOINTBARRIER']._serialized_start=1255
-  _globals['_CHECKPOINTBARRIER']._serialized_end=1368
-  _globals['_CANCELCHECKPOINTMARKER']._serialized_start=1370
-  _globals['_CANCELCHECKPOINTMARKER']._serialized_end=1417
-  _globals['_ENDOFPARTITION']._serialized_start=1419
-  _globals['_ENDOFPARTITION']._serialized_end=1435
-  _globals['_ENDOFDATA']._serialized_start=1437
-  _globals['_ENDOFDATA']._serialized_end=1448
-  _globals['_WATERMARK']._serialized_start=1450
-  _globals['_WATERMARK']._serialized_end=1483
-  _globals['_LATENCYMARKER']._serialized_start=1485
-  _globals['_LATENCYMARKER']._serialized_end=1574
-  _globals['_CREDITGRANT']._serialized_start=1576
-  _globals['_CREDITGRANT']._serialized_end=1606
-  _globals['_WORKERCONTROLSERVICE']._serialized_start=1609
-  _globals['_WORKERCONTROLSERVICE']._serialized_end=1968
-  _globals['_DATAEXCHANGESERVICE']._serialized_start=1970
-  _globals['_DATAEXCHANGESERVICE']._serialized_end=2063
+  _globals['_FRAME']._serialized_end=1258
+  _globals['_DATABATCH']._serialized_start=1260
+  _globals['_DATABATCH']._serialized_end=1311
+  _globals['_CHECKPOINTBARRIER']._serialized_start=1313
+  _globals['_CHECKPOINTBARRIER']._serialized_end=1426
+  _globals['_CANCELCHECKPOINTMARKER']._serialized_start=1428
+  _globals['_CANCELCHECKPOINTMARKER']._serialized_end=1475
+  _globals['_ENDOFPARTITION']._serialized_start=1477
+  _globals['_ENDOFPARTITION']._serialized_end=1493
+  _globals['_ENDOFDATA']._serialized_start=1495
+  _globals['_ENDOFDATA']._serialized_end=1506
+  _globals['_WATERMARK']._serialized_start=1508
+  _globals['_WATERMARK']._serialized_end=1541
+  _globals['_WATERMARKSTATUS']._serialized_start=1543
+  _globals['_WATERMARKSTATUS']._serialized_end=1574
+  _globals['_LATENCYMARKER']._serialized_start=1576
+  _globals['_LATENCYMARKER']._serialized_end=1665
+  _globals['_CREDITGRANT']._serialized_start=1667
+  _globals['_CREDITGRANT']._serialized_end=1697
+  _globals['_WORKERCONTROLSERVICE']._serialized_start=1700
+  _globals['_WORKERCONTROLSERVICE']._serialized_end=2059
+  _globals['_DATAEXCHANGESERVICE']._serialized_start=2061
+  _globals['_DATAEXCHANGESERVICE']._serialized_end=2154
 # @@protoc_insertion_point(module_scope)

@@ -78,7 +78,7 @@ class ExchangeMessage(_message.Message):
     def __init__(self, open: _Optional[_Union[ChannelId, _Mapping]] = ..., frame: _Optional[_Union[Frame, _Mapping]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("batch", "barrier", "cancel_marker", "end_of_partition", "watermark", "latency_marker", "end_of_data")
+    __slots__ = ("batch", "barrier", "cancel_marker", "end_of_partition", "watermark", "latency_marker", "end_of_data", "watermark_status")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     CANCEL_MARKER_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Frame(_message.Message):
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MARKER_FIELD_NUMBER: _ClassVar[int]
     END_OF_DATA_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_STATUS_FIELD_NUMBER: _ClassVar[int]
     batch: DataBatch
     barrier: CheckpointBarrier
     cancel_marker: CancelCheckpointMarker
@@ -93,7 +94,8 @@ class Frame(_message.Message):
     watermark: Watermark
     latency_marker: LatencyMarker
     end_of_data: EndOfData
-    def __init__(self, batch: _Optional[_Union[DataBatch, _Mapping]] = ..., barrier: _Optional[_Union[CheckpointBarrier, _Mapping]] = ..., cancel_marker: _Optional[_Union[CancelCheckpointMarker, _Mapping]] = ..., end_of_partition: _Optional[_Union[EndOfPartition, _Mapping]] = ..., watermark: _Optional[_Union[Watermark, _Mapping]] = ..., latency_marker: _Optional[_Union[LatencyMarker, _Mapping]] = ..., end_of_data: _Optional[_Union[EndOfData, _Mapping]] = ...) -> None: ...
+    watermark_status: WatermarkStatus
+    def __init__(self, batch: _Optional[_Union[DataBatch, _Mapping]] = ..., barrier: _Optional[_Union[CheckpointBarrier, _Mapping]] = ..., cancel_marker: _Optional[_Union[CancelCheckpointMarker, _Mapping]] = ..., end_of_partition: _Optional[_Union[EndOfPartition, _Mapping]] = ..., watermark: _Optional[_Union[Watermark, _Mapping]] = ..., latency_marker: _Optional[_Union[LatencyMarker, _Mapping]] = ..., end_of_data: _Optional[_Union[EndOfData, _Mapping]] = ..., watermark_status: _Optional[_Union[WatermarkStatus, _Mapping]] = ...) -> None: ...
 
 class DataBatch(_message.Message):
     __slots__ = ("arrow_ipc", "num_records")
@@ -132,6 +134,12 @@ class Watermark(_message.Message):
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     timestamp_ms: int
     def __init__(self, timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class WatermarkStatus(_message.Message):
+    __slots__ = ("idle",)
+    IDLE_FIELD_NUMBER: _ClassVar[int]
+    idle: bool
+    def __init__(self, idle: _Optional[bool] = ...) -> None: ...
 
 class LatencyMarker(_message.Message):
     __slots__ = ("marked_time_ms", "source_vertex_id", "source_subtask")

@@ -218,6 +218,10 @@ class SplitSource(SourceOperator):
             split.watermarks.on_timestamps(times)
         return batch
 
+    def idle_at_once(self) -> bool:
+        """No split left to read (an unbounded subtask without splits): idle at once."""
+        return all(sp.finished for sp in self._splits)
+
     def _empty(self) -> pa.RecordBatch:
         return self._generate(0, 0, 0)
 

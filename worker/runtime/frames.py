@@ -3,9 +3,9 @@
 A channel carries one ordered stream of frames (docs/worker.md): data batches
 (:class:`DataFrame`, one ``pyarrow.RecordBatch``) and events (:class:`BarrierFrame`,
 :class:`CancelMarkerFrame`, :class:`EndOfDataFrame`, :class:`EndOfPartitionFrame`,
-:class:`WatermarkFrame`, :class:`LatencyMarkerFrame`). In-process channels hand these objects over as they are; the gRPC
-transport converts them to and from ``snapflow.v1.Frame`` with :func:`frame_to_proto` and
-:func:`frame_from_proto`. A batch travels as Arrow IPC *stream* bytes holding exactly one
+:class:`WatermarkFrame`, :class:`WatermarkStatusFrame`, :class:`LatencyMarkerFrame`). In-process
+channels hand these objects over as they are; the gRPC transport converts them to and from
+``snapflow.v1.Frame`` with :func:`frame_to_proto` and :func:`frame_from_proto`. A batch travels as Arrow IPC *stream* bytes holding exactly one
 record batch (schema message + batch message + end-of-stream marker), so each message is
 self-describing and decodes without any per-channel state; decoding is zero-copy over the
 received bytes.
@@ -43,6 +43,7 @@ __all__ = [
     "FrameTooLargeError",
     "LatencyMarkerFrame",
     "WatermarkFrame",
+    "WatermarkStatusFrame",
     "decode_batch",
     "encode_batch",
     "encode_batch_chunks",
@@ -111,6 +112,15 @@ class WatermarkFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class WatermarkStatusFrame:
+    """The producer became idle or active again (Flink's ``WatermarkStatus``): an idle
+    channel does not hold the consumer's watermark back. A producer sends active again before
+    any data or watermark it emits after idle."""
+
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True)
 class LatencyMarkerFrame:
     marked_time_ms: int
     source_vertex_id: str
@@ -124,6 +134,7 @@ Frame = (
     | EndOfDataFrame
     | EndOfPartitionFrame
     | WatermarkFrame
+    | WatermarkStatusFrame
     | LatencyMarkerFrame
 )
 """Any frame a channel carries."""
@@ -232,6 +243,9 @@ def frame_to_proto(
     elif tp is WatermarkFrame:
         assert isinstance(frame, WatermarkFrame)
         out.watermark.timestamp_ms = frame.timestamp_ms
+    elif tp is WatermarkStatusFrame:
+        assert isinstance(frame, WatermarkStatusFrame)
+        out.watermark_status.idle = frame.idle
     elif tp is LatencyMarkerFrame:
         assert isinstance(frame, LatencyMarkerFrame)
         out.latency_marker.marked_time_ms = frame.marked_time_ms
@@ -266,6 +280,8 @@ def frame_from_proto(msg: wpb.Frame) -> Frame:
         return EndOfPartitionFrame()
     if which == "watermark":
         return WatermarkFrame(msg.watermark.timestamp_ms)
+    if which == "watermark_status":
+        return WatermarkStatusFrame(msg.watermark_status.idle)
     if which == "latency_marker":
         m = msg.latency_marker
         return LatencyMarkerFrame(m.marked_time_ms, m.source_vertex_id, m.source_subtask)

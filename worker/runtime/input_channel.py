@@ -40,6 +40,7 @@ from snapflow.worker.runtime.frames import (
     Frame,
     LatencyMarkerFrame,
     WatermarkFrame,
+    WatermarkStatusFrame,
     is_priority,
 )
 
@@ -47,6 +48,9 @@ __all__ = ["DEFAULT_BUFFERS_PER_CHANNEL", "InputChannel", "InputChannelListener"
 
 DEFAULT_BUFFERS_PER_CHANNEL = 4
 """Data batches a consumer buffers per input channel (= credits it grants)."""
+
+_OVERTAKABLE = (DataFrame, WatermarkFrame, WatermarkStatusFrame, LatencyMarkerFrame)
+"""What an aligned barrier that timed out may overtake: data and event-time frames."""
 
 
 class InputChannelListener(Protocol):
@@ -268,9 +272,9 @@ class InputChannel:
         state), and the frames behind it are held back until the task took it, as for a
         priority frame on arrival. Flink does the same with announced barriers
         (``SingleCheckpointBarrierHandler.processBarrierAnnouncement`` ->
-        ``convertToPriorityEvent``). Only data, watermarks and latency markers are overtaken;
-        a barrier behind another control frame, or at the head of the queue (it is next
-        anyway), or while a priority frame is pending, stays where it is."""
+        ``convertToPriorityEvent``). Only data, watermarks, watermark statuses and latency
+        markers are overtaken; a barrier behind another control frame, or at the head of the
+        queue (it is next anyway), or while a priority frame is pending, stays where it is."""
         if not self._timeoutable or self.priority_frame is not None or self._fenced:
             return False
         queue = self.queue
@@ -292,7 +296,7 @@ class InputChannel:
                 )
                 self._fenced = True
                 return True
-            if tp is not DataFrame and tp is not WatermarkFrame and tp is not LatencyMarkerFrame:
+            if tp not in _OVERTAKABLE:
                 return False
         return False
 

@@ -1,8 +1,8 @@
 """The loop of a task with inputs (Flink's ``StreamInputProcessor`` over a
 ``CheckpointedInputGate``): take frames from the input gate, feed barriers, cancel markers and
 ends of partition into the one barrier handler over every channel of every input, execute its
-actions, run data through the chain, combine watermarks, and tell the lifecycle when an input's
-data ended.
+actions, run data through the chain, combine watermarks and watermark statuses (forwarding the
+task's own), and tell the lifecycle when an input's data ended.
 
 Channels are the gate's, numbered across all logical inputs; ``gate.input_of`` says which input
 each belongs to. An input's data ended once every one of its channels delivered end of data
@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 from typing import Never, NoReturn
 
+import pyarrow as pa
+
 from snapflow.worker.runtime import barriers as b
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
@@ -25,6 +27,7 @@ from snapflow.worker.runtime.frames import (
     Frame,
     LatencyMarkerFrame,
     WatermarkFrame,
+    WatermarkStatusFrame,
 )
 from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.subtask_checkpoints import now_ms
@@ -89,9 +92,7 @@ class InputLoop:
             batch = frame.batch
             shell.checkpoints.on_input(channel, batch, aligning=self.gate.aligning)
             shell.records_in += batch.num_rows
-            await shell.output.emit(
-                await shell.runner.process(shell.chain, batch, self.gate.input_of[channel])
-            )
+            await self.process_input(self.gate.input_of[channel], batch)
         elif isinstance(frame, BarrierFrame):
             await self.execute(
                 self.handler.on_barrier(channel, barrier_from_frame(frame), now_ms())
@@ -112,14 +113,29 @@ class InputLoop:
             await self._advance(self.valve.on_channel_ended(channel))
         elif isinstance(frame, WatermarkFrame):
             await self._advance(self.valve.on_watermark(channel, frame.timestamp_ms))
+        elif isinstance(frame, WatermarkStatusFrame):
+            await self._advance(self.valve.on_status(channel, frame.idle))
         elif isinstance(frame, LatencyMarkerFrame):
             await shell.output.broadcast(frame)
         else:
             _unknown("frame", frame)
 
+    async def process_input(self, input_index: int, batch: pa.RecordBatch) -> None:
+        """``batch`` through the chain as data of logical input ``input_index``, and its output
+        downstream: live data, and input channel state replayed on restore (to the input of the
+        channel it was captured on)."""
+        shell = self._shell
+        await shell.output.emit(await shell.runner.process(shell.chain, batch, input_index))
+
     async def _advance(self, watermark: int | None) -> None:
+        """The valve's outputs downstream: active again before the watermark, idle after it."""
+        shell, idle = self._shell, self.valve.idle
+        if not idle:
+            await shell.mark_idle(False)
         if watermark is not None:
-            await self._shell.advance_watermark(watermark)
+            await shell.advance_watermark(watermark)
+        if idle:
+            await shell.mark_idle(True)
 
     async def execute(self, actions: list[b.Action]) -> None:
         """Execute the barrier handler's actions, in order."""

@@ -214,10 +214,24 @@ class SourceOperator(Operator):
     finished. The position lives in operator (list) state: written in ``snapshot_state``, read
     back in ``open`` from ``ctx.operator_state``. ``current_watermark()`` is the source's event
     time watermark (``MIN_WATERMARK`` before any, ``MAX_WATERMARK`` once finished).
+
+    Idleness (``snapflow.worker.runtime.source_idleness``): with ``idle_timeout_ms`` set, a
+    subtask whose polls returned no rows for that long announces itself idle downstream, so it
+    does not hold the watermark of the tasks it feeds back, and active again before its next
+    data; :meth:`idle_at_once` makes it idle at its first empty poll.
     """
+
+    idle_timeout_ms: int | None = None
+    """Idle after this many milliseconds of empty polls (Flink's ``withIdleness``); None, the
+    default: never by time."""
 
     def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
         raise NotImplementedError
+
+    def idle_at_once(self) -> bool:
+        """True while this subtask has nothing to read at all (e.g. a split source without
+        splits): idle at its first empty poll, whatever ``idle_timeout_ms``."""
+        return False
 
     def current_watermark(self) -> int:
         return MIN_WATERMARK

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pyarrow as pa
 
 from snapflow.checkpointing import BarrierOptions
 from snapflow.worker.runtime.operator import SourceOperator
+from snapflow.worker.runtime.source_idleness import SourceIdleness
 from snapflow.worker.runtime.subtask_checkpoints import now_ms
 from snapflow.worker.runtime.task_lifecycle import (
     Phase,
@@ -43,6 +45,7 @@ class SourceLoop:
         self._shell = shell
         self._source = source
         self._batch_records = batch_records
+        self._idleness = SourceIdleness(source.idle_timeout_ms)
         self._triggers: asyncio.Queue[tuple[int, int, BarrierOptions]] = asyncio.Queue()
         self._trigger_queued = asyncio.Event()
         """Set while a trigger is queued: waiting on it leaves the queue's order alone."""
@@ -93,6 +96,7 @@ class SourceLoop:
                 await shell.handle(SourceExhausted())
                 return
             rows, out, watermark = polled
+            await shell.mark_idle(self._idleness.idle)  # active again before its data
             if rows == 0:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(IDLE_POLL_S):
@@ -143,7 +147,11 @@ class SourceLoop:
         batch = self._source.poll_batch(max_records)
         if batch is None:
             return None
-        if batch.num_rows == 0:
+        rows = batch.num_rows
+        self._idleness.on_poll(
+            rows, time.monotonic_ns() // 1_000_000, not rows and self._source.idle_at_once()
+        )
+        if rows == 0:
             return 0, [], None
         out = self._shell.chain.process_batch(batch)
         watermark = self._source.current_watermark()

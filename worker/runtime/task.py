@@ -15,8 +15,8 @@ The pieces, one module each:
 * ``busy_time``: busy and backpressured time, reported with the watermark (``metrics``).
 
 Restore: channel state of an unaligned checkpoint is replayed before any new input (output
-channel state is sent first downstream, input channel state is processed first), which needs an
-unchanged parallelism.
+channel state is sent first downstream, input channel state is processed first, as data of the
+input whose channel it was captured on), which needs an unchanged parallelism.
 """
 
 from __future__ import annotations
@@ -287,11 +287,9 @@ class Subtask:
                     if target is not None:
                         await target.send(DataFrame(batch))
             else:
-                # input state is keyed by its channel (same numbering: same parallelism), and
-                # goes to the logical input that channel belongs to
-                gate = self.input_loop.gate if self.input_loop is not None else None
-                index = gate.input_of[h.key_group_start] if gate is not None else 0
+                # Input channel state exists only for tasks with inputs; the handle's key is the
+                # gate's channel, so the data goes back to the input it was captured on.
+                assert self.input_loop is not None
+                input_index = self.input_loop.gate.input_of[h.key_group_start]
                 for batch in batches:
-                    await self._output.emit(
-                        await self.runner.call(self._shell.chain.process_batch, batch, index)
-                    )
+                    await self.input_loop.process_input(input_index, batch)

@@ -17,7 +17,7 @@ import structlog
 
 from snapflow.event_time import MAX_WATERMARK, MIN_WATERMARK
 from snapflow.worker.runtime.chain import Chain
-from snapflow.worker.runtime.frames import EndOfDataFrame, WatermarkFrame
+from snapflow.worker.runtime.frames import EndOfDataFrame, WatermarkFrame, WatermarkStatusFrame
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
 from snapflow.worker.runtime.subtask_checkpoints import (
@@ -90,6 +90,8 @@ class TaskShell:
         self.records_in = 0
         self.watermark = MIN_WATERMARK
         """The event time this task emitted last."""
+        self.idle = False
+        """The watermark status this task announced last (Flink's ``WatermarkStatus``)."""
 
     def feed(self, event: Event) -> None:
         """An event from outside the task's loops (a notice, a settled snapshot): only actions
@@ -161,9 +163,16 @@ class TaskShell:
     async def advance_watermark(self, watermark: int) -> None:
         """The task's event time moves to ``watermark``: timers fire, and the watermark goes
         downstream behind their output."""
+        await self.mark_idle(False)  # a watermark is never sent while idle (Flink's order)
         self.watermark = watermark
         await self.output.emit(await self.runner.call(self.chain.process_watermark, watermark))
         await self.output.broadcast(WatermarkFrame(watermark))
+
+    async def mark_idle(self, idle: bool) -> None:
+        """Announce the task idle (or active again) downstream, if that changes its status."""
+        if idle != self.idle:
+            self.idle = idle
+            await self.output.broadcast(WatermarkStatusFrame(idle))
 
     async def _end_data(self, run_end_input: bool) -> None:
         """The input ended: flush the chain (``end_input``, unless it ran before the restored

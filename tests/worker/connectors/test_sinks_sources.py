@@ -175,10 +175,12 @@ def test_unbounded_subtask_without_splits_idles_with_max_watermark(tmp_path: Pat
     assert idle.splits == []
     assert idle.poll_batch(10).num_rows == 0  # type: ignore[union-attr]
     assert idle.current_watermark() == MAX_WATERMARK
+    assert idle.idle_at_once()  # nothing to read: announced idle at once (not held back)
     # restored, but this operator had no state (e.g. added to the job): a fresh start
     fresh = GeneratorSource(None, batch_size=10)
     fresh.open(dataclasses.replace(src_ctx(1, 2, OperatorStateBackend(), restored=1)))
     assert fresh.splits == [(1, 0, None)]
+    assert not fresh.idle_at_once()
 
 
 def test_rate_limit() -> None:

@@ -33,6 +33,7 @@ from snapflow.worker.runtime.frames import (
     FrameTooLargeError,
     LatencyMarkerFrame,
     WatermarkFrame,
+    WatermarkStatusFrame,
     decode_batch,
     encode_batch,
     encode_batch_chunks,
@@ -149,6 +150,8 @@ def test_every_frame_type_round_trips_through_protobuf() -> None:
         EndOfDataFrame(),
         EndOfPartitionFrame(),
         WatermarkFrame(-5),
+        WatermarkStatusFrame(idle=True),
+        WatermarkStatusFrame(idle=False),
         LatencyMarkerFrame(77, "src", 3),
     ]
     for frame in frames:
@@ -171,6 +174,7 @@ def test_frame_classification() -> None:
         EndOfDataFrame(),
         EndOfPartitionFrame(),
         WatermarkFrame(1),
+        WatermarkStatusFrame(idle=True),
         LatencyMarkerFrame(1, "s", 0),
     ):
         assert is_event(event) and not is_priority(event)
