@@ -268,6 +268,8 @@ class GeneratorSource(SplitSource):
     source late. ``total_records`` None: unbounded; otherwise split over the initial parallelism.
     """
 
+    output_schema = GENERATOR_SCHEMA
+
     def __init__(
         self,
         total_records: int | None = None,
@@ -388,6 +390,7 @@ class SequenceSource(SplitSource):
         self.end = end
         self.field = field
         self.schema = pa.schema([(field, _I64)])
+        self.output_schema = self.schema
 
     @property
     def bounded(self) -> bool:

@@ -225,6 +225,10 @@ class SourceOperator(Operator):
     """Idle after this many milliseconds of empty polls (Flink's ``withIdleness``); None, the
     default: never by time."""
 
+    output_schema: pa.Schema | None = None
+    """The schema of every batch the source emits, when fixed (the pipeline builder checks
+    unions and join keys against it at build time); None: not declared."""
+
     def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
         raise NotImplementedError
 
