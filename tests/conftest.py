@@ -9,6 +9,8 @@ Sections (add new fixtures to the matching section, or start a new one):
 2. Spark: a local ``SparkSession`` for the whole session (tests marked ``spark``).
 3. S3: moto's S3 server on 127.0.0.1 for the whole session, reached through the ``AWS_*``
    variables (set for this process and the processes it starts); a fresh bucket per test.
+4. Kafka: a Tansu broker (Kafka protocol, in memory) on 127.0.0.1 for the whole session; a
+   fresh topic name per test.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kit.kafka_broker import KafkaBroker, kafka_broker
 from kit.s3 import S3Server, create_bucket, s3_server
 
 from snapflow.redis_server import RedisServer
@@ -102,3 +105,21 @@ def s3_bucket(s3: S3Server) -> str:
     name = f"snapflow-{uuid.uuid4().hex[:12]}"
     create_bucket(s3, name)
     return name
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Kafka
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaBroker]:
+    """The session's Kafka-protocol broker (Tansu, in memory, on 127.0.0.1)."""
+    with kafka_broker() as broker:
+        yield broker
+
+
+@pytest.fixture
+def kafka_topic_name() -> str:
+    """A topic name no other test uses (create it with ``kafka.create_topic``)."""
+    return f"snapflow-{uuid.uuid4().hex[:12]}"
