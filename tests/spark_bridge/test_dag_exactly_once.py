@@ -8,14 +8,15 @@ Two jobs, each the whole DAG in one barrier stage on the session's local Spark:
   a ``TransactionalFileSink``; source ``a`` also fans out to a second sink (several sources,
   several sinks).
 * **diamond**: one source keyed into two keyed vertices (a running count and a running sum
-  per record, both ``KeyedProcessFunction``s), their outputs mapped to one schema, unioned,
+  per record, both ``KeyedProcessFunction``s emitting one schema), their outputs unioned,
   keyed again and re-joined per record by a keyed operator, into a sink; the source also feeds
   the library's keyed ``count()`` into a second sink.
 
 Every run kills a task in the middle (``FailAt`` behind the operator of the vertex with
 several inputs, in the first deployment after a completed checkpoint: ``how="exit"`` kills the
 Spark Python worker that hosts the agent, as a lost executor would; ``"raise"`` fails the task)
-in every checkpoint mode (aligned, unaligned, aligned with a 1 ms timeout, at least once); and
+in every checkpoint mode (aligned, unaligned, aligned with a 1 ms timeout, at least once; the
+coordinator's history must show unaligned checkpoints exactly in the unaligned modes); and
 one run per job stops with a savepoint at parallelism 2 and resumes at 3 (diamond) or 1 (join).
 The committed output is checked record by record against what the sources produce, computed in
 plain Python: exactly once, or for at least once no record lost (duplicates allowed).
@@ -34,8 +35,11 @@ import pytest
 from kit.workers import check_exactly_once
 from pyspark import cloudpickle
 
+from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.spark_bridge import FixedDelay, JobStatus, Pipeline
+from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.spark_bridge.streams import KeyedStream, Stream
+from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.api.functions import KeyedContext, KeyedProcessFunction
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
@@ -360,12 +364,29 @@ def test_a_task_killed_in_the_vertex_with_several_inputs_loses_and_duplicates_no
     # The first deployment, subtask 0 of the vertex with several inputs, after a completed
     # checkpoint and a few hundred rows of its operator's output.
     crash = FailAt(how=_how(job, mode), after_records=600, after_checkpoints=1)
-    result = build(tmp_path / "out", tmp_path / "cp", mode, crash=crash).run(
-        spark, timeout_s=RUN_TIMEOUT_S
-    )
+    with EmbeddedCoordinator(storage_root=str(tmp_path / "root")) as coordinator:
+        result = build(tmp_path / "out", tmp_path / "cp", mode, crash=crash).run(
+            spark, timeout_s=RUN_TIMEOUT_S, coordinator_address=coordinator.address
+        )
+        unaligned = _unaligned_checkpoints(coordinator.address, result.job_id)
     assert result.state is JobStatus.FINISHED, result.failure
     assert result.restarts == 1 and result.stage_attempts == 2, result
+    # Unaligned: some checkpoint's barriers overtook data (with the 1 ms timeout, an
+    # alignment switched to unaligned); aligned and at least once: none did.
+    assert (unaligned > 0) is (mode in ("unaligned", "aligned-timeout")), unaligned
     check(tmp_path / "out", mode != "at-least-once")
+
+
+def _unaligned_checkpoints(address: str, job_id: str) -> int:
+    """The job's checkpoints of which some subtask took its snapshot unaligned."""
+    client = CoordinatorClient(address)
+    try:
+        stats = client.call(
+            "GetCheckpointStats", cpb.GetCheckpointStatsRequest(job_id=job_id, history_size=100)
+        )
+    finally:
+        client.close()
+    return sum(1 for c in stats.history if c.unaligned)
 
 
 # ---------------------------------------------------------------------------------------------
