@@ -23,7 +23,7 @@ coordinators in ``high_availability = "redis"`` when this build has leader elect
   at a seeded point after its first checkpoint and finishes on the promoted replica.
 
 Verified exactly at the end: every job FINISHED and its committed output exact (``lost`` and
-``duplicated`` records, ``chaos.workload.verify``). Recovery is the time from a worker kill to
+``duplicated`` records, ``JobSpec.verify``). Recovery is the time from a worker kill to
 the next completed checkpoint of its job; takeover the time from a leader kill to the first
 completed checkpoint of any job after it.
 """
@@ -56,7 +56,7 @@ from chaos.hostile import (
     send,
     send_stream,
 )
-from chaos.workload import MODES, JobSpec, verify
+from chaos.workload import MODES, JobSpec
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
@@ -135,6 +135,8 @@ class Figures:
     stale_agent_commands: int = 0
     jobs_total: int = 0
     jobs_finished: int = 0
+    join_jobs: int = 0
+    join_worker_kills: int = 0
     records: int = 0
     lost: int = 0
     duplicated: int = 0
@@ -293,7 +295,8 @@ class Run:
             await self.sentinel_client.close()
             await asyncio.to_thread(self.kill_all)
         for spec in [*specs, *self._sentinel_done]:
-            verdict = verify(self.work_dir / "out" / spec.name, spec.expected())
+            verdict = spec.verify(self.work_dir / "out" / spec.name)
+            self.figures.join_jobs += spec.kind == "join"
             finished = spec.name in self.finished
             self.figures.records += verdict.records
             # A job that did not finish has not committed everything yet: only duplicates count.
@@ -326,6 +329,8 @@ class Run:
             "hostile_exchange_streams": self.hostile.exchange_streams,
             "jobs_total": f.jobs_total,
             "jobs_finished": f.jobs_finished,
+            "join_jobs": f.join_jobs,
+            "join_worker_kills": f.join_worker_kills,
             "records": f.records,
             "lost": f.lost,
             "duplicated": f.duplicated,
@@ -379,6 +384,9 @@ class Run:
                     keys=self.rng.choice([50, 200, 1000]),
                     parallelism=parallelism,
                     seed=self.rng.getrandbits(31),
+                    # Every fourth a join (two sources, a keyed two-input task): over the
+                    # rotation of modes, each mode gets joins too.
+                    kind="join" if i % 4 == 2 else "count",
                 )
             )
         return specs
@@ -483,6 +491,7 @@ class Run:
                         await asyncio.to_thread(victim.kill)
                         kills += 1
                         self.figures.worker_kills += 1
+                        self.figures.join_worker_kills += spec.kind == "join"
                         next_kill_after = latest
         finally:
             self.running_jobs.pop(job_id, None)

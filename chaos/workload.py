@@ -1,10 +1,14 @@
 """The chaos jobs and their exact verification.
 
-Every job is ``GeneratorSource -> hash(key) -> KeyedCount -> TransactionalFileSink``: the
-source is deterministic and replayable, so the true count of every key is known; the sink
-commits a running count per key and checkpoint. Exactly once means, per key, committed counts
-strictly increasing in commit order (a record committed twice repeats or lowers a count) and a
-last count equal to the true count (a lost record ends below it).
+Two kinds of job (``JobSpec.kind``):
+
+* ``count``: ``GeneratorSource -> hash(key) -> KeyedCount -> TransactionalFileSink``: the
+  source is deterministic and replayable, so the true count of every key is known; the sink
+  commits a running count per key and checkpoint. Exactly once means, per key, committed counts
+  strictly increasing in commit order (a record committed twice repeats or lowers a count) and
+  a last count equal to the true count (a lost record ends below it).
+* ``join``: two sources keyed alike into a keyed two-input operator, then the sink
+  (``chaos.join_workload``); its output is checked row by row against every matching pair.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from typing import Any
 import pyarrow as pa
 from pyspark import cloudpickle
 
+from chaos.join_workload import expected_join, join_graph, verify_join
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
+
+KINDS = ("count", "join")
 
 MODES = {
     "aligned": (pb.CHECKPOINT_MODE_ALIGNED, 0),
@@ -32,7 +39,8 @@ MODES = {
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One chaos job: its mode, size and parallelism (slots = worker processes)."""
+    """One chaos job: its kind (:data:`KINDS`), mode, size and parallelism (slots = worker
+    processes)."""
 
     name: str
     mode: str
@@ -41,6 +49,7 @@ class JobSpec:
     keys: int
     parallelism: int
     seed: int
+    kind: str = "count"
 
     def source(self) -> GeneratorSource:
         return GeneratorSource(
@@ -52,6 +61,11 @@ class JobSpec:
         )
 
     def graph(self, out: Path) -> pb.JobGraph:
+        if self.kind == "join":
+            return join_graph(
+                self.name, out, self.records, self.keys, self.rate_per_s, self.parallelism
+            )
+
         def op(operator_id: str, operator: Any) -> pb.OperatorSpec:
             return pb.OperatorSpec(
                 operator_id=operator_id,
@@ -102,8 +116,17 @@ class JobSpec:
             tolerable_failures_unlimited=True,
         )
 
+    def verify(self, out: Path) -> Verdict:
+        """How far the committed output in ``out`` is from exactly once."""
+        if self.kind == "join":
+            expected = expected_join(self.records, self.keys)
+            lost, duplicated = verify_join(out, expected)
+            return Verdict(sum(expected.values()), lost, duplicated)
+        return verify(out, self.expected())
+
     def expected(self) -> Counter[int]:
-        """The true count per key, from the generator's scalar record definition."""
+        """The true count per key (a count job), from the generator's scalar record
+        definition."""
         source = self.source()
         base, rest = divmod(self.records, self.parallelism)
         counts: Counter[int] = Counter()
@@ -118,11 +141,14 @@ class Verdict:
     """How far the committed output is from exactly once."""
 
     records: int
+    """Records of the true output: source records (count), matching pairs (join)."""
     lost: int
-    """Records of the true counts missing from the last committed counts."""
+    """Records of the true counts missing from the last committed counts (join: rows
+    missing)."""
     duplicated: int
     """Records counted twice: last counts above the truth, plus every repeated or lowered
-    committed count (a replay committed again)."""
+    committed count (a replay committed again); join: rows committed twice or never
+    produced."""
 
     @property
     def exact(self) -> bool:

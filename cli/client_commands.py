@@ -148,6 +148,26 @@ def _partitioning(edge: pb.JobEdge) -> str:
     return f"{name}({edge.key_field})" if edge.key_field else name
 
 
+def _edge_source(edge: pb.JobEdge) -> str:
+    """An edge's upstream vertex, with the side output it carries: ``v1-x [side: late]``."""
+    tag = f" [side: {edge.output_tag}]" if edge.output_tag else ""
+    return edge.source_vertex_id + tag
+
+
+def _inputs(vertex: pb.JobVertex, edges: list[pb.JobEdge]) -> str:
+    """Where a vertex's data comes from: ``-`` for a source, the upstream vertices of its one
+    input joined by ``+`` (a union), or per logical input ``in0: ...; in1: ...``."""
+    by_input: dict[int, list[str]] = {}
+    for e in edges:
+        if e.target_vertex_id == vertex.vertex_id:
+            by_input.setdefault(e.target_input, []).append(_edge_source(e))
+    if not by_input:
+        return "-"
+    if len(by_input) == 1 and 0 in by_input:
+        return " + ".join(by_input[0])
+    return "; ".join(f"in{i}: {' + '.join(by_input[i])}" for i in sorted(by_input))
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     with connect(args) as c:
         job = c.stub.GetJob(cpb.GetJobRequest(job_id=args.job_id), timeout=c.timeout)
@@ -156,9 +176,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         print_json(job)
         return 0
     console = stdout_console()
+    edges = list(graph.edges)
     console.print(
         f"Job {job.job_id} ({job.name or '-'}): {job_state(job.state)}, "
-        f"{len(graph.vertices)} vertices, {len(graph.edges)} edges"
+        f"{len(graph.vertices)} vertices, {len(edges)} edges"
     )
     vertex_rows = [
         [
@@ -166,27 +187,32 @@ def cmd_info(args: argparse.Namespace) -> int:
             str(v.parallelism),
             str(v.max_parallelism or 128),
             " -> ".join(o.name or o.kind or o.operator_id for o in v.operators) or v.name or "-",
+            _inputs(v, edges),
         ]
         for v in graph.vertices
     ]
     vertex_columns = [
         Column("Vertex"),
         Column("Parallelism", justify="right"),
-        Column("Max", 1, justify="right"),  # max parallelism (key groups)
+        Column("Max", 2, justify="right"),  # max parallelism (key groups)
         Column("Operators (chained)", wrap=NAME_WIDTH),
+        Column("Inputs", 1, wrap=NAME_WIDTH),
     ]
     console.print(
         fitted_table(console, vertex_columns, vertex_rows, title="Vertices", title_justify="left")
     )
     parallelism = {v.vertex_id: v.parallelism for v in graph.vertices}
+    # The logical input an edge feeds, for the targets with several inputs.
+    several_inputs = {e.target_vertex_id for e in edges if e.target_input}
     edge_rows = [
         [
-            e.source_vertex_id,
-            e.target_vertex_id,
+            _edge_source(e),
+            e.target_vertex_id
+            + (f" in{e.target_input}" if e.target_vertex_id in several_inputs else ""),
             _partitioning(e),
             f"{parallelism.get(e.source_vertex_id, '?')} -> {parallelism.get(e.target_vertex_id, '?')}",
         ]
-        for e in graph.edges
+        for e in edges
     ]
     edge_columns = [
         Column("From"),
@@ -194,7 +220,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         Column("Partitioning", wrap=NAME_WIDTH),
         Column("Parallelism", 1),
     ]
-    if graph.edges:
+    if edges:
         console.print(
             fitted_table(console, edge_columns, edge_rows, title="Edges", title_justify="left")
         )

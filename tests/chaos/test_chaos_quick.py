@@ -1,7 +1,7 @@
 """The chaos suite's short seeded subset (``python -m chaos --quick``), in the test suite.
 
 Real processes (Redis, two coordinators with leader election when this build has it, worker
-processes), worker SIGKILLs in every checkpoint mode, a leader kill, a Redis kill, a split
+processes), worker SIGKILLs in every checkpoint mode (one of the jobs a two-source join), a leader kill, a Redis kill, a split
 brain, 200 hostile messages (unary RPCs and agents' Exchange streams) and one job on a
 Sentinel-backed coordinator whose Redis master is SIGKILLed mid-job; the run must end with
 every job finished and its output exact.
@@ -35,6 +35,7 @@ def test_quick_chaos_run_is_exact(tmp_path: Path) -> None:
     assert result["failures"] == [], result
     # Kills land at seeded points; under load a job may end before its last one.
     assert m["worker_kills"] >= 1 and m["jobs_finished"] == m["jobs_total"] == 4, m
+    assert m["join_jobs"] == 1, m  # a job of two sources into a keyed two-input task
     assert m["sentinel_failovers"] == 1, m
     assert m["hostile_messages"] == 200 and m["hostile_unexpected_status"] == 0, result
     assert m["hostile_exchange_streams"] >= 7, result  # every kind at least once

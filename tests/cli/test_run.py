@@ -37,6 +37,7 @@ from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.connectors.debug_sinks import CollectSink
 from snapflow.worker.connectors.file_sink import read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
+from snapflow.worker.runtime.operator import Operator, OutputTag
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -204,6 +205,41 @@ def test_info_shows_the_graph_and_jobs_filter_by_state(
                 run_cli, ["jobs", "--state", "RUNNING", "--state", "failed", *address], capsys
             )
             assert code == 0 and job.job_id not in out and "no jobs in that state" in out
+
+    asyncio.run(go())
+
+
+def test_info_shows_a_dag_with_several_inputs_and_side_outputs(
+    redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = Pipeline("dag", parallelism=2)
+    a = p.source(GeneratorSource(total_records=10), name="a")
+    b = p.source(GeneratorSource(total_records=10), name="b")
+    c = p.source(GeneratorSource(total_records=10), name="c")
+    joined = a.key_by("key").connect(b.union(c).key_by("key")).transform(Operator(), name="join")
+    joined.side_output(OutputTag("late")).sink(CollectSink(), name="late")
+    joined.sink(CollectSink(), name="out")
+
+    async def go() -> None:
+        async with running_coordinator(redis_url, str(tmp_path / "cp")) as c:
+            job = (
+                await c.stub.SubmitJob(cpb.SubmitJobRequest(graph=p.job_graph()), timeout=10)
+            ).job
+            code, out, err = await asyncio.to_thread(
+                run_cli, ["info", job.job_id, "--address", c.address], capsys
+            )
+            assert code == 0, err
+            assert "(dag): CREATED, 5 vertices, 4 edges" in out
+            # Vertices: where each one's data comes from, per logical input.
+            assert re.search(r"v2-c \(source\)[\s│]+2[\s│]+128[\s│]+c[\s│]+-[\s│]", out)
+            assert re.search(r"join -> out[\s│]+in0: v0-a; in1: v1-b \+ v2-c", out)
+            assert re.search(r"late[\s│]+v3-key-by-key \[side: late\]", out)
+            # Edges: the input of a target with several, the side output an edge carries.
+            assert re.search(r"v0-a[\s│]+v3-key-by-key in0[\s│]+HASH\(key\)", out)
+            assert re.search(r"v2-c[\s│]+v3-key-by-key in1[\s│]+HASH\(key\)", out)
+            assert re.search(
+                r"v3-key-by-key \[side: late\][\s│]+v4-side-output-late[\s│]+FORWARD", out
+            )
 
     asyncio.run(go())
 
