@@ -242,7 +242,7 @@ class Balance(KeyedCoBatchFunction):
         amounts = b.column("amt").to_pylist()
         totals: dict[Any, int] = {}
         for k, old in zip(keys, state.get_many(ctx.keys, ctx.key_groups), strict=True):
-            totals.setdefault(k, old)
+            totals.setdefault(k, old or 0)
         for k, a in zip(keys, amounts, strict=True):
             totals[k] += sign * a
         state.update_many(list(totals), list(totals.values()))
