@@ -30,7 +30,7 @@ from snapflow.worker.api.broadcast_functions import (
     broadcast_side_keyed_state_error,
 )
 from snapflow.worker.api.co_operators import RecordOperator, per_row, rows_steps
-from snapflow.worker.api.functions import close_function, open_function, runtime_context
+from snapflow.worker.api.functions import open_function, runtime_context
 from snapflow.worker.api.keyed_operators import fire_keyed_timers, keyed_rows_steps
 from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.errors import NoCurrentKeyError
@@ -42,21 +42,15 @@ class BroadcastProcess(RecordOperator):
     """Runs a :class:`BroadcastProcessFunction` on a non-keyed vertex: ``process_element``
     per row of input 0, ``process_broadcast_element`` per row of the broadcast input 1."""
 
+    function_type = BroadcastProcessFunction
+
     _runtime_fields: tuple[str, ...] = ("_encoder", "_side", "_read_ctx", "_write_ctx")
 
     def __init__(
         self, function: BroadcastProcessFunction, output_schema: pa.Schema | None = None
     ) -> None:
-        if not isinstance(function, BroadcastProcessFunction):
-            raise InvalidArgumentError(
-                f"BroadcastProcess needs a BroadcastProcessFunction, got {function!r:.100}"
-            )
-        self.function = function
+        self._set_function(function)
         self.output_schema = output_schema
-
-    @property
-    def name(self) -> str:
-        return f"BroadcastProcess({type(self.function).__name__})"
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -82,9 +76,6 @@ class BroadcastProcess(RecordOperator):
         self._write_ctx.current_watermark = watermark_ms
         return []
 
-    def close(self) -> None:
-        close_function(self.function)
-
 
 class KeyedBroadcastProcess(RecordOperator):
     """Runs a :class:`KeyedBroadcastProcessFunction` on a keyed vertex whose input 0 is keyed
@@ -92,6 +83,8 @@ class KeyedBroadcastProcess(RecordOperator):
     key current, ``process_broadcast_element`` per broadcast row with no current key (keyed
     state through ``apply_to_keyed_state``; a direct access raises an error naming it).
     Timers fire ``on_timer`` at a watermark, every remaining one at the end of the input."""
+
+    function_type = KeyedBroadcastProcessFunction
 
     _runtime_fields: tuple[str, ...] = (
         "_encoder",
@@ -107,22 +100,13 @@ class KeyedBroadcastProcess(RecordOperator):
         function: KeyedBroadcastProcessFunction,
         output_schema: pa.Schema | None = None,
     ) -> None:
-        if not isinstance(function, KeyedBroadcastProcessFunction):
-            raise InvalidArgumentError(
-                "KeyedBroadcastProcess needs a KeyedBroadcastProcessFunction, got "
-                f"{function!r:.100}"
-            )
+        self._set_function(function)
         if not isinstance(key_field, str) or not key_field:
             raise InvalidArgumentError(
                 f"KeyedBroadcastProcess needs a key field, got {key_field!r}"
             )
         self.key_field = key_field
-        self.function = function
         self.output_schema = output_schema
-
-    @property
-    def name(self) -> str:
-        return f"KeyedBroadcastProcess({type(self.function).__name__})"
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -167,6 +151,3 @@ class KeyedBroadcastProcess(RecordOperator):
 
     def end_input(self) -> list[pa.RecordBatch]:
         return self.process_watermark(MAX_WATERMARK)
-
-    def close(self) -> None:
-        close_function(self.function)

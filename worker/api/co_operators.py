@@ -14,7 +14,7 @@ order, keys in first-occurrence order; not keyed: arrival order).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -33,6 +33,7 @@ from snapflow.worker.api.co_functions import (
 )
 from snapflow.worker.api.functions import (
     KeyedContext,
+    RichFunction,
     close_function,
     open_function,
     runtime_context,
@@ -51,6 +52,7 @@ from snapflow.worker.runtime.operator import Operator, OperatorContext
 __all__ = [
     "CoBatchProcess",
     "CoProcess",
+    "FunctionOperator",
     "KeyedCoBatchProcess",
     "KeyedCoProcess",
     "RecordOperator",
@@ -117,7 +119,30 @@ def _check_keyed_inputs(ctx: OperatorContext, key_fields: tuple[str | None, ...]
         )
 
 
-class RecordOperator(Operator):
+class FunctionOperator(Operator):
+    """An operator that runs one user function of ``function_type``: checked when the operator
+    is built, named after it, closed with the operator."""
+
+    function_type: ClassVar[type] = RichFunction
+    function: Any
+
+    def _set_function(self, function: Any) -> None:
+        if not isinstance(function, self.function_type):
+            raise InvalidArgumentError(
+                f"{type(self).__name__} needs a {self.function_type.__name__}, got "
+                f"{function!r:.100}"
+            )
+        self.function = function
+
+    @property
+    def name(self) -> str:
+        return f"{type(self).__name__}({type(self.function).__name__})"
+
+    def close(self) -> None:
+        close_function(self.function)
+
+
+class RecordOperator(FunctionOperator):
     """A two-input operator over dict rows: both inputs in steps, outputs encoded to batches
     with one schema (``output_schema`` or inferred), side outputs flushed with each call."""
 
@@ -164,19 +189,12 @@ class CoProcess(RecordOperator):
     """Runs a :class:`CoProcessFunction`: ``process_element1`` per row of input 0,
     ``process_element2`` per row of input 1, in arrival order."""
 
+    function_type = CoProcessFunction
     _runtime_fields: tuple[str, ...] = ("_encoder", "_side", "_cctx")
 
     def __init__(self, function: CoProcessFunction, output_schema: pa.Schema | None = None) -> None:
-        if not isinstance(function, CoProcessFunction):
-            raise InvalidArgumentError(
-                f"CoProcess needs a CoProcessFunction, got {function!r:.100}"
-            )
-        self.function = function
+        self._set_function(function)
         self.output_schema = output_schema
-
-    @property
-    def name(self) -> str:
-        return f"CoProcess({type(self.function).__name__})"
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -195,9 +213,6 @@ class CoProcess(RecordOperator):
         self._cctx.current_watermark = watermark_ms
         return []
 
-    def close(self) -> None:
-        close_function(self.function)
-
 
 class KeyedCoProcess(RecordOperator):
     """Runs a :class:`KeyedCoProcessFunction` on a keyed vertex of two inputs keyed by
@@ -205,6 +220,7 @@ class KeyedCoProcess(RecordOperator):
     inputs' keys fire ``on_timer`` at a watermark, and every remaining one at the end of the
     input (as the final ``MAX_WATERMARK`` would)."""
 
+    function_type = KeyedCoProcessFunction
     _runtime_fields: tuple[str, ...] = ("_encoder", "_side", "_kctx", "_backend")
 
     def __init__(
@@ -213,17 +229,9 @@ class KeyedCoProcess(RecordOperator):
         function: KeyedCoProcessFunction,
         output_schema: pa.Schema | None = None,
     ) -> None:
-        if not isinstance(function, KeyedCoProcessFunction):
-            raise InvalidArgumentError(
-                f"KeyedCoProcess needs a KeyedCoProcessFunction, got {function!r:.100}"
-            )
+        self._set_function(function)
         self.key_fields = _check_key_fields(key_fields, "KeyedCoProcess")
-        self.function = function
         self.output_schema = output_schema
-
-    @property
-    def name(self) -> str:
-        return f"KeyedCoProcess({type(self.function).__name__})"
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -252,26 +260,16 @@ class KeyedCoProcess(RecordOperator):
     def end_input(self) -> list[pa.RecordBatch]:
         return self.process_watermark(MAX_WATERMARK)
 
-    def close(self) -> None:
-        close_function(self.function)
 
-
-class CoBatchProcess(Operator):
+class CoBatchProcess(FunctionOperator):
     """Runs a :class:`CoBatchFunction`: ``process_batch1`` per batch of input 0,
     ``process_batch2`` per batch of input 1."""
 
+    function_type = CoBatchFunction
     _runtime_fields: tuple[str, ...] = ("_bctx",)
 
     def __init__(self, function: CoBatchFunction) -> None:
-        if not isinstance(function, CoBatchFunction):
-            raise InvalidArgumentError(
-                f"CoBatchProcess needs a CoBatchFunction, got {function!r:.100}"
-            )
-        self.function = function
-
-    @property
-    def name(self) -> str:
-        return f"CoBatchProcess({type(self.function).__name__})"
+        self._set_function(function)
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -293,28 +291,18 @@ class CoBatchProcess(Operator):
         self._bctx.current_watermark = watermark_ms
         return []
 
-    def close(self) -> None:
-        close_function(self.function)
 
-
-class KeyedCoBatchProcess(Operator):
+class KeyedCoBatchProcess(FunctionOperator):
     """Runs a :class:`KeyedCoBatchFunction` on a keyed vertex of two inputs keyed by
     ``key_fields``: every batch with its keys on the context (by its input's key field), due
     timers as one batch at a watermark, every remaining one at the end of the input."""
 
+    function_type = KeyedCoBatchFunction
     _runtime_fields: tuple[str, ...] = ("_backend", "_bctx")
 
     def __init__(self, key_fields: tuple[str, str], function: KeyedCoBatchFunction) -> None:
-        if not isinstance(function, KeyedCoBatchFunction):
-            raise InvalidArgumentError(
-                f"KeyedCoBatchProcess needs a KeyedCoBatchFunction, got {function!r:.100}"
-            )
+        self._set_function(function)
         self.key_fields = _check_key_fields(key_fields, "KeyedCoBatchProcess")
-        self.function = function
-
-    @property
-    def name(self) -> str:
-        return f"KeyedCoBatchProcess({type(self.function).__name__})"
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -343,6 +331,3 @@ class KeyedCoBatchProcess(Operator):
 
     def end_input(self) -> list[pa.RecordBatch]:
         return self.process_watermark(MAX_WATERMARK)
-
-    def close(self) -> None:
-        close_function(self.function)
