@@ -21,6 +21,7 @@ import pytest
 from pyspark import cloudpickle
 
 from snapflow.spark_bridge import FixedDelay, JobStatus, Pipeline
+from snapflow.spark_bridge.streams import Stream
 from snapflow.worker.api.broadcast_functions import (
     KeyedBroadcastContext,
     KeyedBroadcastProcessFunction,
@@ -58,8 +59,25 @@ def _all_orders(source: GeneratorSource, splits: int) -> list[dict[str, int]]:
     ]
 
 
-def _committed(out: Path) -> Counter[tuple[Any, ...]]:
-    table = read_committed(out)
+def _orders_failing_once(p: Pipeline) -> Stream:
+    """The orders as a source of ``p``, failing its subtask 0 once, after a checkpoint."""
+    return p.source(_orders(), name="orders").transform(
+        FailAt(how="raise", after_records=3000, after_checkpoints=1), name="crash-once"
+    )
+
+
+def _run_into_sink(
+    spark: Any, p: Pipeline, out: Stream, tmp_path: Path
+) -> Counter[tuple[Any, ...]]:
+    """Run ``p`` with ``out`` sunk into a transactional file sink: it finishes after one
+    restart; the committed rows."""
+    out.sink(TransactionalFileSink(str(tmp_path / "out")))
+    p.checkpointing(interval_ms=150, storage=tmp_path / "cp")
+    p.restart_strategy(FixedDelay(attempts=2, delay_s=0.2))
+    result = p.run(spark, timeout_s=RUN_TIMEOUT_S)
+    assert result.state is JobStatus.FINISHED
+    assert result.restarts == 1 and result.checkpoints_completed >= 1
+    table = read_committed(tmp_path / "out")
     return Counter(tuple(r.values()) for r in table.to_pylist())
 
 
@@ -88,25 +106,18 @@ class Enrich(KeyedCoProcessFunction):
 @pytest.mark.spark
 def test_keyed_co_process_enrichment_is_exactly_once(spark: Any, tmp_path: Path) -> None:
     p = Pipeline("enrich", parallelism=2, max_parallelism=64)
-    orders = p.source(_orders(), name="orders").transform(
-        FailAt(how="raise", after_records=3000, after_checkpoints=1), name="crash-once"
-    )
+    orders = _orders_failing_once(p)
     users = p.source(SequenceSource(0, USERS, batch_size=4, rate_per_s=20), name="users").map(
         lambda r: {"uid": r["value"], "name": f"user-{r['value']}"}, output_schema=USER_SCHEMA
     )
     enriched = (
         orders.key_by("key").connect(users.key_by("uid")).process(Enrich(), output_schema=ENRICHED)
     )
-    enriched.sink(TransactionalFileSink(str(tmp_path / "out")))
-    p.checkpointing(interval_ms=150, storage=tmp_path / "cp")
-    p.restart_strategy(FixedDelay(attempts=2, delay_s=0.2))
-    result = p.run(spark, timeout_s=RUN_TIMEOUT_S)
-    assert result.state is JobStatus.FINISHED
-    assert result.restarts == 1 and result.checkpoints_completed >= 1
+    committed = _run_into_sink(spark, p, enriched, tmp_path)
     expected = Counter(
         (o["key"], o["value"], o["ts"], f"user-{o['key']}") for o in _all_orders(_orders(), 2)
     )
-    assert _committed(tmp_path / "out") == expected
+    assert committed == expected
 
 
 RULES = MapStateDescriptor("blocked")
@@ -148,22 +159,15 @@ class Gate(KeyedBroadcastProcessFunction):
 @pytest.mark.spark
 def test_keyed_broadcast_rules_job_is_exactly_once(spark: Any, tmp_path: Path) -> None:
     p = Pipeline("rules", parallelism=2, max_parallelism=64)
-    events = p.source(_orders(), name="events").transform(
-        FailAt(how="raise", after_records=3000, after_checkpoints=1), name="crash-once"
-    )
+    events = _orders_failing_once(p)
     rules = p.source(
         SequenceSource(0, len(BLOCKED), batch_size=1, rate_per_s=10), name="rules", parallelism=1
     ).map(lambda r: {"blocked": r["value"] * 3})
     decided = events.key_by("key").connect(rules.broadcast()).process(Gate(), output_schema=DECIDED)
-    decided.sink(TransactionalFileSink(str(tmp_path / "out")))
-    p.checkpointing(interval_ms=150, storage=tmp_path / "cp")
-    p.restart_strategy(FixedDelay(attempts=2, delay_s=0.2))
-    result = p.run(spark, timeout_s=RUN_TIMEOUT_S)
-    assert result.state is JobStatus.FINISHED
-    assert result.restarts == 1 and result.checkpoints_completed >= 1
+    committed = _run_into_sink(spark, p, decided, tmp_path)
     expected = Counter(
         (o["key"], o["value"], o["ts"])
         for o in _all_orders(_orders(), 2)
         if o["key"] not in BLOCKED
     )
-    assert _committed(tmp_path / "out") == expected
+    assert committed == expected
