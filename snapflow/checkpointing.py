@@ -24,6 +24,7 @@ import enum
 from dataclasses import dataclass
 
 __all__ = [
+    "BROADCAST",
     "CHANNEL_INPUT",
     "CHANNEL_OUTPUT",
     "INCREMENTAL",
@@ -151,6 +152,9 @@ OPERATOR = "operator"
 """Operator list state, redistributed in chunks on rescaling (Flink's SPLIT_DISTRIBUTE)."""
 UNION = "union"
 """Operator union list state: every new subtask gets all lists (Flink's UNION)."""
+BROADCAST = "broadcast"
+"""Broadcast state (maps by name): every subtask checkpoints its own copy; on a rescale new
+subtask ``i`` gets old subtask ``i % old parallelism``'s copy (Flink's BROADCAST mode)."""
 INCREMENTAL = "incremental"
 """The manifest of an incremental checkpoint of the disk (RocksDB) backend."""
 SHARED = "shared"

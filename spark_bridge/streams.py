@@ -45,6 +45,16 @@ from snapflow.spark_bridge.stream_graph import (
     schema_mismatch,
     slug,
 )
+from snapflow.worker.api.broadcast_functions import (
+    BroadcastProcessFunction,
+    KeyedBroadcastProcessFunction,
+)
+from snapflow.worker.api.co_functions import (
+    CoBatchFunction,
+    CoProcessFunction,
+    KeyedCoBatchFunction,
+    KeyedCoProcessFunction,
+)
 from snapflow.worker.api.functions import (
     AggregateFunction,
     KeyedBatchFunction,
@@ -69,6 +79,7 @@ from snapflow.worker.api.operators import (
     MapBatches,
 )
 from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
+from snapflow.worker.api.two_input_operators import Connection, two_input_operator
 from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
 from snapflow.worker.runtime.operator import Operator, OutputTag, SourceOperator
 
@@ -394,6 +405,17 @@ class ConnectedStreams:
         ``process_input``) as the head of a new vertex: each input forwarded at equal
         parallelism, else round-robin; a broadcast input to every subtask."""
         check_operator("connect", operator)
+        return self._head(operator, type(operator).__name__, name, parallelism)
+
+    def _head(
+        self,
+        operator: Operator,
+        op_kind: str,
+        name: str | None,
+        parallelism: int | None,
+        schema: pa.Schema | None = None,
+    ) -> Stream:
+        """``operator`` (of kind ``op_kind``) as the head of a new vertex fed by both inputs."""
         first = self.first
         second = self.second.stream if isinstance(self.second, BroadcastStream) else self.second
         if first._vertex is second._vertex:
@@ -414,7 +436,38 @@ class ConnectedStreams:
                 stream._vertex,
                 EdgeNode(stream._vertex.vertex_id, target.vertex_id, kind, target_input=index),
             )
-        return Stream(first._graph, target, 0)._chain(operator, type(operator).__name__, name)
+        return Stream(first._graph, target, 0)._chain(operator, op_kind, name, schema)
+
+    @property
+    def _connection(self) -> Connection:
+        return Connection.BROADCAST if self.is_broadcast else Connection.CONNECTED
+
+    def process(
+        self,
+        function: CoProcessFunction | BroadcastProcessFunction,
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Record at a time over both inputs: a :class:`snapflow.worker.api.co_functions.CoProcessFunction`
+        (``process_element1``/``process_element2``), or on ``connect(other.broadcast())`` a
+        :class:`snapflow.worker.api.broadcast_functions.BroadcastProcessFunction` (broadcast
+        state). A function of another kind is refused here, naming the one that fits."""
+        op = two_input_operator(function, self._connection, output_schema=output_schema)
+        return self._head(op, "process", name, parallelism, output_schema)
+
+    def process_batches(
+        self,
+        function: CoBatchFunction,
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """Vectorised over both inputs: a :class:`snapflow.worker.api.co_functions.CoBatchFunction`
+        (``process_batch1``/``process_batch2``)."""
+        op = two_input_operator(function, self._connection, vectorised=True)
+        return self._head(op, "process_batches", name, parallelism)
 
 
 class KeyedConnectedStreams:
@@ -450,6 +503,38 @@ class KeyedConnectedStreams:
         """Any keyed two-input operator as the head of the keyed vertex."""
         check_operator("connect", operator)
         return self._stream._chain(operator, type(operator).__name__, name)
+
+    @property
+    def _connection(self) -> Connection:
+        return Connection.KEYED_BROADCAST if self.is_broadcast else Connection.KEYED
+
+    def process(
+        self,
+        function: KeyedCoProcessFunction | KeyedBroadcastProcessFunction,
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Record at a time with keyed state and event-time timers shared by both inputs: a
+        :class:`snapflow.worker.api.co_functions.KeyedCoProcessFunction`, or with a broadcast
+        input a :class:`snapflow.worker.api.broadcast_functions.KeyedBroadcastProcessFunction`.
+        A function of another kind is refused here, naming the one that fits."""
+        op = two_input_operator(
+            function,
+            self._connection,
+            (self.first_key, self.second_key),
+            output_schema=output_schema,
+        )
+        return self._stream._chain(op, "process", name, output_schema)
+
+    def process_batches(self, function: KeyedCoBatchFunction, *, name: str | None = None) -> Stream:
+        """Vectorised with the bulk state API: a
+        :class:`snapflow.worker.api.co_functions.KeyedCoBatchFunction` (``process_batch1``/
+        ``process_batch2``, ``on_timers``)."""
+        op = two_input_operator(
+            function, self._connection, (self.first_key, self.second_key), vectorised=True
+        )
+        return self._stream._chain(op, "process_batches", name)
 
 
 def check_operator(what: str, operator: object) -> None:

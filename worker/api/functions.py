@@ -101,6 +101,11 @@ class _KeyedStateAccess:
     def current_watermark(self) -> int:
         return self._backend.timer_service.current_watermark
 
+    @property
+    def operator_id(self) -> str:
+        """The operator whose state and timers these are."""
+        return self._ctx.operator_id
+
     def _cached(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
         state = self._states.get((kind, name))
         if state is None:

@@ -33,6 +33,7 @@ from snapflow.worker.api.operators import RowEncoder, batches_of, non_empty_batc
 from snapflow.worker.runtime.chain import fire_timers, run_steps
 from snapflow.worker.runtime.operator import Operator, OperatorContext
 from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
 from snapflow.worker.state.keyed_state import AggregatingState, ReducingState, aggregate_batch
 
 STEP_ROWS = 2048
@@ -40,7 +41,8 @@ STEP_ROWS = 2048
 milliseconds of a Python record function here, below a task's loop slice."""
 
 
-def _key_column(batch: pa.RecordBatch, key_field: str, who: str) -> pa.Array:
+def key_column(batch: pa.RecordBatch, key_field: str, who: str) -> pa.Array:
+    """The key column of ``batch``; a clear error naming ``who`` when it is missing."""
     idx = batch.schema.get_field_index(key_field)
     if idx < 0:
         raise InvalidArgumentError(
@@ -138,7 +140,7 @@ class KeyedCount(Operator):
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if not batch.num_rows:
             return []
-        keys = _key_column(batch, self.key_field, self.name)
+        keys = key_column(batch, self.key_field, self.name)
         if self._key_type is None:
             self._key_type = keys.type
         distinct, counts = aggregate_batch(keys)
@@ -212,7 +214,7 @@ class KeyedReduce(Operator):
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if not batch.num_rows:
             return []
-        keys = _key_column(batch, self.key_field, self.name)
+        keys = key_column(batch, self.key_field, self.name)
         values = _column(batch, self.value_field, self.name)
         if isinstance(self.agg, str):
             distinct, partials = aggregate_batch(keys, values, self.agg)
@@ -251,7 +253,7 @@ RowsFn = Callable[[Any, list[dict[str, Any]], KeyedContext], Iterable[dict[str, 
 TimerFn = Callable[[int, Any, KeyedContext], Iterable[dict[str, Any]] | None]
 
 
-def _rows_by_key(
+def rows_by_key(
     batch: pa.RecordBatch, keys: pa.Array, key_field: str, max_parallelism: int
 ) -> Iterator[tuple[Any, int, list[dict[str, Any]]]]:
     """``(key, key group, rows)`` per distinct key of ``batch``: keys in first-occurrence
@@ -301,6 +303,85 @@ def _group_with_arrow(
     rows = batch.take(pc.sort_indices(codes)).to_pylist()
     groups = kgs.key_groups(distinct, max_parallelism).to_pylist()
     return distinct.to_pylist(), groups, counts, rows
+
+
+def keyed_rows_steps(
+    batch: pa.RecordBatch,
+    key_field: str,
+    backend: KeyedStateBackend,
+    call: Callable[[Any, list[dict[str, Any]]], Iterable[dict[str, Any]] | None],
+    who: str,
+) -> Generator[None, None, list[dict[str, Any]]]:
+    """``call(key, rows)`` once per distinct key of ``batch`` (first-occurrence order, rows in
+    arrival order) with the key set as ``backend``'s current key; the rows it returns, in
+    that order. A step per about :data:`STEP_ROWS` rows, between two keys (the record
+    operators' ``process_batch_steps``)."""
+    if not batch.num_rows:
+        return []
+    keys = key_column(batch, key_field, who)
+    out: list[dict[str, Any]] = []
+    since_step = 0
+    for key, g, rows in rows_by_key(batch, keys, key_field, backend.max_parallelism):
+        backend.set_current_key(key, g)
+        produced = call(key, rows)
+        if produced is not None:
+            out.extend(produced)
+        since_step += len(rows)
+        if since_step >= STEP_ROWS:
+            since_step = 0
+            yield
+    return out
+
+
+def fire_keyed_timers(
+    backend: KeyedStateBackend,
+    watermark_ms: int,
+    kctx: KeyedContext,
+    call: Callable[[int, Any], Iterable[dict[str, Any]] | None] | None,
+) -> list[dict[str, Any]]:
+    """Fire the timers of ``kctx``'s operator due at ``watermark_ms``: ``call(timestamp, key)``
+    per timer in timestamp order, with its key current and ``kctx.timestamp`` set; the rows
+    it returns (none when ``call`` is None: the timers are dropped)."""
+    timers = fire_timers(backend, watermark_ms, kctx.operator_id)
+    if not timers or call is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for timer in timers:
+        backend.set_current_key(timer.key, timer.key_group)
+        kctx.timestamp = timer.timestamp
+        try:
+            produced = call(timer.timestamp, timer.key)
+        finally:
+            kctx.timestamp = None
+        if produced is not None:
+            out.extend(produced)
+    return out
+
+
+def set_batch_keys(
+    bctx: KeyedBatchContext, batch: pa.RecordBatch, key_field: str, who: str
+) -> None:
+    """Point ``bctx`` at ``batch``: its key column and their key groups."""
+    keys = key_column(batch, key_field, who)
+    bctx.keys = keys
+    bctx.key_groups = kgs.key_groups(keys, bctx.max_parallelism)
+
+
+def fired_timers_batch(
+    backend: KeyedStateBackend, watermark_ms: int, bctx: KeyedBatchContext
+) -> pa.RecordBatch | None:
+    """The timers of ``bctx``'s operator due at ``watermark_ms`` as one batch (``key``,
+    ``timestamp``; timestamp order), ``bctx`` pointed at their keys; None when none is due."""
+    timers = fire_timers(backend, watermark_ms, bctx.operator_id)
+    if not timers:
+        return None
+    keys = pa.array([t.key for t in timers])
+    bctx.keys = keys
+    bctx.key_groups = pa.array([t.key_group for t in timers], pa.int32())
+    return pa.RecordBatch.from_arrays(
+        [keys, pa.array([t.timestamp for t in timers], pa.int64())],
+        names=["key", "timestamp"],
+    )
 
 
 class KeyedProcess(Operator):
@@ -361,36 +442,20 @@ class KeyedProcess(Operator):
             return self.process_batch(batch)  # a subclass's own processing: one step
         if not batch.num_rows:
             return []
-        keys = _key_column(batch, self.key_field, self.name)
-        out: list[dict[str, Any]] = []
-        backend, kctx, fn = self._backend, self._kctx, self.fn
-        since_step = 0
-        for key, g, rows in _rows_by_key(batch, keys, self.key_field, backend.max_parallelism):
-            backend.set_current_key(key, g)
-            produced = fn(key, rows, kctx)
-            if produced is not None:
-                out.extend(produced)
-            since_step += len(rows)
-            if since_step >= STEP_ROWS:
-                since_step = 0
-                yield
+        kctx, fn = self._kctx, self.fn
+        out = yield from keyed_rows_steps(
+            batch, self.key_field, self._backend, lambda key, rows: fn(key, rows, kctx), self.name
+        )
         return non_empty_batches([self._encoder.encode(out)])
 
     def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
-        timers = fire_timers(self._backend, watermark_ms, self._context().operator_id)
-        if not timers or self.on_timer is None:
-            return []
-        out: list[dict[str, Any]] = []
-        backend, kctx = self._backend, self._kctx
-        for timer in timers:
-            backend.set_current_key(timer.key, timer.key_group)
-            kctx.timestamp = timer.timestamp
-            try:
-                produced = self.on_timer(timer.timestamp, timer.key, kctx)
-            finally:
-                kctx.timestamp = None
-            if produced is not None:
-                out.extend(produced)
+        on_timer, kctx = self.on_timer, self._kctx
+        out = fire_keyed_timers(
+            self._backend,
+            watermark_ms,
+            kctx,
+            None if on_timer is None else lambda ts, key: on_timer(ts, key, kctx),
+        )
         return non_empty_batches([self._encoder.encode(out)])
 
     def end_input(self) -> list[pa.RecordBatch]:
@@ -434,7 +499,7 @@ class Aggregate(Operator):
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if not batch.num_rows:
             return []
-        keys = _key_column(batch, self.key_field, self.name)
+        keys = key_column(batch, self.key_field, self.name)
         groups = kgs.key_groups(keys, self._backend.max_parallelism)
         values: Any = (
             batch.to_pylist()
@@ -527,25 +592,14 @@ class KeyedBatchProcess(Operator):
     def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         if not batch.num_rows:
             return []
-        keys = _key_column(batch, self.key_field, self.name)
-        bctx = self._bctx
-        bctx.keys = keys
-        bctx.key_groups = kgs.key_groups(keys, self._backend.max_parallelism)
-        return batches_of(self.function.process_batch(batch, bctx), self.name)
+        set_batch_keys(self._bctx, batch, self.key_field, self.name)
+        return batches_of(self.function.process_batch(batch, self._bctx), self.name)
 
     def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
-        timers = fire_timers(self._backend, watermark_ms, self._context().operator_id)
-        if not timers:
+        timers = fired_timers_batch(self._backend, watermark_ms, self._bctx)
+        if timers is None:
             return []
-        keys = pa.array([t.key for t in timers])
-        batch = pa.RecordBatch.from_arrays(
-            [keys, pa.array([t.timestamp for t in timers], pa.int64())],
-            names=["key", "timestamp"],
-        )
-        bctx = self._bctx
-        bctx.keys = keys
-        bctx.key_groups = pa.array([t.key_group for t in timers], pa.int32())
-        return batches_of(self.function.on_timers(batch, bctx), self.name)
+        return batches_of(self.function.on_timers(timers, self._bctx), self.name)
 
     def end_input(self) -> list[pa.RecordBatch]:
         return self.process_watermark(MAX_WATERMARK)

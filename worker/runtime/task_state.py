@@ -5,7 +5,7 @@ A keyed subtask (its input edge hashes by ``key_field``) has one keyed backend s
 operators of its chain (their state names carry the operator id), stored under the id
 ``<vertex>/keyed``. Each operator has its own operator-state backend. Operator states are
 restored from every old subtask's handles (keyed state by key group, list state split, union
-state broadcast).
+state broadcast, broadcast state one old subtask's copy each).
 
 The end of a subtask's data is state too: a snapshot taken after ``end_input`` records it
 (``END_OF_DATA_STATE``), so that a restore from it does not run ``end_input`` again.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from snapflow.checkpointing import (
+    BROADCAST,
     CHANNEL_INPUT,
     CHANNEL_OUTPUT,
     OPERATOR,
@@ -108,7 +109,7 @@ class TaskState:
             op_state = OperatorStateBackend(name=op_id)
             self.operator_state[op_id] = op_state
             handles = self.restore_data.handles.get(op_id, {})
-            if any(h.kind in (OPERATOR, UNION) for hs in handles.values() for h in hs):
+            if any(h.kind in (OPERATOR, UNION, BROADCAST) for hs in handles.values() for h in hs):
                 op_state.restore(
                     handles,
                     ident.subtask_index,

@@ -10,6 +10,7 @@ __all__ = [
     "CorruptStateError",
     "IncompatibleStateError",
     "KeyGroupRangeError",
+    "NoCurrentKeyError",
     "StateFormatVersionError",
     "no_current_key",
 ]
@@ -40,6 +41,11 @@ class KeyGroupRangeError(StateError):
     status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class NoCurrentKeyError(StateError):
+    """A keyed state access (or timer registration) without a current key; its own class so
+    that an operator can name its own fix (a broadcast side: ``apply_to_keyed_state``)."""
+
+
 def no_current_key() -> StateError:
     """The error of a keyed state access (or timer registration) without a current key."""
-    return StateError("no current key: call set_current_key(key) before using keyed state")
+    return NoCurrentKeyError("no current key: call set_current_key(key) before using keyed state")

@@ -165,6 +165,12 @@ class KeyedStateBackend:
         self._current_idx = self._index_of(key, key_group)
         self._current_key = key
 
+    def clear_current_key(self) -> None:
+        """No current key: keyed state accesses raise ``NoCurrentKeyError`` until the next
+        :meth:`set_current_key` (e.g. while a broadcast input, which has no key, is processed)."""
+        self._current_idx = -1
+        self._current_key = None
+
     @property
     def current_key(self) -> Any:
         return self._current_key if self._current_idx >= 0 else None

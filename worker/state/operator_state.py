@@ -1,14 +1,20 @@
-"""Operator state: named lists of a non-keyed operator (source positions, buffered elements).
+"""Operator state: named lists of a non-keyed operator (source positions, buffered elements)
+and broadcast state (named maps).
 
-This is Flink's ``OperatorStateBackend`` (list and union list state), in Python. A *list*
-state is redistributed on restore (Flink's SPLIT_DISTRIBUTE); a *union* list state gives every
-subtask the union of all subtasks' lists (Flink's UNION).
+This is Flink's ``OperatorStateBackend`` (list, union list and broadcast state), in Python. A
+*list* state is redistributed on restore (Flink's SPLIT_DISTRIBUTE); a *union* list state gives
+every subtask the union of all subtasks' lists (Flink's UNION); a *broadcast* state
+(:mod:`snapflow.worker.state.broadcast_state`) is checkpointed by every subtask, its own copy.
 
 :meth:`OperatorStateBackend.restore` at an unchanged parallelism gives every subtask its own
 lists back; at a changed parallelism it concatenates every list state's lists in old subtask
 order and hands out contiguous, near-equal chunks (the first ``total % p`` subtasks get one
 more element). Union states are the concatenation of all old subtasks' lists, for every
-subtask, always.
+subtask, always. Broadcast states as Flink's ``RoundRobinOperatorStateRepartitioner`` hands
+them out: at an unchanged parallelism each subtask gets its own copy back; at a changed one,
+new subtask ``i`` gets the copy of the ``i % n``-th of the ``n`` old subtasks that wrote the
+state (in subtask order): scaling 2 -> 3 gives subtasks 0, 1, 2 the copies of 0, 1, 0;
+scaling 3 -> 2 gives them the copies of 0, 1 (old subtask 2's copy is dropped).
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from snapflow.checkpointing import OPERATOR, UNION, StateHandle
+from snapflow.checkpointing import BROADCAST, OPERATOR, UNION, StateHandle
 from snapflow.errors import StateError
+from snapflow.worker.state.broadcast_state import BroadcastState
 from snapflow.worker.state.errors import IncompatibleStateError
 from snapflow.worker.state.keygroups import KeyGroupRange
 from snapflow.worker.state.snapshots import SnapshotInProgress
@@ -84,6 +91,7 @@ class OperatorStateBackend:
     def __init__(self, *, name: str = "") -> None:
         self.name = name
         self._states: dict[str, OperatorListState[Any]] = {}
+        self._broadcast: dict[str, BroadcastState] = {}
 
     def _get(self, name: str, mode: str) -> OperatorListState[Any]:
         if not isinstance(name, str) or not name:
@@ -106,20 +114,40 @@ class OperatorStateBackend:
         """List state broadcast as the union of all subtasks' lists on restore (Flink's UNION)."""
         return self._get(name, UNION_DISTRIBUTE)
 
+    def get_broadcast_state(self, name: str) -> BroadcastState:
+        """The broadcast state ``name`` (a map), created empty on first use."""
+        if not isinstance(name, str) or not name:
+            raise StateError(f"state names are non-empty strings, got {name!r}")
+        state = self._broadcast.get(name)
+        if state is None:
+            state = self._broadcast[name] = BroadcastState(name, {})
+        return state
+
     def state_names(self) -> list[str]:
         return sorted(self._states)
+
+    def broadcast_state_names(self) -> list[str]:
+        return sorted(self._broadcast)
 
     def snapshot(self, checkpoint_id: int) -> SnapshotInProgress:
         """Synchronous part: a shallow copy of every list (operator state is small)."""
         start = time.perf_counter()
         split = {n: list(s._items) for n, s in self._states.items() if s.mode == SPLIT_DISTRIBUTE}
         union = {n: list(s._items) for n, s in self._states.items() if s.mode == UNION_DISTRIBUTE}
+        # every registered broadcast state, empty ones too: a rescale picks old copies by
+        # their position among the subtasks that wrote the state
+        broadcast = {n: s.copy_entries() for n, s in self._broadcast.items()}
         prefix = self.name
 
         def write(directory: str, into: MergedStateObject | None) -> list[StateHandle]:
             handles = []
-            for kind, lists in ((OPERATOR, split), (UNION, union)):
-                if not any(lists.values()):
+            parts: tuple[tuple[str, Mapping[str, Any]], ...] = (
+                (OPERATOR, split),
+                (UNION, union),
+                (BROADCAST, broadcast),
+            )
+            for kind, lists in parts:
+                if not (lists if kind == BROADCAST else any(lists.values())):
                     continue
                 meta = {
                     "format": FORMAT_NAME,
@@ -150,12 +178,14 @@ class OperatorStateBackend:
         old_parallelism: int | None = None,
         base_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        """Restore from the operator and union handles of every old subtask (other kinds are
-        ignored). ``handles_by_old_subtask`` maps old subtask index -> handles (a sequence is
+        """Restore from the operator, union and broadcast handles of every old subtask (other
+        kinds are ignored). ``handles_by_old_subtask`` maps old subtask index -> handles (a sequence is
         indexed by position); ``old_parallelism`` defaults to the highest index + 1."""
         if not 0 <= new_index < new_parallelism:
             raise StateError(f"subtask index {new_index} outside [0, {new_parallelism})")
-        if any(len(s) for s in self._states.values()):
+        if any(len(s) for s in self._states.values()) or any(
+            len(s) for s in self._broadcast.values()
+        ):
             raise IncompatibleStateError("restore() needs a backend that holds no state yet")
         by_index: dict[int, Iterable[Any]] = (
             dict(handles_by_old_subtask)
@@ -165,21 +195,27 @@ class OperatorStateBackend:
         old_p = old_parallelism if old_parallelism is not None else max(by_index, default=-1) + 1
         split_parts: dict[str, list[tuple[int, list[Any]]]] = {}
         union: dict[str, list[Any]] = {}
+        copies: dict[str, list[tuple[int, dict[Any, Any]]]] = {}
         for old_index in sorted(by_index):
             for raw in by_index[old_index]:
                 handle = handle_fields(raw, base_dir)
                 kind = handle.kind
-                if kind not in (OPERATOR, UNION):
+                if kind not in (OPERATOR, UNION, BROADCAST):
                     continue
                 with StateFileReader(handle) as reader:
                     for entry in reader.sections:
                         data = reader.read(entry)
+                        of = dict if kind == BROADCAST else list
                         if not isinstance(data, dict) or not all(
-                            isinstance(v, list) for v in data.values()
+                            isinstance(v, of) for v in data.values()
                         ):
-                            raise reader.corrupt("an operator state section is not {name: list}")
+                            raise reader.corrupt(
+                                f"an operator state section is not {{name: {of.__name__}}}"
+                            )
                         for name, items in data.items():
-                            if kind == UNION:
+                            if kind == BROADCAST:
+                                copies.setdefault(name, []).append((old_index, items))
+                            elif kind == UNION:
                                 union.setdefault(name, []).extend(items)
                             else:
                                 split_parts.setdefault(name, []).append((old_index, items))
@@ -194,3 +230,10 @@ class OperatorStateBackend:
                 begin = new_index * base + min(new_index, remainder)
                 mine = everything[begin : begin + base + (1 if new_index < remainder else 0)]
             self._get(name, SPLIT_DISTRIBUTE)._items = mine
+        for name, found in copies.items():
+            if old_p == new_parallelism:
+                own = [entries for i, entries in found if i == new_index]
+                chosen = own[0] if own else {}
+            else:
+                chosen = found[new_index % len(found)][1]
+            self.get_broadcast_state(name).replace(chosen)

@@ -45,6 +45,7 @@ from typing import Any, BinaryIO, NamedTuple, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from snapflow.checkpointing import (
+    BROADCAST,
     INCREMENTAL,
     KEYED,
     OPERATOR,
@@ -78,7 +79,7 @@ FORMAT_NAME = "snapflow-state"
 
 # A state file is described by a ``snapflow.checkpointing.StateHandle``, whose kind names
 # (KEYED, TIMERS, ...) are the foundation's. The codes in a file's header are this format's own.
-_KIND_CODES = {KEYED: 1, TIMERS: 2, OPERATOR: 3, UNION: 4, INCREMENTAL: 5}
+_KIND_CODES = {KEYED: 1, TIMERS: 2, OPERATOR: 3, UNION: 4, INCREMENTAL: 5, BROADCAST: 6}
 
 
 def handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> StateHandle:
