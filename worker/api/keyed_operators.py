@@ -546,6 +546,12 @@ class PerElement(RichFunction):
         process = self.function.process_element
         for row in rows:
             produced = process(row, ctx)
+            if isinstance(produced, dict):
+                # a lone row would extend ``out`` with its keys: say what to return instead
+                raise InvalidArgumentError(
+                    f"{type(self.function).__name__}.process_element returned a dict; return "
+                    f"an iterable of rows (e.g. [row] or yield row), or None for nothing"
+                )
             if produced is not None:
                 out.extend(produced)
         return out

@@ -164,6 +164,18 @@ def test_keyed_process_function_per_record_with_timers() -> None:
         keyed_process_function("k", lambda row, ctx: None)  # type: ignore[arg-type]
 
 
+class ReturnsARow(KeyedProcessFunction):
+    def process_element(self, row: dict[str, Any], ctx: Any) -> Any:
+        return row  # a common slip: one row instead of an iterable of rows
+
+
+def test_a_lone_row_returned_is_a_clear_error() -> None:
+    op = keyed_process_function("k", ReturnsARow())
+    op.open(keyed_ctx())
+    with pytest.raises(InvalidArgumentError, match=r"returned a dict; return an iterable"):
+        op.process_batch(batch([{"k": "a", "ts": 10}]))
+
+
 # ---------------------------------------------------------------------------------------------
 # KeyedBatchFunction: vectorised, bulk state, bulk timers
 # ---------------------------------------------------------------------------------------------
