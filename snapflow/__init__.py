@@ -59,6 +59,10 @@ _PUBLIC: dict[str, str] = {
     "TransactionalParquetSink": "snapflow.worker.connectors.parquet_sink",
     "read_committed_parquet": "snapflow.worker.connectors.parquet_sink",
     "RedisSink": "snapflow.worker.connectors.redis_sink",
+    "KafkaSink": "snapflow.worker.connectors.kafka_sink",
+    "KafkaSerializer": "snapflow.worker.connectors.kafka_sink_encoding",
+    "KafkaPartitioner": "snapflow.worker.connectors.kafka_sink_settings",
+    "DeliveryGuarantee": "snapflow.worker.connectors.kafka_sink_settings",
     "PrintSink": "snapflow.worker.connectors.debug_sinks",
     "CollectSink": "snapflow.worker.connectors.debug_sinks",
     # -- user functions and their contexts
@@ -98,6 +102,7 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointMode",
     "CollectSink",
+    "DeliveryGuarantee",
     "ConnectedStreams",
     "DataFrameSource",
     "ExponentialBackoff",
@@ -110,6 +115,9 @@ __all__ = [
     "JobHandle",
     "JobResult",
     "JobStatus",
+    "KafkaPartitioner",
+    "KafkaSerializer",
+    "KafkaSink",
     "KeyedBatchContext",
     "KeyedBatchFunction",
     "KeyedConnectedStreams",
@@ -196,6 +204,9 @@ if TYPE_CHECKING:
         TransactionalParquetSink,
         read_committed_parquet,
     )
+    from snapflow.worker.connectors.kafka_sink import KafkaSink
+    from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
+    from snapflow.worker.connectors.kafka_sink_settings import DeliveryGuarantee, KafkaPartitioner
     from snapflow.worker.connectors.redis_sink import RedisSink
     from snapflow.worker.connectors.socket_source import SocketTextSource
     from snapflow.worker.connectors.split_sources import (
