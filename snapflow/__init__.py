@@ -102,9 +102,9 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointMode",
     "CollectSink",
-    "DeliveryGuarantee",
     "ConnectedStreams",
     "DataFrameSource",
+    "DeliveryGuarantee",
     "ExponentialBackoff",
     "FailedPreconditionError",
     "FileSource",
@@ -200,13 +200,13 @@ if TYPE_CHECKING:
         FileSource,
         source_from_dataframe,
     )
+    from snapflow.worker.connectors.kafka_sink import KafkaSink
+    from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
+    from snapflow.worker.connectors.kafka_sink_settings import DeliveryGuarantee, KafkaPartitioner
     from snapflow.worker.connectors.parquet_sink import (
         TransactionalParquetSink,
         read_committed_parquet,
     )
-    from snapflow.worker.connectors.kafka_sink import KafkaSink
-    from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
-    from snapflow.worker.connectors.kafka_sink_settings import DeliveryGuarantee, KafkaPartitioner
     from snapflow.worker.connectors.redis_sink import RedisSink
     from snapflow.worker.connectors.socket_source import SocketTextSource
     from snapflow.worker.connectors.split_sources import (

@@ -149,6 +149,8 @@ class KafkaSink(Operator):
     ``connect_attempts`` of ``connect_timeout_s`` each reach the broker at ``open``;
     ``operation_timeout_s`` bounds each flush, commit and transactional call."""
 
+    _partitions: int
+    _next_partition: int
     _runtime_fields: tuple[str, ...] = (
         "_producer",
         "_producers",
@@ -188,10 +190,14 @@ class KafkaSink(Operator):
             )
         self.bootstrap_servers = bootstrap_servers
         self.topic = _kafka_name("topic", topic)
-        self.value = KafkaSerializer.of(value, "value") if value is not None else KafkaSerializer.json()
+        self.value = (
+            KafkaSerializer.of(value, "value") if value is not None else KafkaSerializer.json()
+        )
         self.key = KafkaSerializer.of(key, "key") if key is not None else None
         if headers is not None and (not isinstance(headers, str) or not headers):
-            raise InvalidArgumentError(f"KafkaSink headers must be a column name, got {headers!r:.80}")
+            raise InvalidArgumentError(
+                f"KafkaSink headers must be a column name, got {headers!r:.80}"
+            )
         self.headers = headers
         partitioner = partitioner if partitioner is not None else KafkaPartitioner.by_key()
         if not isinstance(partitioner, KafkaPartitioner):
@@ -220,23 +226,29 @@ class KafkaSink(Operator):
         self.transaction_timeout_ms = int(
             _positive("transaction_timeout_ms", transaction_timeout_ms, maximum=2**31 - 1)
         )
-        if isinstance(max_pending_transactions, bool) or not isinstance(
-            max_pending_transactions, int
-        ) or not 1 <= max_pending_transactions <= 64:
+        if (
+            isinstance(max_pending_transactions, bool)
+            or not isinstance(max_pending_transactions, int)
+            or not 1 <= max_pending_transactions <= 64
+        ):
             raise InvalidArgumentError(
                 f"KafkaSink max_pending_transactions must be an integer in 1..64, got "
                 f"{max_pending_transactions!r:.80}"
             )
         self.max_pending_transactions = max_pending_transactions
-        if isinstance(connect_attempts, bool) or not isinstance(connect_attempts, int) or not (
-            1 <= connect_attempts <= 100
+        if (
+            isinstance(connect_attempts, bool)
+            or not isinstance(connect_attempts, int)
+            or not (1 <= connect_attempts <= 100)
         ):
             raise InvalidArgumentError(
                 f"KafkaSink connect_attempts must be an integer in 1..100, got {connect_attempts!r:.80}"
             )
         self.connect_attempts = connect_attempts
         self.connect_timeout_s = _positive("connect_timeout_s", connect_timeout_s, maximum=600)
-        self.operation_timeout_s = _positive("operation_timeout_s", operation_timeout_s, maximum=3600)
+        self.operation_timeout_s = _positive(
+            "operation_timeout_s", operation_timeout_s, maximum=3600
+        )
         self.producer_config = check_producer_config(producer_config or {})
         _check_librdkafka(self._config(None))
 
@@ -338,9 +350,7 @@ class KafkaSink(Operator):
             partitions = pa.array([fixed] * n, pa.int32())
         else:
             start = self._next_partition
-            partitions = pa.array(
-                [(start + i) % self._partitions for i in range(n)], pa.int32()
-            )
+            partitions = pa.array([(start + i) % self._partitions for i in range(n)], pa.int32())
             self._next_partition = (start + n) % self._partitions
         if self.headers is not None:
             cells = headers_of(batch, self.headers)
@@ -524,7 +534,9 @@ class KafkaSink(Operator):
         self._marker = self._marker_consumer(own)
         own_marker = self._read_marker(self._marker)
         for record in mine:
-            consumer = self._marker if record.subtask == own else self._marker_consumer(record.subtask)
+            consumer = (
+                self._marker if record.subtask == own else self._marker_consumer(record.subtask)
+            )
             try:
                 marker = own_marker if record.subtask == own else self._read_marker(consumer)
                 for txn in to_reproduce(record, marker):

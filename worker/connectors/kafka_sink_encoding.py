@@ -176,7 +176,9 @@ def _json_value(name: str, col: pa.Array) -> pa.Array:
         text = col.cast(pa.string())
     elif pa.types.is_floating(t):
         finite = pc.is_finite(col)
-        text = pc.if_else(finite, col.cast(pa.float64()).cast(pa.string()), pa.scalar(None, pa.string()))
+        text = pc.if_else(
+            finite, col.cast(pa.float64()).cast(pa.string()), pa.scalar(None, pa.string())
+        )
     elif pa.types.is_boolean(t):
         text = pc.if_else(col, "true", "false")
     elif _is_string(t):

@@ -37,13 +37,12 @@ class DeliveryGuarantee(StrEnum):
 
 
 def parse_guarantee(value: object) -> DeliveryGuarantee:
-    try:
+    if isinstance(value, str) and value in {g.value for g in DeliveryGuarantee}:
         return DeliveryGuarantee(value)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"guarantee must be one of {', '.join(repr(g.value) for g in DeliveryGuarantee)}, "
-            f"got {value!r:.80}"
-        ) from None
+    raise InvalidArgumentError(
+        f"guarantee must be one of {', '.join(repr(g.value) for g in DeliveryGuarantee)}, "
+        f"got {value!r:.80}"
+    )
 
 
 PartitionerKind = Literal["key", "fixed", "round_robin"]
@@ -72,7 +71,7 @@ class KafkaPartitioner:
     hash: str = "murmur2_random"
 
     @classmethod
-    def by_key(cls, hash: str = "murmur2_random") -> KafkaPartitioner:  # noqa: A002
+    def by_key(cls, hash: str = "murmur2_random") -> KafkaPartitioner:
         if hash not in KEY_HASHES:
             raise InvalidArgumentError(
                 f"KafkaPartitioner.by_key: hash must be one of {', '.join(KEY_HASHES)}, "

@@ -157,9 +157,7 @@ def recovered_by(
     return [mine[s] for s in sorted(mine)]
 
 
-def slots_to_abort(
-    subtask: int, slots: int, recovered: Sequence[SubtaskRecord]
-) -> dict[int, int]:
+def slots_to_abort(subtask: int, slots: int, recovered: Sequence[SubtaskRecord]) -> dict[int, int]:
     """Per subtask id this subtask answers for, how many slot ids to abort: its own (with the
     slots it runs with now, or more if it ran with more) and each recovered one's."""
     out = {subtask: slots}

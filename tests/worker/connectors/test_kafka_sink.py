@@ -59,9 +59,7 @@ def _sink(kafka: KafkaBroker, topic: str, **options: Any) -> KafkaSink:
 
 
 def _exactly_once(kafka: KafkaBroker, topic: str, **options: Any) -> KafkaSink:
-    return _sink(
-        kafka, topic, guarantee="exactly_once", transactional_id_prefix=topic, **options
-    )
+    return _sink(kafka, topic, guarantee="exactly_once", transactional_id_prefix=topic, **options)
 
 
 def _checkpoint(sink: KafkaSink, backend: OperatorStateBackend, cid: int, root: Path) -> list[Any]:
@@ -92,8 +90,13 @@ class Record(NamedTuple):
 
 
 def _read(
-    kafka: KafkaBroker, topic: str, *, committed: bool = True, expect: int | None = None,
-    quiet_s: float = 1.0, after: int = -1,
+    kafka: KafkaBroker,
+    topic: str,
+    *,
+    committed: bool = True,
+    expect: int | None = None,
+    quiet_s: float = 1.0,
+    after: int = -1,
 ) -> list[Record]:
     """Every record of ``topic`` at an offset above ``after``,
     polling until ``expect`` records arrived or nothing came for ``quiet_s``."""
@@ -112,9 +115,11 @@ def _read(
         last = time.monotonic()
         while time.monotonic() - last < quiet_s and (expect is None or len(out) < expect):
             msg = consumer.poll(0.1)
-            if msg is None or msg.error() is not None or msg.offset() <= after:
+            if msg is None or msg.error() is not None or (msg.offset() or 0) <= after:
                 continue
-            out.append(Record(msg.partition(), msg.offset(), msg.key(), int(msg.value())))
+            out.append(
+                Record(msg.partition() or 0, msg.offset() or 0, msg.key(), int(msg.value() or b""))
+            )
             last = time.monotonic()
         return out
     finally:
@@ -202,7 +207,9 @@ def test_partitioners_fixed_and_round_robin(kafka: KafkaBroker, kafka_topic_name
     spread.process_batch(_rows([10, 11, 12, 13, 14, 15]))
     spread.snapshot_state(1)
     spread.close()
-    got = [(r.partition, r.value) for r in _read(kafka, kafka_topic_name, expect=9) if r.value >= 10]
+    got = [
+        (r.partition, r.value) for r in _read(kafka, kafka_topic_name, expect=9) if r.value >= 10
+    ]
     assert sorted(got) == [(0, 10), (0, 13), (1, 11), (1, 14), (2, 12), (2, 15)]
 
 
@@ -227,7 +234,11 @@ def test_json_values_and_headers(kafka: KafkaBroker, kafka_topic_name: str) -> N
     sink.snapshot_state(1)
     sink.close()
     consumer = Consumer(
-        {"bootstrap.servers": kafka.bootstrap_servers, "group.id": "j", "auto.offset.reset": "earliest"}
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": "j",
+            "auto.offset.reset": "earliest",
+        }
     )
     consumer.assign([TopicPartition(kafka_topic_name, 0, 0)])
     msgs = []
@@ -239,7 +250,7 @@ def test_json_values_and_headers(kafka: KafkaBroker, kafka_topic_name: str) -> N
             break
     consumer.close()
     assert [m.key() for m in msgs] == [b"id-1", b"id-2"]
-    assert [json.loads(m.value()) for m in msgs] == [
+    assert [json.loads(m.value() or b"") for m in msgs] == [
         {"id": 1, "name": 'a "quoted"\nline'},
         {"id": 2, "name": None},
     ]
@@ -391,7 +402,7 @@ def test_a_broker_that_is_down_fails_open_after_bounded_attempts(kafka_topic_nam
 
 def test_a_missing_topic_fails_open(kafka: KafkaBroker, kafka_topic_name: str) -> None:
     sink = KafkaSink(kafka.bootstrap_servers, kafka_topic_name, value="v")
-    with pytest.raises(ConfigError, match="does not exist.*create it first"):
+    with pytest.raises(ConfigError, match=r"does not exist.*create it first"):
         sink.open(_ctx(OperatorStateBackend()))
     sink.close()
 

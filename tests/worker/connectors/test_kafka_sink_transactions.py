@@ -99,7 +99,9 @@ def test_names() -> None:
 # --- restore ----------------------------------------------------------------------------------
 
 
-def _rec(subtask: int, *pending: tuple[int, int, int], slots: int = 3, nxt: int = 9) -> SubtaskRecord:
+def _rec(
+    subtask: int, *pending: tuple[int, int, int], slots: int = 3, nxt: int = 9
+) -> SubtaskRecord:
     return SubtaskRecord(subtask, slots, nxt, tuple(Txn(s, q, c) for s, q, c in pending))
 
 
@@ -209,7 +211,9 @@ class SinkSubtask:
         except TooManyPendingTransactionsError:
             raise _Crash from None  # the task fails (notices stopped arriving)
         record = self.txns.record()
-        return Snapshot(record, {t.sequence: list(self.records[t.sequence]) for t in record.pending})
+        return Snapshot(
+            record, {t.sequence: list(self.records[t.sequence]) for t in record.pending}
+        )
 
     def notify(self, checkpoint_id: int) -> None:
         for txn in self.txns.to_commit(checkpoint_id):
@@ -301,7 +305,7 @@ def test_the_model_checks_something() -> None:
     original = module.to_reproduce
     try:
         globals()["to_reproduce"] = lambda record, marker: list(record.pending)
-        with pytest.raises(AssertionError, match="committed twice|did not raise its"):
+        with pytest.raises(AssertionError, match=r"committed twice|did not raise its"):
             for seed in range(60):
                 _run(seed)
     finally:
