@@ -59,6 +59,10 @@ _PUBLIC: dict[str, str] = {
     "TransactionalParquetSink": "snapflow.worker.connectors.parquet_sink",
     "read_committed_parquet": "snapflow.worker.connectors.parquet_sink",
     "RedisSink": "snapflow.worker.connectors.redis_sink",
+    "KafkaSink": "snapflow.worker.connectors.kafka_sink",
+    "KafkaSerializer": "snapflow.worker.connectors.kafka_sink_encoding",
+    "KafkaPartitioner": "snapflow.worker.connectors.kafka_sink_settings",
+    "DeliveryGuarantee": "snapflow.worker.connectors.kafka_sink_settings",
     "PrintSink": "snapflow.worker.connectors.debug_sinks",
     "CollectSink": "snapflow.worker.connectors.debug_sinks",
     # -- user functions and their contexts
@@ -122,6 +126,7 @@ __all__ = [
     "CollectSink",
     "ConnectedStreams",
     "DataFrameSource",
+    "DeliveryGuarantee",
     "ExponentialBackoff",
     "FailedPreconditionError",
     "FileSource",
@@ -132,6 +137,9 @@ __all__ = [
     "JobHandle",
     "JobResult",
     "JobStatus",
+    "KafkaPartitioner",
+    "KafkaSerializer",
+    "KafkaSink",
     "KeyedBatchContext",
     "KeyedBatchFunction",
     "KeyedBroadcastContext",
@@ -242,6 +250,9 @@ if TYPE_CHECKING:
         FileSource,
         source_from_dataframe,
     )
+    from snapflow.worker.connectors.kafka_sink import KafkaSink
+    from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
+    from snapflow.worker.connectors.kafka_sink_settings import DeliveryGuarantee, KafkaPartitioner
     from snapflow.worker.connectors.parquet_sink import (
         TransactionalParquetSink,
         read_committed_parquet,

@@ -209,11 +209,18 @@ class Pipeline:
         return max((v.parallelism for v in self.graph.vertices), default=0)
 
     def validate(self) -> None:
-        """Raise InvalidArgumentError unless the pipeline is a runnable job."""
+        """Raise InvalidArgumentError unless the pipeline is a runnable job: its graph, and
+        every operator's :meth:`~snapflow.worker.runtime.operator.Operator.check_job` of the
+        job's checkpointing (e.g. an exactly-once Kafka sink's transaction timeout)."""
         self.graph.validate()
+        for vertex in self.graph.vertices:
+            for node in vertex.operators:
+                node.operator.check_job(self.checkpoint_config)
 
     def job_graph(self) -> pb.JobGraph:
-        """The ``snapflow.v1.JobGraph`` of this pipeline (operators cloudpickled)."""
+        """The ``snapflow.v1.JobGraph`` of this pipeline (operators cloudpickled), once
+        :meth:`validate` accepts it: the driver submits nothing else."""
+        self.validate()
         return self.graph.to_pb()
 
     # --- running --------------------------------------------------------------------------

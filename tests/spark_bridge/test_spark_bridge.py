@@ -492,7 +492,7 @@ def _runnable(p: Pipeline) -> Any:
         (lambda: Pipeline("x").source(object()), "SourceOperator"),  # type: ignore[arg-type]
         (lambda: _runnable(Pipeline("x")).map(42), "callable"),
         (lambda: _runnable(Pipeline("x")).key_by(""), "key_by"),
-        (lambda: _runnable(Pipeline("x")).key_by("k", parallelism=-1), "parallelism"),
+        (lambda: _runnable(Pipeline("x")).key_by("key", parallelism=-1), "parallelism"),
         (lambda: _runnable(Pipeline("x")).sink("out"), "sink needs"),
         (lambda: _runnable(Pipeline("x")).transform(lambda b: b), "transform needs"),
         (lambda: Pipeline("x").checkpointing(interval_ms=5), "interval_ms"),
@@ -506,8 +506,11 @@ def _runnable(p: Pipeline) -> Any:
         (lambda: Pipeline("x").checkpointing(storage="gs://bucket/cp"), "storage"),
         (lambda: Pipeline("x").checkpointing(storage="s3:///no-bucket"), "storage"),
         (lambda: Pipeline("x").restart_strategy("fixed"), "restart_strategy"),  # type: ignore[arg-type]
-        (lambda: _runnable(Pipeline("x")).key_by("k").reduce("v", agg="median"), "agg"),
-        (lambda: _runnable(Pipeline("x")).key_by("k").window(42, "ts", "v"), "window assigner"),
+        (lambda: _runnable(Pipeline("x")).key_by("key").reduce("value", agg="median"), "agg"),
+        (
+            lambda: _runnable(Pipeline("x")).key_by("key").window(42, "ts", "value"),
+            "window assigner",
+        ),
         (lambda: RunOptions(executor_log_level="loud"), "executor_log_level"),
         (lambda: RunOptions(job_id="nope"), "job_id"),
         (lambda: RunOptions(settle_timeout_s=0), "settle_timeout_s"),

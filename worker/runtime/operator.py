@@ -46,6 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.event_time import MIN_WATERMARK
 from snapflow.worker.state import keygroups as kgs
@@ -172,6 +173,11 @@ class Operator:
 
     def process_watermark(self, watermark_ms: int) -> list[pa.RecordBatch]:
         return []
+
+    def check_job(self, config: CheckpointConfig) -> None:
+        """Called by the pipeline builder before the job is submitted, with the job's
+        checkpoint config: raise ``InvalidArgumentError``, saying what to set, when this
+        operator cannot keep its promises in such a job. The default accepts every job."""
 
     def snapshot_state(self, checkpoint_id: int) -> None:
         """Called synchronously right before the task snapshots the state backends: put
