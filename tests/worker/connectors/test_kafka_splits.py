@@ -148,7 +148,7 @@ def test_start_positions() -> None:
     # no record at or after the timestamp: the end
     assert resolve_start(KafkaStart.timestamp(99), tps, lookup) == {("t", 0): 12, ("t", 1): 20}
     explicit = KafkaStart.from_offsets({("t", 0): 3, ("t", 1): 17, ("u", 0): 1}, "latest")
-    assert resolve_start(explicit, tps + [("t", 2)], lookup) == {
+    assert resolve_start(explicit, [*tps, ("t", 2)], lookup) == {
         ("t", 0): 10,  # clamped into what the partition holds
         ("t", 1): 17,
         ("t", 2): 20,  # not given: the default
