@@ -52,6 +52,10 @@ _PUBLIC: dict[str, str] = {
     "DataFrameSource": "snapflow.worker.connectors.file_sources",
     "source_from_dataframe": "snapflow.worker.connectors.file_sources",
     "SocketTextSource": "snapflow.worker.connectors.socket_source",
+    "KafkaSource": "snapflow.worker.connectors.kafka_source",
+    "KafkaStart": "snapflow.worker.connectors.kafka_positions",
+    "KafkaStop": "snapflow.worker.connectors.kafka_positions",
+    "KafkaValueFormat": "snapflow.worker.connectors.kafka_records",
     # -- sinks, and reading what they committed
     "TwoPhaseCommitSink": "snapflow.worker.connectors.two_phase_commit",
     "TransactionalFileSink": "snapflow.worker.connectors.file_sink",
@@ -140,6 +144,10 @@ __all__ = [
     "KafkaPartitioner",
     "KafkaSerializer",
     "KafkaSink",
+    "KafkaSource",
+    "KafkaStart",
+    "KafkaStop",
+    "KafkaValueFormat",
     "KeyedBatchContext",
     "KeyedBatchFunction",
     "KeyedBroadcastContext",
@@ -250,9 +258,12 @@ if TYPE_CHECKING:
         FileSource,
         source_from_dataframe,
     )
+    from snapflow.worker.connectors.kafka_positions import KafkaStart, KafkaStop
+    from snapflow.worker.connectors.kafka_records import KafkaValueFormat
     from snapflow.worker.connectors.kafka_sink import KafkaSink
     from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
     from snapflow.worker.connectors.kafka_sink_settings import DeliveryGuarantee, KafkaPartitioner
+    from snapflow.worker.connectors.kafka_source import KafkaSource
     from snapflow.worker.connectors.parquet_sink import (
         TransactionalParquetSink,
         read_committed_parquet,
