@@ -71,6 +71,13 @@ _PUBLIC: dict[str, str] = {
     "KeyedBatchContext": "snapflow.worker.api.functions",
     "to_pandas": "snapflow.worker.api.pandas_batches",
     "from_pandas": "snapflow.worker.api.pandas_batches",
+    # -- joins of two keyed streams
+    "IntervalJoin": "snapflow.spark_bridge.streams",
+    "IntervalJoined": "snapflow.spark_bridge.streams",
+    "ProcessJoinFunction": "snapflow.worker.api.join_functions",
+    "JoinContext": "snapflow.worker.api.join_functions",
+    "BatchJoinFunction": "snapflow.worker.api.join_functions",
+    "BatchJoinContext": "snapflow.worker.api.join_functions",
     # -- event-time windows
     "WindowAssigner": "snapflow.worker.api.windows",
     "TumblingEventTimeWindows": "snapflow.worker.api.windows",
@@ -94,6 +101,8 @@ _PUBLIC: dict[str, str] = {
 #: IDEs, ``from snapflow import *``).
 __all__ = [
     "AggregateFunction",
+    "BatchJoinContext",
+    "BatchJoinFunction",
     "BroadcastStream",
     "CheckpointConfig",
     "CheckpointMode",
@@ -105,11 +114,14 @@ __all__ = [
     "FileSource",
     "FixedDelay",
     "GeneratorSource",
+    "IntervalJoin",
+    "IntervalJoined",
     "InvalidArgumentError",
     "JobFailedError",
     "JobHandle",
     "JobResult",
     "JobStatus",
+    "JoinContext",
     "KeyedBatchContext",
     "KeyedBatchFunction",
     "KeyedConnectedStreams",
@@ -122,6 +134,7 @@ __all__ = [
     "OutputTag",
     "Pipeline",
     "PrintSink",
+    "ProcessJoinFunction",
     "RedisSink",
     "RestartStrategy",
     "RichFunction",
@@ -164,6 +177,8 @@ if TYPE_CHECKING:
     from snapflow.spark_bridge.streams import (
         BroadcastStream,
         ConnectedStreams,
+        IntervalJoin,
+        IntervalJoined,
         KeyedConnectedStreams,
         KeyedStream,
         Stream,
@@ -178,6 +193,12 @@ if TYPE_CHECKING:
         KeyedProcessFunction,
         RichFunction,
         RuntimeContext,
+    )
+    from snapflow.worker.api.join_functions import (
+        BatchJoinContext,
+        BatchJoinFunction,
+        JoinContext,
+        ProcessJoinFunction,
     )
     from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
     from snapflow.worker.api.windows import (

@@ -26,6 +26,7 @@ the subtask that owns the group; :func:`load_buffer` reads the restored entries 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,11 @@ class Run:
             tmin, width = int(self.utimes[0]), self.span
             # clipped before subtracting: no overflow at the int64 bounds
             lo = 0 if low is None else np.clip(low, tmin, tmin + width - 1) - tmin
-            hi = width - 1 if high is None else np.clip(high, tmin - 1, tmin + width - 2) - (tmin - 1)
+            hi = (
+                width - 1
+                if high is None
+                else np.clip(high, tmin - 1, tmin + width - 2) - (tmin - 1)
+            )
             return lo, hi, width
         ranks = self.utimes
         lo = 0 if low is None else np.searchsorted(ranks, low, "left")
@@ -260,7 +265,7 @@ class JoinBuffer:
         runs = self.runs
         runs.append(run)
         if len(runs) > self.MAX_RUNS:
-            sizes = [len(a) + len(b) for a, b in zip(runs[:-1], runs[1:], strict=True)]
+            sizes = [len(a) + len(b) for a, b in itertools.pairwise(runs)]
             i = sizes.index(min(sizes))
             runs[i : i + 2] = [self._merge(runs[i : i + 2])]
 
@@ -411,9 +416,7 @@ class JoinBuffer:
         self.runs = [self.sorted_run(rows, self.times_of(rows), stamps)]
 
 
-def save_buffer(
-    buffer: JoinBuffer, state: ValueState[Any], backend: KeyedStateBackend
-) -> None:
+def save_buffer(buffer: JoinBuffer, state: ValueState[Any], backend: KeyedStateBackend) -> None:
     """Write ``buffer``'s live rows into ``state``: per key group of the backend, the entry
     ``group -> (rows, stamps)`` (stamps None without a TTL), or no entry when it has none."""
     kg_range = backend.key_group_range
@@ -428,7 +431,7 @@ def save_buffer(
         sorted_stamps = stamps[order] if stamps is not None else None
         cuts = np.flatnonzero(np.diff(sorted_g)) + 1
         bounds = [0, *cuts.tolist(), len(sorted_g)]
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        for s, e in itertools.pairwise(bounds):
             values[int(sorted_g[s])] = (
                 sorted_rows.slice(s, e - s),
                 sorted_stamps[s:e].copy() if sorted_stamps is not None else None,

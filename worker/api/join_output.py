@@ -51,9 +51,7 @@ def joined_schema(
     left: pa.Schema, right: pa.Schema, left_key: str, right_key: str, lp: str, rp: str
 ) -> pa.Schema:
     """The schema of the joined rows of ``left`` and ``right`` rows (module docstring)."""
-    left_out, kept, right_out = _joined_names(
-        left.names, right.names, left_key, right_key, lp, rp
-    )
+    left_out, kept, right_out = _joined_names(left.names, right.names, left_key, right_key, lp, rp)
     fields = [f.with_name(n) for f, n in zip(left, left_out, strict=True)]
     fields += [right.field(i).with_name(n) for i, n in zip(kept, right_out, strict=True)]
     return pa.schema(fields)

@@ -35,9 +35,7 @@ class KeyedJoinOperator(Operator):
         self.left_key = left_key
         self.right_key = right_key
         self.emitter = (
-            emitter
-            if emitter is not None
-            else SelectPairs(left_key, right_key, "left_", "right_")
+            emitter if emitter is not None else SelectPairs(left_key, right_key, "left_", "right_")
         )
 
     def _time_fields(self) -> tuple[str | None, str | None]:
