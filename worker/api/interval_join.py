@@ -139,7 +139,7 @@ class IntervalJoinOperator(KeyedJoinOperator):
             low, high = _shifted(times, self.lower_ms), _shifted(times, self.upper_ms)
         else:
             low, high = _shifted(times, -self.upper_ms), _shifted(times, -self.lower_ms)
-        out = self._emit(input_index, run, other.probe(run, low, high))
+        out = self._emit(input_index, run, other.probe(run, own.key_field, low, high))
         own.add(run)
         return out
 

@@ -319,11 +319,16 @@ class JoinBuffer:
     # --- probing ---------------------------------------------------------------------------
 
     def probe(
-        self, probe: Run, low: np.ndarray[Any, Any] | None, high: np.ndarray[Any, Any] | None
+        self,
+        probe: Run,
+        probe_key: str,
+        low: np.ndarray[Any, Any] | None,
+        high: np.ndarray[Any, Any] | None,
     ) -> Matches:
         """The live buffered rows that have the key of row j of ``probe`` (a run of the other
-        side) and a time in ``[low[j], high[j]]`` (None: any time)."""
-        keys = None if probe.exact else probe.rows.column(self.key_field)
+        side, keyed by its field ``probe_key``) and a time in ``[low[j], high[j]]`` (None: any
+        time)."""
+        keys = None if probe.exact else probe.rows.column(probe_key)
         parts: list[tuple[np.ndarray[Any, Any], pa.RecordBatch, np.ndarray[Any, Any]]] = []
         for run in self.runs:
             found = self._probe_run(run, probe.codes, low, high, keys)

@@ -67,6 +67,6 @@ class RegularJoinOperator(KeyedJoinOperator):
                 buffer.expire(max(I64_MIN, now - self.ttl_ms))
             stamps = np.full(batch.num_rows, now, np.int64)
         run = own.sorted_run(batch, own.times_of(batch), stamps)
-        out = self._emit(input_index, run, other.probe(run, None, None))
+        out = self._emit(input_index, run, other.probe(run, own.key_field, None, None))
         own.add(run)
         return out
