@@ -79,9 +79,7 @@ def test_random_inputs_give_the_full_inner_join() -> None:
         batch = [(f"key{rnd.randrange(9)}", f"{side}-{i}-{j}") for j in range(rnd.randrange(1, 6))]
         seen[side] += batch
         got += rows(op.process_input(side, orders(*batch) if side == 0 else users(*batch)))
-    expected = sorted(
-        (k, o, u, n) for k, o in seen[0] for u, n in seen[1] if k == u
-    )
+    expected = sorted((k, o, u, n) for k, o in seen[0] for u, n in seen[1] if k == u)
     assert sorted(got) == expected
 
 
