@@ -400,3 +400,12 @@ def test_prefixes_and_key_columns_of_the_joined_rows() -> None:
     clash.process_input(0, left((1, 5, "x")))
     with pytest.raises(InvalidArgumentError, match="twice"):
         clash.process_input(1, pa.RecordBatch.from_pylist([{"k": 1, "ts": 5, "a": "y"}]))
+
+
+def test_a_time_span_too_wide_for_offsets_uses_time_ranks() -> None:
+    far = 1 << 61
+    op = join(-5, 5)
+    op.process_input(1, right((1, 0, "r0"), (2, far, "rfar"), (1, far + 3, "r1far")))
+    assert op._buffers[1].runs[0].span == -1  # offsets would overflow: ranks instead
+    got = pairs(op.process_input(0, left((1, far, "l1"), (2, far - 5, "l2"), (1, 4, "l0"))))
+    assert sorted(got) == [("l0", "r0"), ("l1", "r1far"), ("l2", "rfar")]
