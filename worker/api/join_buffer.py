@@ -214,8 +214,9 @@ class JoinBuffer:
         self.schema: pa.Schema | None = None
         self.runs: list[Run] = []
         self.expired_below = I64_MIN
-        """Rows whose time (or stamp, with a TTL) is ``<=`` this are expired: never matched,
-        never snapshotted, dropped in bulk."""
+        """The latest expiry threshold (:meth:`expire`); each run keeps the one it was last
+        checked against (``Run.below``): its rows at or below it never match again and are
+        not snapshotted."""
 
     def __len__(self) -> int:
         return sum(r.live for r in self.runs)
