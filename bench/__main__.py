@@ -9,6 +9,7 @@ BENCHMARKS = {
     "coordinator": "bench.coordinator_bench",
     "dataplane": "bench.dataplane_bench",
     "ha": "bench.ha_bench",
+    "join": "bench.join_bench",
     "keyed_count": "bench.keyed_count_bench",
     "security": "bench.security_bench",
     "spark": "bench.spark_bench",

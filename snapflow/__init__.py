@@ -95,6 +95,13 @@ _PUBLIC: dict[str, str] = {
     "ReadOnlyKeyedBroadcastContext": "snapflow.worker.api.broadcast_functions",
     "KeyedBroadcastContext": "snapflow.worker.api.broadcast_functions",
     "MapStateDescriptor": "snapflow.worker.api.broadcast_functions",
+    # -- joins of two keyed streams
+    "IntervalJoin": "snapflow.spark_bridge.streams",
+    "IntervalJoined": "snapflow.spark_bridge.streams",
+    "ProcessJoinFunction": "snapflow.worker.api.join_functions",
+    "JoinContext": "snapflow.worker.api.join_functions",
+    "BatchJoinFunction": "snapflow.worker.api.join_functions",
+    "BatchJoinContext": "snapflow.worker.api.join_functions",
     # -- event-time windows
     "WindowAssigner": "snapflow.worker.api.windows",
     "TumblingEventTimeWindows": "snapflow.worker.api.windows",
@@ -118,6 +125,8 @@ _PUBLIC: dict[str, str] = {
 #: IDEs, ``from snapflow import *``).
 __all__ = [
     "AggregateFunction",
+    "BatchJoinContext",
+    "BatchJoinFunction",
     "BroadcastContext",
     "BroadcastProcessFunction",
     "BroadcastStream",
@@ -136,11 +145,14 @@ __all__ = [
     "FileSource",
     "FixedDelay",
     "GeneratorSource",
+    "IntervalJoin",
+    "IntervalJoined",
     "InvalidArgumentError",
     "JobFailedError",
     "JobHandle",
     "JobResult",
     "JobStatus",
+    "JoinContext",
     "KafkaPartitioner",
     "KafkaSerializer",
     "KafkaSink",
@@ -167,6 +179,7 @@ __all__ = [
     "OutputTag",
     "Pipeline",
     "PrintSink",
+    "ProcessJoinFunction",
     "ReadOnlyBroadcastContext",
     "ReadOnlyKeyedBroadcastContext",
     "RedisSink",
@@ -211,6 +224,8 @@ if TYPE_CHECKING:
     from snapflow.spark_bridge.streams import (
         BroadcastStream,
         ConnectedStreams,
+        IntervalJoin,
+        IntervalJoined,
         KeyedConnectedStreams,
         KeyedStream,
         Stream,
@@ -244,6 +259,12 @@ if TYPE_CHECKING:
         KeyedProcessFunction,
         RichFunction,
         RuntimeContext,
+    )
+    from snapflow.worker.api.join_functions import (
+        BatchJoinContext,
+        BatchJoinFunction,
+        JoinContext,
+        ProcessJoinFunction,
     )
     from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
     from snapflow.worker.api.windows import (

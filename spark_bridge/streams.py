@@ -60,6 +60,15 @@ from snapflow.worker.api.functions import (
     KeyedBatchFunction,
     KeyedProcessFunction,
 )
+from snapflow.worker.api.interval_join import IntervalJoinOperator
+from snapflow.worker.api.join_functions import BatchJoinFunction, ProcessJoinFunction
+from snapflow.worker.api.join_output import (
+    BatchPairs,
+    PairEmitter,
+    PerPair,
+    SelectPairs,
+    joined_schema,
+)
 from snapflow.worker.api.keyed_operators import (
     Aggregate,
     KeyedBatchProcess,
@@ -79,6 +88,7 @@ from snapflow.worker.api.operators import (
     MapBatches,
 )
 from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
+from snapflow.worker.api.regular_join import RegularJoinOperator
 from snapflow.worker.api.two_input_operators import Connection, two_input_operator
 from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
 from snapflow.worker.runtime.operator import Operator, OutputTag, SourceOperator
@@ -86,6 +96,8 @@ from snapflow.worker.runtime.operator import Operator, OutputTag, SourceOperator
 __all__ = [
     "BroadcastStream",
     "ConnectedStreams",
+    "IntervalJoin",
+    "IntervalJoined",
     "KeyedConnectedStreams",
     "KeyedStream",
     "Stream",
@@ -733,6 +745,47 @@ class KeyedStream:
         op = Aggregate(self.key_field, function, value_field, output_field, result_type)
         return self._stream._chain(op, "aggregate", name)
 
+    def interval_join(self, other: KeyedStream) -> IntervalJoin:
+        """Join with ``other`` on equal keys and event times within a range (Flink's
+        ``intervalJoin``): ``.between(lower_ms, upper_ms, left_time=..., right_time=...)``,
+        then ``.select()`` (the joined rows), ``.process(ProcessJoinFunction)`` or
+        ``.process_batches(BatchJoinFunction)``. Both streams are keyed, their key types equal."""
+        if not isinstance(other, KeyedStream):
+            raise InvalidArgumentError(
+                f"interval_join needs a KeyedStream (other.key_by(field)), got {other!r:.80}"
+            )
+        return IntervalJoin(self, other)
+
+    def join(
+        self,
+        other: KeyedStream,
+        *,
+        ttl_ms: int | None = None,
+        how: str = "inner",
+        left_prefix: str = "left_",
+        right_prefix: str = "right_",
+        name: str | None = None,
+    ) -> Stream:
+        """The regular (unbounded) inner join with ``other`` on equal keys: every pair once,
+        when its second row arrives (append-only). ``ttl_ms``: a row is kept that long after
+        it arrived (processing time), else forever. Outer joins are refused: Flink's retract
+        rows, and Snapflow's streams are append-only."""
+        if how != "inner":
+            raise InvalidArgumentError(
+                f"join(how={how!r}): only the inner join is offered. Flink's regular outer "
+                f"joins emit a padded row and retract it when a match arrives; Snapflow's "
+                f"streams are append-only, so an outer join could not be exact (an interval "
+                f"join bounds when a match can arrive)"
+            )
+        if not isinstance(other, KeyedStream):
+            raise InvalidArgumentError(
+                f"join needs a KeyedStream (other.key_by(field)), got {other!r:.80}"
+            )
+        emitter = SelectPairs(self.key_field, other.key_field, left_prefix, right_prefix)
+        op = RegularJoinOperator(self.key_field, other.key_field, ttl_ms=ttl_ms, emitter=emitter)
+        schema = _joined_or_none(self, other, left_prefix, right_prefix)
+        return _join_into(self, other, op, name, schema)
+
 
 class _PandasFn:
     """A pandas function as a batch function: the conversions at the edge."""
@@ -744,3 +797,164 @@ class _PandasFn:
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         out = self.fn(to_pandas(batch))
         return None if out is None else from_pandas(out, self.schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# Joins of two keyed streams (interval join builder)
+# ---------------------------------------------------------------------------------------------
+
+
+def _joined_or_none(
+    left: KeyedStream, right: KeyedStream, left_prefix: str, right_prefix: str
+) -> pa.Schema | None:
+    """The joined rows' schema when both inputs' are known (a name clash refused here)."""
+    for what, prefix in (("left_prefix", left_prefix), ("right_prefix", right_prefix)):
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"{what} must be a string, got {prefix!r:.80}")
+    ls, rs = left._stream.schema, right._stream.schema
+    if ls is None or rs is None:
+        return None
+    return joined_schema(ls, rs, left.key_field, right.key_field, left_prefix, right_prefix)
+
+
+def _join_into(
+    left: KeyedStream,
+    right: KeyedStream,
+    operator: Operator,
+    name: str | None,
+    schema: pa.Schema | None,
+) -> Stream:
+    """``left.connect(right)`` (one keyed vertex, key types checked) headed by ``operator``."""
+    out = left.connect(right).transform(operator, name=name)
+    out.schema = schema
+    return out
+
+
+class IntervalJoin:
+    """``left.interval_join(right)``: say the time range with :meth:`between`."""
+
+    def __init__(self, left: KeyedStream, right: KeyedStream) -> None:
+        self.left = left
+        self.right = right
+
+    def __repr__(self) -> str:
+        return f"IntervalJoin({self.left!r}, {self.right!r})"
+
+    def between(
+        self, lower_ms: int, upper_ms: int, *, left_time: str, right_time: str | None = None
+    ) -> IntervalJoined:
+        """Right rows with ``left.ts + lower_ms <= right.ts <= left.ts + upper_ms`` join
+        (Flink's ``between``; bounds inclusive until ``lower_bound_exclusive()`` /
+        ``upper_bound_exclusive()``). ``left_time``/``right_time`` (default: ``left_time``):
+        the event-time fields (integer ms or timestamps)."""
+        right_time = left_time if right_time is None else right_time
+        for what, stream, field in (
+            ("left_time", self.left, left_time),
+            ("right_time", self.right, right_time),
+        ):
+            check_name(what, field)
+            _check_field(stream._stream.schema, field, f"interval_join {what}")
+        for what, value in (("lower_ms", lower_ms), ("upper_ms", upper_ms)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidArgumentError(
+                    f"between: {what} must be an integer (ms), got {value!r}"
+                )
+        if lower_ms > upper_ms:
+            raise InvalidArgumentError(
+                f"between({lower_ms}, {upper_ms}): the lower bound must not exceed the upper one"
+            )
+        return IntervalJoined(self.left, self.right, lower_ms, upper_ms, left_time, right_time)
+
+
+class IntervalJoined:
+    """An interval join with its range (Flink's ``IntervalJoined``): options, then
+    :meth:`select`, :meth:`process` or :meth:`process_batches`."""
+
+    def __init__(
+        self,
+        left: KeyedStream,
+        right: KeyedStream,
+        lower_ms: int,
+        upper_ms: int,
+        left_time: str,
+        right_time: str,
+    ) -> None:
+        self.left = left
+        self.right = right
+        self.lower_ms = lower_ms
+        self.upper_ms = upper_ms
+        self.left_time = left_time
+        self.right_time = right_time
+        self.lower_inclusive = True
+        self.upper_inclusive = True
+        self.left_late: OutputTag | None = None
+        self.right_late: OutputTag | None = None
+
+    def __repr__(self) -> str:
+        lo = "[" if self.lower_inclusive else "("
+        hi = "]" if self.upper_inclusive else ")"
+        return f"IntervalJoined({lo}{self.lower_ms}, {self.upper_ms}{hi})"
+
+    def lower_bound_exclusive(self) -> IntervalJoined:
+        self.lower_inclusive = False
+        return self
+
+    def upper_bound_exclusive(self) -> IntervalJoined:
+        self.upper_inclusive = False
+        return self
+
+    def side_output_left_late_data(self, tag: OutputTag) -> IntervalJoined:
+        """Late left rows (before the watermark) to ``tag`` instead of dropped (read them
+        with ``Stream.side_output(tag)`` on the join's output)."""
+        self.left_late = _tag(tag)
+        return self
+
+    def side_output_right_late_data(self, tag: OutputTag) -> IntervalJoined:
+        self.right_late = _tag(tag)
+        return self
+
+    def _build(self, emitter: PairEmitter, name: str | None, schema: pa.Schema | None) -> Stream:
+        op = IntervalJoinOperator(
+            self.left.key_field,
+            self.right.key_field,
+            self.left_time,
+            self.right_time,
+            self.lower_ms,
+            self.upper_ms,
+            lower_inclusive=self.lower_inclusive,
+            upper_inclusive=self.upper_inclusive,
+            emitter=emitter,
+            left_late=self.left_late,
+            right_late=self.right_late,
+        )
+        return _join_into(self.left, self.right, op, name, schema)
+
+    def select(
+        self, *, left_prefix: str = "left_", right_prefix: str = "right_", name: str | None = None
+    ) -> Stream:
+        """The joined rows: the left's columns, then the right's (its key once when both key
+        fields have one name); a name both have is prefixed on each side."""
+        schema = _joined_or_none(self.left, self.right, left_prefix, right_prefix)
+        emitter = SelectPairs(self.left.key_field, self.right.key_field, left_prefix, right_prefix)
+        return self._build(emitter, name, schema)
+
+    def process(
+        self,
+        function: ProcessJoinFunction,
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """A :class:`snapflow.worker.api.join_functions.ProcessJoinFunction` per pair
+        (Python per pair; ``process_batches`` is the vectorised form)."""
+        return self._build(PerPair(function, output_schema), name, output_schema)
+
+    def process_batches(self, function: BatchJoinFunction, *, name: str | None = None) -> Stream:
+        """A :class:`snapflow.worker.api.join_functions.BatchJoinFunction` per batch of pairs."""
+        return self._build(BatchPairs(function), name, None)
+
+
+def _tag(tag: OutputTag) -> OutputTag:
+    if not isinstance(tag, OutputTag):
+        raise InvalidArgumentError(f"a side output needs an OutputTag, got {tag!r:.80}")
+    return tag

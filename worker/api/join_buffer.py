@@ -1,0 +1,455 @@
+"""One input's buffered rows in a keyed join (interval or regular), probed in bulk.
+
+Layout (in memory, per subtask and side): a few *runs*, each an Arrow record batch of the
+side's rows sorted by (key code, event time) with numpy columns beside it:
+
+* ``codes``: the key's 64-bit code (integer keys: the value itself, so equal codes are equal
+  keys; other types: :func:`snapflow.worker.state.keygroups.key_hashes`, checked for equality
+  after a match);
+* ``times``: event time in ms (0 for the regular join), ``stamps``: processing time of arrival
+  (only with a state TTL);
+* ``comp``: a composite int64 sort key ``key rank * (distinct times + 1) + time rank``: the
+  rows of one key within a time range are one slice of it, found with two
+  ``numpy.searchsorted`` per probing row, whatever the key type and the span of time (ranks,
+  not values, so it never overflows).
+
+A batch that arrives becomes a new run; runs of similar size are merged (a binary counter:
+``O(log n)`` runs, each row re-sorted ``O(log n)`` times). Rows are dropped in bulk: every
+probe ignores rows at or below the *expiry threshold* (event time for the interval join,
+arrival time for a TTL), and runs are rewritten only once a quarter of them has expired.
+
+Checkpoints: :func:`save_buffer` writes the side's live rows into keyed value state with one
+entry per key group (entry key: the key group number, stored in that key group), so a
+snapshot holds each key group's rows in that key group's section and a rescale hands them to
+the subtask that owns the group; :func:`load_buffer` reads the restored entries back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapflow.errors import InvalidArgumentError
+from snapflow.worker.state import keygroups as kgs
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.keyed_state import ValueState
+
+__all__ = ["JoinBuffer", "Matches", "Run", "event_times", "key_codes", "load_buffer", "save_buffer"]
+
+_I64 = pa.int64()
+I64_MIN = -(1 << 63)
+I64_MAX = (1 << 63) - 1
+_EMPTY_I64: np.ndarray[Any, Any] = np.empty(0, np.int64)
+
+
+def key_codes(keys: pa.Array, who: str) -> tuple[np.ndarray[Any, Any], bool]:
+    """The uint64 codes of ``keys`` and whether equal codes mean equal keys (integers)."""
+    if keys.null_count:
+        raise InvalidArgumentError(f"{who}: null keys cannot be joined")
+    t = keys.type
+    if pa.types.is_integer(t):
+        if not pa.types.is_int64(t) and not pa.types.is_uint64(t):
+            keys = pc.cast(keys, _I64)
+        return keys.to_numpy(zero_copy_only=False).view(np.uint64), True
+    return kgs.key_hashes(keys).to_numpy(zero_copy_only=False), False
+
+
+def event_times(column: pa.Array, field: str, who: str) -> np.ndarray[Any, Any]:
+    """An event-time column (integer ms or an Arrow timestamp) as int64 ms."""
+    t = column.type
+    if column.null_count:
+        raise InvalidArgumentError(f"{who}: event time {field!r} has nulls; every row needs one")
+    if pa.types.is_timestamp(t):
+        column = pc.cast(pc.cast(column, pa.timestamp("ms", t.tz)), _I64)
+    elif pa.types.is_integer(t):
+        column = pc.cast(column, _I64) if not pa.types.is_int64(t) else column
+    else:
+        raise InvalidArgumentError(
+            f"{who}: event time {field!r} must be integer ms or a timestamp, got {t}"
+        )
+    return column.to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class Run:
+    """Rows sorted by (code, time) and what probing them needs (see the module docstring)."""
+
+    rows: pa.RecordBatch
+    codes: np.ndarray[Any, Any]
+    times: np.ndarray[Any, Any]
+    stamps: np.ndarray[Any, Any] | None
+    distinct: np.ndarray[Any, Any]
+    utimes: np.ndarray[Any, Any]
+    comp: np.ndarray[Any, Any]
+    live: int
+    """Rows not yet known to be expired (the run is rewritten when a quarter has)."""
+    below: int
+    """Rows of this run with an expiry column ``<=`` this are expired (``I64_MIN``: none).
+    Per run: a row that arrives at the watermark itself stays until the next one, as under
+    Flink's timers, which fire only when the watermark advances."""
+    span: int
+    """> 0: ``comp = key rank * span + (time - utimes[0])``; -1: ``utimes`` are the distinct
+    times and ``comp = key rank * (len(utimes) + 1) + time rank`` (a span that would overflow)."""
+    exact: bool = True
+    """Equal codes are equal keys (integer keys); else keys are compared after a match."""
+
+    def time_slots(
+        self, low: np.ndarray[Any, Any] | None, high: np.ndarray[Any, Any] | None
+    ) -> tuple[Any, Any, int]:
+        """The composite offsets of ``[low, high]`` within a key's slice, and the slice's
+        width."""
+        if self.span > 0:
+            tmin, width = int(self.utimes[0]), self.span
+            # clipped before subtracting: no overflow at the int64 bounds
+            lo = 0 if low is None else np.clip(low, tmin, tmin + width - 1) - tmin
+            hi = (
+                width - 1
+                if high is None
+                else np.clip(high, tmin - 1, tmin + width - 2) - (tmin - 1)
+            )
+            return lo, hi, width
+        ranks = self.utimes
+        lo = 0 if low is None else np.searchsorted(ranks, low, "left")
+        hi = len(ranks) if high is None else np.searchsorted(ranks, high, "right")
+        return lo, hi, len(ranks) + 1
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+
+def _make_run(
+    rows: pa.RecordBatch,
+    codes: np.ndarray[Any, Any],
+    times: np.ndarray[Any, Any],
+    stamps: np.ndarray[Any, Any] | None,
+    exact: bool,
+) -> Run:
+    order = np.lexsort((times, codes))
+    if not (order[1:] > order[:-1]).all():
+        rows = rows.take(pa.array(order))
+        codes, times = codes[order], times[order]
+        stamps = stamps[order] if stamps is not None else None
+    n = len(codes)
+    first = np.empty(n, np.bool_)
+    if n:
+        first[0] = True
+        np.not_equal(codes[1:], codes[:-1], out=first[1:])
+    krank = np.cumsum(first, dtype=np.int64) - 1
+    distinct = codes[first]
+    tmin = int(times[0]) if n else 0
+    span = (int(times.max()) - int(times.min()) + 2) if n else 2
+    if len(distinct) * span < 1 << 62:
+        # times as offsets from the smallest: no ranks to look up
+        tmin = int(times.min())
+        utimes = np.array([tmin, span], np.int64)
+        comp = krank * span + (times - tmin)
+    else:
+        ranks = np.unique(times)
+        utimes = ranks
+        comp = krank * (len(ranks) + 1) + np.searchsorted(ranks, times)
+        span = -1
+    return Run(rows, codes, times, stamps, distinct, utimes, comp, n, I64_MIN, span, exact)
+
+
+def _filter_run(run: Run, keep: np.ndarray[Any, Any]) -> Run:
+    """The run's rows where ``keep``: still sorted, so the search arrays stay valid (distinct
+    codes and times that no row has any more only make empty slices)."""
+    stamps = run.stamps[keep] if run.stamps is not None else None
+    n = int(keep.sum())
+    return Run(
+        run.rows.filter(pa.array(keep)),
+        run.codes[keep],
+        run.times[keep],
+        stamps,
+        run.distinct,
+        run.utimes,
+        run.comp[keep],
+        n,
+        I64_MIN,
+        run.span,
+        run.exact,
+    )
+
+
+@dataclass
+class Matches:
+    """The rows of a buffer matched by probing rows: ``probe[i]`` (a row index of the probing
+    batch) pairs with row ``i`` of ``rows``; in probing-row order, and per probing row in the
+    order the matched rows arrived (run by run), then by time."""
+
+    probe: np.ndarray[Any, Any]
+    rows: pa.RecordBatch
+    times: np.ndarray[Any, Any]
+
+    def __len__(self) -> int:
+        return len(self.probe)
+
+
+def _expand(starts: np.ndarray[Any, Any], counts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``starts[j] + 0 .. counts[j] - 1`` for every j, concatenated."""
+    total = int(counts.sum())
+    ends = np.cumsum(counts)
+    return np.repeat(starts - (ends - counts), counts) + np.arange(total, dtype=np.int64)
+
+
+class JoinBuffer:
+    """The buffered rows of one side (module docstring). ``key_field`` and ``time_field``
+    (None: no event time, the regular join) name the columns; ``with_stamps``: rows carry
+    their arrival time (a state TTL)."""
+
+    MAX_RUNS = 8
+
+    def __init__(
+        self, key_field: str, time_field: str | None, who: str, *, with_stamps: bool = False
+    ) -> None:
+        self.key_field = key_field
+        self.time_field = time_field
+        self.who = who
+        self.with_stamps = with_stamps
+        self.schema: pa.Schema | None = None
+        self.runs: list[Run] = []
+        self.expired_below = I64_MIN
+        """The latest expiry threshold (:meth:`expire`); each run keeps the one it was last
+        checked against (``Run.below``): its rows at or below it never match again and are
+        not snapshotted."""
+
+    def __len__(self) -> int:
+        return sum(r.live for r in self.runs)
+
+    def conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` in the side's schema (the first batch's); equal names are cast."""
+        if self.schema is None:
+            self.schema = batch.schema
+            return batch
+        if batch.schema.equals(self.schema):
+            return batch
+        if batch.schema.names != self.schema.names:
+            raise InvalidArgumentError(
+                f"{self.who}: a batch has columns {batch.schema.names}, earlier batches "
+                f"{self.schema.names}; one input of a join needs one schema"
+            )
+        try:
+            return batch.cast(self.schema)
+        except (pa.ArrowException, ValueError) as e:
+            raise InvalidArgumentError(
+                f"{self.who}: a batch does not fit the input's schema {self.schema}: {e}"
+            ) from None
+
+    def times_of(self, batch: pa.RecordBatch) -> np.ndarray[Any, Any]:
+        if self.time_field is None:
+            return np.zeros(batch.num_rows, np.int64)
+        return event_times(batch.column(self.time_field), self.time_field, self.who)
+
+    # --- adding and expiring -------------------------------------------------------------------
+
+    def sorted_run(
+        self,
+        rows: pa.RecordBatch,
+        times: np.ndarray[Any, Any],
+        stamps: np.ndarray[Any, Any] | None = None,
+    ) -> Run:
+        """``rows`` (conformed) with their times and arrival stamps as a run: sorted by key
+        code and time, ready to probe the other side and to be added."""
+        codes, exact = key_codes(rows.column(self.key_field), self.who)
+        return _make_run(rows, codes, times, stamps, exact)
+
+    def add(self, run: Run) -> None:
+        """Buffer ``run``. Runs are merged only when there are more than :attr:`MAX_RUNS`
+        (the adjacent two smallest): rows in time order expire run by run, unmerged."""
+        if not len(run):
+            return
+        runs = self.runs
+        runs.append(run)
+        if len(runs) > self.MAX_RUNS:
+            sizes = [len(a) + len(b) for a, b in itertools.pairwise(runs)]
+            i = sizes.index(min(sizes))
+            runs[i : i + 2] = [self._merge(runs[i : i + 2])]
+
+    def _merge(self, runs: list[Run]) -> Run:
+        runs = [r if r.live == len(r) else _filter_run(r, self._alive(r)) for r in runs]
+        stamps = (
+            np.concatenate([r.stamps for r in runs if r.stamps is not None])
+            if self.with_stamps
+            else None
+        )
+        return _make_run(
+            pa.concat_batches([r.rows for r in runs]),
+            np.concatenate([r.codes for r in runs]),
+            np.concatenate([r.times for r in runs]),
+            stamps,
+            runs[0].exact,
+        )
+
+    def _expiry_column(self, run: Run) -> np.ndarray[Any, Any]:
+        if self.with_stamps:
+            assert run.stamps is not None
+            return run.stamps
+        return run.times
+
+    def _alive(self, run: Run) -> np.ndarray[Any, Any]:
+        return self._expiry_column(run) > run.below
+
+    def expire(self, below: int) -> None:
+        """Rows with time (stamp, with a TTL) ``<= below`` are expired from now on; runs are
+        rewritten once a quarter of their rows has expired."""
+        if below <= self.expired_below:
+            return
+        self.expired_below = below
+        kept: list[Run] = []
+        for run in self.runs:
+            column = self._expiry_column(run)
+            alive = column > below
+            n = int(alive.sum())
+            if n == 0:
+                continue
+            if n <= len(run) * 3 // 4:
+                run = _filter_run(run, alive)
+            elif n < len(run):
+                run.live, run.below = n, below
+            kept.append(run)
+        self.runs = kept
+
+    def clear(self) -> None:
+        self.runs = []
+
+    # --- probing ---------------------------------------------------------------------------
+
+    def probe(
+        self,
+        probe: Run,
+        probe_key: str,
+        low: np.ndarray[Any, Any] | None,
+        high: np.ndarray[Any, Any] | None,
+    ) -> Matches:
+        """The live buffered rows that have the key of row j of ``probe`` (a run of the other
+        side, keyed by its field ``probe_key``) and a time in ``[low[j], high[j]]`` (None: any
+        time)."""
+        keys = None if probe.exact else probe.rows.column(probe_key)
+        parts: list[tuple[np.ndarray[Any, Any], pa.RecordBatch, np.ndarray[Any, Any]]] = []
+        for run in self.runs:
+            found = self._probe_run(run, probe.codes, low, high, keys)
+            if found is not None:
+                parts.append(found)
+        if not parts:
+            schema = self.schema if self.schema is not None else pa.schema([])
+            return Matches(_EMPTY_I64, pa.RecordBatch.from_pylist([], schema=schema), _EMPTY_I64)
+        if len(parts) == 1:
+            return Matches(*parts[0])
+        probe_idx = np.concatenate([p[0] for p in parts])
+        order = np.argsort(probe_idx, kind="stable")
+        rows = pa.concat_batches([p[1] for p in parts]).take(pa.array(order))
+        return Matches(probe_idx[order], rows, np.concatenate([p[2] for p in parts])[order])
+
+    def _probe_run(
+        self,
+        run: Run,
+        codes: np.ndarray[Any, Any],
+        low: np.ndarray[Any, Any] | None,
+        high: np.ndarray[Any, Any] | None,
+        keys: pa.Array | None,
+    ) -> tuple[np.ndarray[Any, Any], pa.RecordBatch, np.ndarray[Any, Any]] | None:
+        distinct = run.distinct
+        if not len(distinct) or not run.live:
+            return None
+        pos = np.minimum(np.searchsorted(distinct, codes), len(distinct) - 1)
+        hit = np.flatnonzero(distinct[pos] == codes)
+        if not len(hit):
+            return None
+        lo_t, hi_t, width = run.time_slots(
+            None if low is None else low[hit], None if high is None else high[hit]
+        )
+        base = pos[hit].astype(np.int64) * width
+        lo = np.searchsorted(run.comp, base + lo_t, "left")
+        hi = np.searchsorted(run.comp, base + hi_t, "left")
+        counts = np.maximum(hi - lo, 0)
+        if not counts.any():
+            return None
+        other = _expand(lo, counts)
+        probe = np.repeat(hit, counts)
+        keep: np.ndarray[Any, Any] | None = None
+        if run.live < len(run):
+            keep = self._expiry_column(run)[other] > run.below
+        if keys is not None:
+            same = pc.equal(
+                keys.take(pa.array(probe)), run.rows.column(self.key_field).take(pa.array(other))
+            )
+            eq = same.to_numpy(zero_copy_only=False)
+            keep = eq if keep is None else keep & eq
+        if keep is not None:
+            probe, other = probe[keep], other[keep]
+            if not len(other):
+                return None
+        return probe, run.rows.take(pa.array(other)), run.times[other]
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    def live_rows(self) -> tuple[pa.RecordBatch | None, np.ndarray[Any, Any] | None]:
+        """Every live row (and its stamp, with a TTL), in one batch; None when none."""
+        batches: list[pa.RecordBatch] = []
+        stamps: list[np.ndarray[Any, Any]] = []
+        for run in self.runs:
+            alive = self._alive(run)
+            rows = run.rows if run.live == len(run) else run.rows.filter(pa.array(alive))
+            if rows.num_rows:
+                batches.append(rows)
+                if run.stamps is not None:
+                    stamps.append(run.stamps[alive])
+        if not batches:
+            return None, None
+        rows = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        return rows, (np.concatenate(stamps) if self.with_stamps else None)
+
+    def restore(self, parts: list[tuple[pa.RecordBatch, np.ndarray[Any, Any] | None]]) -> None:
+        """Buffer the rows of restored state entries (one run)."""
+        batches = [self.conform(rows) for rows, _ in parts if rows.num_rows]
+        if not batches:
+            return
+        rows = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        stamps: np.ndarray[Any, Any] | None = None
+        if self.with_stamps:
+            stamps = np.concatenate(
+                [
+                    s if s is not None else np.zeros(r.num_rows, np.int64)
+                    for r, s in parts
+                    if r.num_rows
+                ]
+            )
+        self.runs = [self.sorted_run(rows, self.times_of(rows), stamps)]
+
+
+def save_buffer(buffer: JoinBuffer, state: ValueState[Any], backend: KeyedStateBackend) -> None:
+    """Write ``buffer``'s live rows into ``state``: per key group of the backend, the entry
+    ``group -> (rows, stamps)`` (stamps None without a TTL), or no entry when it has none."""
+    kg_range = backend.key_group_range
+    values: dict[int, Any] = dict.fromkeys(range(kg_range.start, kg_range.end + 1))
+    rows, stamps = buffer.live_rows()
+    if rows is not None:
+        groups = kgs.key_groups(rows.column(buffer.key_field), backend.max_parallelism)
+        g = groups.to_numpy()
+        order = np.argsort(g, kind="stable")
+        sorted_rows = rows.take(pa.array(order))
+        sorted_g = g[order]
+        sorted_stamps = stamps[order] if stamps is not None else None
+        cuts = np.flatnonzero(np.diff(sorted_g)) + 1
+        bounds = [0, *cuts.tolist(), len(sorted_g)]
+        for s, e in itertools.pairwise(bounds):
+            values[int(sorted_g[s])] = (
+                sorted_rows.slice(s, e - s),
+                sorted_stamps[s:e].copy() if sorted_stamps is not None else None,
+            )
+    keys = list(values)
+    state.update_many(keys, list(values.values()), key_groups=keys)
+
+
+def load_buffer(buffer: JoinBuffer, name: str, backend: KeyedStateBackend) -> None:
+    """Buffer the restored entries of state ``name`` (every key group of the backend)."""
+    parts = []
+    for _, value in backend.entries(name):
+        rows, stamps = value
+        parts.append((rows, None if stamps is None else np.asarray(stamps, np.int64)))
+    buffer.restore(parts)
