@@ -2,16 +2,16 @@
 
 ``a: SequenceSource(0, n) -> (key, a)`` and ``b: SequenceSource(0, n) -> (key, b)``, with
 ``key = number % keys``, both hash-partitioned by ``key`` into one keyed vertex: input 0 from
-``a``, input 1 from ``b``. Its head, :class:`EquiJoin`, keeps every row of each input per key
-(list state) and matches it against the other input's rows kept so far, so every pair of
-numbers with equal keys is emitted exactly once as ``(key, a, b)``; the
+``a``, input 1 from ``b``. Its head is the library's regular inner join
+(``RegularJoinOperator``, what ``KeyedStream.join`` builds): it keeps every row of each input
+per key and matches it against the other input's rows kept so far, so every pair of numbers
+with equal keys is emitted exactly once as ``(key, a, b)``; the
 ``TransactionalFileSink`` commits them per checkpoint. The expected output is known in plain
 Python (every pair with equal keys once), so the verification is record by record: a row
 missing is lost, a row committed twice or no source could produce is duplicated.
 
-The join is user code here (a keyed two-input ``Operator``), written before the library's
-joins; it exercises barrier alignment, unaligned channel state and the restore of keyed state
-over a task with two inputs.
+It exercises barrier alignment, unaligned channel state and the restore of keyed state over
+a task with two inputs.
 """
 
 from __future__ import annotations
@@ -26,64 +26,21 @@ import pyarrow.compute as pc
 from pyspark import cloudpickle
 
 from snapflow.v1 import common_pb2 as pb
+from snapflow.worker.api.join_output import SelectPairs
 from snapflow.worker.api.operators import MapBatches
+from snapflow.worker.api.regular_join import RegularJoinOperator
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import SequenceSource
-from snapflow.worker.runtime.operator import Operator, OperatorContext
-from snapflow.worker.state.keyed_state import ListState
 
 # The workers may not find the chaos package on their path: ship its classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 I64 = pa.int64()
 FIELDS = ("a", "b")
+_PAIRS = SelectPairs("key", "key", "left_", "right_")
+"""Both key fields are ``key``: the joined rows are ``(key, a, b)``."""
 MATCHES_PER_SIDE = 8
 """Records of each source per key (about): 64 output rows per key, whatever the size."""
-
-
-class EquiJoin(Operator):
-    """Per key, every row of each input against the other input's rows so far: each pair of
-    rows with equal keys once, as ``(key, a, b)`` (input 0 carries ``a``, input 1 ``b``)."""
-
-    _runtime_fields = ("_backend", "_buffers", "_key_fields")
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self._backend = ctx.require_keyed_state(self.name)
-        self._key_fields = ctx.input_key_fields
-        self._buffers: tuple[ListState[int], ListState[int]] = (
-            self._backend.get_list_state(ctx.state_name(FIELDS[0])),
-            self._backend.get_list_state(ctx.state_name(FIELDS[1])),
-        )
-
-    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return self._join(0, batch)
-
-    def process_input(self, input_index: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return self._join(input_index, batch)
-
-    def _join(self, side: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        key_field = self._key_fields[side] or "key"
-        mine, other = self._buffers[side], self._buffers[1 - side]
-        keys: list[int] = []
-        pairs: tuple[list[int], list[int]] = ([], [])
-        for key, value in zip(
-            batch.column(key_field).to_pylist(), batch.column(FIELDS[side]).to_pylist(), strict=True
-        ):
-            self._backend.set_current_key(key)
-            for match in other.get():
-                keys.append(key)
-                pairs[side].append(value)
-                pairs[1 - side].append(match)
-            mine.add(value)
-        if not keys:
-            return []
-        return [
-            pa.RecordBatch.from_arrays(
-                [pa.array(keys, I64), pa.array(pairs[0], I64), pa.array(pairs[1], I64)],
-                names=["key", *FIELDS],
-            )
-        ]
 
 
 class AddKey:
@@ -143,7 +100,10 @@ def join_graph(
                 name="join",
                 parallelism=parallelism,
                 max_parallelism=128,
-                operators=[op("join", EquiJoin()), op("sink", TransactionalFileSink(str(out)))],
+                operators=[
+                    op("join", RegularJoinOperator("key", "key", emitter=_PAIRS)),
+                    op("sink", TransactionalFileSink(str(out))),
+                ],
             ),
         ],
         edges=[

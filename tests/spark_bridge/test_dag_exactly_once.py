@@ -44,8 +44,6 @@ from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.api.functions import KeyedContext, KeyedProcessFunction
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import SequenceSource
-from snapflow.worker.runtime.operator import Operator, OperatorContext
-from snapflow.worker.state.keyed_state import ListState
 
 # The executors cannot import this test module: ship its classes and functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -78,59 +76,10 @@ def _mode_params() -> list[Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-class BufferJoin(Operator):
-    """A keyed two-input equi join: per key, every row of each input is kept (list state)
-    and matched against the other input's rows kept so far, so each pair of rows with equal
-    keys is emitted exactly once, as ``(key, a, b)``. Input 0 carries field ``a``, input 1
-    field ``b``; their key fields are the context's ``input_key_fields``."""
-
-    _runtime_fields = ("_backend", "_buffers", "_key_fields")
-    FIELDS = ("a", "b")
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self._backend = ctx.require_keyed_state(self.name)
-        self._key_fields = ctx.input_key_fields
-        self._buffers: tuple[ListState[int], ListState[int]] = (
-            self._backend.get_list_state(ctx.state_name("a")),
-            self._backend.get_list_state(ctx.state_name("b")),
-        )
-
-    def process_batch(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return self._join(0, batch)
-
-    def process_input(self, input_index: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return self._join(input_index, batch)
-
-    def _join(self, side: int, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        key_field = self._key_fields[side]
-        assert key_field is not None, "both inputs of the join are keyed"
-        keys = batch.column(key_field).to_pylist()
-        values = batch.column(self.FIELDS[side]).to_pylist()
-        mine, other = self._buffers[side], self._buffers[1 - side]
-        out_keys: list[int] = []
-        out_a: list[int] = []
-        out_b: list[int] = []
-        for key, value in zip(keys, values, strict=True):
-            self._backend.set_current_key(key)
-            for match in other.get():
-                out_keys.append(key)
-                out_a.append(value if side == 0 else match)
-                out_b.append(match if side == 0 else value)
-            mine.add(value)
-        if not out_keys:
-            return []
-        return [
-            pa.RecordBatch.from_arrays(
-                [pa.array(out_keys, I64), pa.array(out_a, I64), pa.array(out_b, I64)],
-                names=["key", "a", "b"],
-            )
-        ]
-
-
 def _join(left: KeyedStream, right: KeyedStream) -> Stream:
-    """The keyed two-input join under test: rows ``(key, a, b)``, one per matching pair."""
-    return left.connect(right).transform(BufferJoin(), name="join")
+    """The keyed two-input join under test (the library's regular inner join): rows
+    ``(key, a, b)``, one per matching pair."""
+    return left.join(right, name="join")
 
 
 # ---------------------------------------------------------------------------------------------
