@@ -71,10 +71,22 @@ _PUBLIC: dict[str, str] = {
     "KeyedBatchContext": "snapflow.worker.api.functions",
     "to_pandas": "snapflow.worker.api.pandas_batches",
     "from_pandas": "snapflow.worker.api.pandas_batches",
-    # -- event-time windows
-    "WindowAssigner": "snapflow.worker.api.windows",
-    "TumblingEventTimeWindows": "snapflow.worker.api.windows",
-    "SlidingEventTimeWindows": "snapflow.worker.api.windows",
+    # -- windows: assigners, window functions, the windowed and joined streams
+    "WindowAssigner": "snapflow.worker.api.window_assigners",
+    "TimeWindow": "snapflow.worker.api.window_assigners",
+    "TumblingEventTimeWindows": "snapflow.worker.api.window_assigners",
+    "SlidingEventTimeWindows": "snapflow.worker.api.window_assigners",
+    "EventTimeSessionWindows": "snapflow.worker.api.window_assigners",
+    "TumblingProcessingTimeWindows": "snapflow.worker.api.window_assigners",
+    "SlidingProcessingTimeWindows": "snapflow.worker.api.window_assigners",
+    "ProcessingTimeSessionWindows": "snapflow.worker.api.window_assigners",
+    "ProcessWindowFunction": "snapflow.worker.api.window_functions",
+    "CoGroupFunction": "snapflow.worker.api.window_functions",
+    "JoinFunction": "snapflow.worker.api.window_functions",
+    "WindowContext": "snapflow.worker.api.window_functions",
+    "WindowedStream": "snapflow.spark_bridge.streams",
+    "JoinedStreams": "snapflow.spark_bridge.streams",
+    "CoGroupedStreams": "snapflow.spark_bridge.streams",
     # -- custom operators
     "Operator": "snapflow.worker.runtime.operator",
     "SourceOperator": "snapflow.worker.runtime.operator",
@@ -97,9 +109,12 @@ __all__ = [
     "BroadcastStream",
     "CheckpointConfig",
     "CheckpointMode",
+    "CoGroupFunction",
+    "CoGroupedStreams",
     "CollectSink",
     "ConnectedStreams",
     "DataFrameSource",
+    "EventTimeSessionWindows",
     "ExponentialBackoff",
     "FailedPreconditionError",
     "FileSource",
@@ -110,6 +125,8 @@ __all__ = [
     "JobHandle",
     "JobResult",
     "JobStatus",
+    "JoinFunction",
+    "JoinedStreams",
     "KeyedBatchContext",
     "KeyedBatchFunction",
     "KeyedConnectedStreams",
@@ -122,23 +139,30 @@ __all__ = [
     "OutputTag",
     "Pipeline",
     "PrintSink",
+    "ProcessWindowFunction",
+    "ProcessingTimeSessionWindows",
     "RedisSink",
     "RestartStrategy",
     "RichFunction",
     "RuntimeContext",
     "SequenceSource",
     "SlidingEventTimeWindows",
+    "SlidingProcessingTimeWindows",
     "SnapflowError",
     "SocketTextSource",
     "SourceOperator",
     "SplitSource",
     "StateBackendOptions",
     "Stream",
+    "TimeWindow",
     "TransactionalFileSink",
     "TransactionalParquetSink",
     "TumblingEventTimeWindows",
+    "TumblingProcessingTimeWindows",
     "TwoPhaseCommitSink",
     "WindowAssigner",
+    "WindowContext",
+    "WindowedStream",
     "from_pandas",
     "read_committed",
     "read_committed_parquet",
@@ -163,10 +187,13 @@ if TYPE_CHECKING:
     from snapflow.spark_bridge.run_options import JobFailedError, JobResult
     from snapflow.spark_bridge.streams import (
         BroadcastStream,
+        CoGroupedStreams,
         ConnectedStreams,
+        JoinedStreams,
         KeyedConnectedStreams,
         KeyedStream,
         Stream,
+        WindowedStream,
     )
     from snapflow.spark_bridge.submission import spark_session
     from snapflow.state_backend_options import StateBackendOptions
@@ -180,10 +207,21 @@ if TYPE_CHECKING:
         RuntimeContext,
     )
     from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
-    from snapflow.worker.api.windows import (
+    from snapflow.worker.api.window_assigners import (
+        EventTimeSessionWindows,
+        ProcessingTimeSessionWindows,
         SlidingEventTimeWindows,
+        SlidingProcessingTimeWindows,
+        TimeWindow,
         TumblingEventTimeWindows,
+        TumblingProcessingTimeWindows,
         WindowAssigner,
+    )
+    from snapflow.worker.api.window_functions import (
+        CoGroupFunction,
+        JoinFunction,
+        ProcessWindowFunction,
+        WindowContext,
     )
     from snapflow.worker.connectors.debug_sinks import CollectSink, PrintSink
     from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed

@@ -69,7 +69,8 @@ from snapflow.worker.api.operators import (
     MapBatches,
 )
 from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
-from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
+from snapflow.worker.api.window_assigners import WindowAssigner
+from snapflow.worker.api.window_operator import WindowAggregate
 from snapflow.worker.runtime.operator import Operator, OutputTag, SourceOperator
 
 __all__ = [
