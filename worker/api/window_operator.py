@@ -197,7 +197,7 @@ class WindowOperator(Operator):
         )
         contents.note_types(None if values is None else values.type)
         if self.assigner.is_event_time:
-            ts = as_ms(batch.column(schema.get_field_index(time_field)))  # type: ignore[arg-type]
+            ts = as_ms(batch.column(schema.get_field_index(time_field)))
             if ts.null_count:
                 raise InvalidArgumentError(f"{self.name}: null event times in {time_field!r}")
         else:
