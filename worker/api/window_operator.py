@@ -315,7 +315,7 @@ class WindowOperator(Operator):
         wins: list[_Win] = []
         dropped: list[int] = []
         for key, group, rows in zip(
-            dkeys.to_pylist(), key_groups, by_key.column("r").to_pylist(), strict=True
+            dkeys.to_pylist(), key_groups, by_key.column("r_list").to_pylist(), strict=True
         ):
             backend.set_current_key(key, group)
             existing = [TimeWindow(*w) for w in sessions.value() or ()]
