@@ -3,6 +3,7 @@ checked after every step."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from snapflow.worker.api.session_merging import SessionUpdate, merge_sessions
@@ -18,7 +19,7 @@ def rows(*ts: int) -> list[W]:
 def check_invariants(existing: list[W], new: list[W], late: list[bool], u: SessionUpdate) -> None:
     ws = u.windows
     assert ws == sorted(ws)
-    for a, b in zip(ws, ws[1:], strict=False):
+    for a, b in itertools.pairwise(ws):
         assert a.end < b.start, "windows pairwise disjoint (not even touching)"
     for e in existing:  # every old window inside exactly one new one
         assert sum(w.start <= e.start and e.end <= w.end for w in ws) == 1

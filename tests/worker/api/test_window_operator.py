@@ -5,6 +5,7 @@ inputs, each with exact outputs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -297,7 +298,9 @@ def session_events() -> list[tuple[str, Any]]:
     return out
 
 
-def run_events(ops: list[WindowOperator], events: list[tuple[str, Any]]) -> list[tuple[Any, ...]]:
+def run_events(
+    ops: Sequence[WindowOperator], events: list[tuple[str, Any]]
+) -> list[tuple[Any, ...]]:
     got: list[tuple[Any, ...]] = []
     for kind, payload in events:
         for op in ops:
