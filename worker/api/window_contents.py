@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import operator as _op
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -78,9 +78,19 @@ class WindowContents:
         of row i of ``grouped``)."""
         raise NotImplementedError
 
-    def results(self, composites: Sequence[Any], key_groups: Sequence[int]) -> list[Any]:
+    # The window operator passes ``composites`` as an iterator (``zip(keys, windows)``): the
+    # ``(key, window)`` tuples of a watermark's many windows then never live all at once.
+
+    def results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
         """Each window's result (None: the window holds nothing of this input)."""
         raise NotImplementedError
+
+    def take_results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
+        """:meth:`results`, clearing the windows (they fired for the last time)."""
+        listed = list(composites)
+        out = self.results(listed, key_groups)
+        self.clear_many(listed, key_groups)
+        return out
 
     def move(self, source: Any, target: Any, key_group: int) -> None:
         """Merge window ``source``'s contents into ``target``'s (sessions) and clear it."""
@@ -88,6 +98,10 @@ class WindowContents:
 
     def clear(self, composite: Any, key_group: int) -> None:
         raise NotImplementedError
+
+    def clear_many(self, composites: Iterable[Any], key_groups: Sequence[int]) -> None:
+        for composite, group in zip(composites, key_groups, strict=True):
+            self.clear(composite, group)
 
     def result_type(self) -> pa.DataType | None:
         return None
@@ -140,8 +154,22 @@ class BuiltinAggContents(WindowContents):
     ) -> None:
         self._state.add_many(composites, grouped.column(grouped.num_columns - 1), key_groups)
 
-    def results(self, composites: Sequence[Any], key_groups: Sequence[int]) -> list[Any]:
-        return self._state.get_many(list(composites), key_groups=list(key_groups))
+    def results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
+        set_key, get = self._backend.set_current_key, self._state.get
+        out = []
+        for composite, group in zip(composites, key_groups, strict=True):
+            set_key(composite, group)
+            out.append(get())
+        return out
+
+    def take_results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
+        set_key, get, clear = self._backend.set_current_key, self._state.get, self._state.clear
+        out = []
+        for composite, group in zip(composites, key_groups, strict=True):
+            set_key(composite, group)
+            out.append(get())
+            clear()
+        return out
 
     def move(self, source: Any, target: Any, key_group: int) -> None:
         backend, state = self._backend, self._state
@@ -156,6 +184,12 @@ class BuiltinAggContents(WindowContents):
     def clear(self, composite: Any, key_group: int) -> None:
         self._backend.set_current_key(composite, key_group)
         self._state.clear()
+
+    def clear_many(self, composites: Iterable[Any], key_groups: Sequence[int]) -> None:
+        set_key, clear = self._backend.set_current_key, self._state.clear
+        for composite, group in zip(composites, key_groups, strict=True):
+            set_key(composite, group)
+            clear()
 
     def result_type(self) -> pa.DataType | None:
         return self._value_type
@@ -219,7 +253,7 @@ class AggregateContents(WindowContents):
                 acc = fn.add(values[r], acc)
             state.update(acc)
 
-    def results(self, composites: Sequence[Any], key_groups: Sequence[int]) -> list[Any]:
+    def results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
         accs = self._state.get_many(list(composites), key_groups=list(key_groups))
         fn = self.function
         return [None if acc is None else fn.get_result(acc) for acc in accs]
@@ -282,7 +316,7 @@ class RowsContents(WindowContents):
             return None
         return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
 
-    def results(self, composites: Sequence[Any], key_groups: Sequence[int]) -> list[Any]:
+    def results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
         out = []
         for composite, group in zip(composites, key_groups, strict=True):
             self._backend.set_current_key(composite, group)

@@ -41,25 +41,31 @@ __all__ = [
 
 
 class FiredWindows:
-    """Windows fired together: ``keys[j]``/``windows[j]``, ``results[i][j]`` input i's
-    contents of window j (None: nothing); ``key_type``, ``result_types[i]`` and
-    ``schemas[i]`` when known."""
+    """Windows fired together: window j is key ``keys[j]``'s ``[starts[j], ends[j])``;
+    ``results[i][j]`` input i's contents of it (None: nothing); ``key_type``,
+    ``result_types[i]`` and ``schemas[i]`` when known."""
 
     def __init__(
         self,
         keys: list[Any],
-        windows: list[TimeWindow],
+        starts: list[int],
+        ends: list[int],
         results: list[list[Any]],
         key_type: pa.DataType | None,
         result_types: list[pa.DataType | None],
         schemas: list[pa.Schema | None],
     ) -> None:
         self.keys = keys
-        self.windows = windows
+        self.starts = starts
+        self.ends = ends
         self.results = results
         self.key_type = key_type
         self.result_types = result_types
         self.schemas = schemas
+
+    @property
+    def windows(self) -> list[TimeWindow]:
+        return [TimeWindow(s, e) for s, e in zip(self.starts, self.ends, strict=True)]
 
 
 class WindowEmitter:
@@ -88,8 +94,8 @@ class ResultRows(WindowEmitter):
             pa.RecordBatch.from_arrays(
                 [
                     pa.array(fired.keys, fired.key_type),
-                    pa.array([w.start for w in fired.windows], pa.int64()),
-                    pa.array([w.end for w in fired.windows], pa.int64()),
+                    pa.array(fired.starts, pa.int64()),
+                    pa.array(fired.ends, pa.int64()),
                     pa.array(fired.results[0], fired.result_types[0]),
                 ],
                 names=[self.key_field, "window_start", "window_end", self.output_field],

@@ -161,8 +161,12 @@ class WindowOperator(Operator):
             return TimeWindow(*ns)
         return TimeWindow(ns, ns + self.assigner.size_ms)
 
-    def _ns(self, window: TimeWindow) -> Any:
-        return tuple(window) if self.assigner.is_merging else window.start
+    def _bounds(self, namespaces: list[Any]) -> tuple[list[int], list[int]]:
+        """The starts and ends of windows by namespace (no window objects: hot path)."""
+        if self.assigner.is_merging:
+            return [ns[0] for ns in namespaces], [ns[1] for ns in namespaces]
+        size = self.assigner.size_ms
+        return list(namespaces), [ns + size for ns in namespaces]
 
     # --- data ---------------------------------------------------------------------------------
 
@@ -279,9 +283,10 @@ class WindowOperator(Operator):
         backend, timers, owner = self._backend, self._backend.timer_service, self._owner
         lateness, wm = self.allowed_lateness_ms, self._watermark
         late_firing: list[_Win] = []
-        for win in wins:
+        _, ends = self._bounds([ns for _, _, ns in wins])
+        for win, end in zip(wins, ends, strict=True):
             key, group, ns = win
-            max_ts = self._window(ns).max_timestamp
+            max_ts = end - 1
             backend.set_current_key(key, group)
             if max_ts > wm:
                 timers.register_event_time_timer(max_ts, (owner, ns))
@@ -372,33 +377,63 @@ class WindowOperator(Operator):
 
     # --- firing -------------------------------------------------------------------------------
 
-    def _fire(self, wins: list[_Win]) -> list[pa.RecordBatch]:
-        if not wins:
+    # Fired windows travel as parallel lists (keys, key groups, namespaces), not as a tuple
+    # per window: hundreds of thousands of small tuples per watermark cost garbage-collector
+    # passes over the whole state.
+
+    def _fire(self, wins: list[_Win], purge: bool = False) -> list[pa.RecordBatch]:
+        return self._fire_lists(
+            [k for k, _, _ in wins], [g for _, g, _ in wins], [ns for _, _, ns in wins], purge
+        )
+
+    def _fire_lists(
+        self, keys: list[Any], groups: list[int], nss: list[Any], purge: bool = False
+    ) -> list[pa.RecordBatch]:
+        """Emit windows ``(keys[j], nss[j])``; ``purge``: and clear them (their last firing)."""
+        if not keys:
             return []
-        composites = [(k, ns) for k, _, ns in wins]
-        groups = [g for _, g, _ in wins]
-        results = [c.results(composites, groups) for c in self.contents]
-        keep = [j for j in range(len(wins)) if any(r[j] is not None for r in results)]
+        if purge:
+            results = [c.take_results(zip(keys, nss, strict=True), groups) for c in self.contents]
+            self._forget_sessions(keys, groups, nss)
+        else:
+            results = [c.results(zip(keys, nss, strict=True), groups) for c in self.contents]
+        if len(results) == 1:
+            keep = [j for j, v in enumerate(results[0]) if v is not None]
+        else:
+            keep = [
+                j
+                for j, vs in enumerate(zip(*results, strict=True))
+                if any(v is not None for v in vs)
+            ]
         if not keep:
             return []
-        wctx = self._wctx
-        wctx.current_watermark = self._watermark
+        if len(keep) < len(keys):
+            keys, nss = [keys[j] for j in keep], [nss[j] for j in keep]
+            results = [[r[j] for j in keep] for r in results]
+        self._wctx.current_watermark = self._watermark
+        starts, ends = self._bounds(nss)
         fired = FiredWindows(
-            keys=[wins[j][0] for j in keep],
-            windows=[self._window(wins[j][2]) for j in keep],
-            results=[[r[j] for j in keep] for r in results],
+            keys=keys,
+            starts=starts,
+            ends=ends,
+            results=results,
             key_type=self._key_type,
             result_types=[c.result_type() for c in self.contents],
             schemas=list(self._schemas),
         )
         return self.emitter.emit(fired)
 
-    def _purge(self, wins: list[_Win]) -> None:
-        backend, sessions = self._backend, self._sessions
-        for key, group, ns in wins:
-            for c in self.contents:
-                c.clear((key, ns), group)
-            if self.assigner.is_merging:
+    def _purge(self, keys: list[Any], groups: list[int], nss: list[Any]) -> None:
+        if not keys:
+            return
+        for c in self.contents:
+            c.clear_many(zip(keys, nss, strict=True), groups)
+        self._forget_sessions(keys, groups, nss)
+
+    def _forget_sessions(self, keys: list[Any], groups: list[int], nss: list[Any]) -> None:
+        if self.assigner.is_merging:
+            backend, sessions = self._backend, self._sessions
+            for key, group, ns in zip(keys, groups, nss, strict=True):
                 backend.set_current_key(key, group)
                 left = tuple(w for w in sessions.value() or () if tuple(w) != ns)
                 sessions.update(left or None)
@@ -411,21 +446,21 @@ class WindowOperator(Operator):
         fired = fire_timers(self._backend, watermark_ms, self._owner)
         if not fired:
             return []
+        keys = [t[1] for t in fired]  # Timer = (timestamp, key, namespace, key group)
+        groups = [t[3] for t in fired]
+        nss = [t[2][1] for t in fired]
+        lateness = self.allowed_lateness_ms
+        if not lateness:  # one timer per window: it fires and purges
+            return self._fire_lists(keys, groups, nss, purge=True)
         # every window fires before it is purged: its firing timer is not later than its
         # cleanup timer, and a purged window never fires again
-        lateness = self.allowed_lateness_ms
-        to_fire: list[_Win] = []
-        to_purge: list[_Win] = []
-        for timer in fired:
-            ns = timer.namespace[1]
-            max_ts = self._window(ns).max_timestamp
-            win = (timer.key, timer.key_group, ns)
-            if timer.timestamp == max_ts:
-                to_fire.append(win)
-            if timer.timestamp == max_ts + lateness:
-                to_purge.append(win)
-        out = self._fire(to_fire)
-        self._purge(to_purge)
+        _, ends = self._bounds(nss)
+        fire = [j for j, t in enumerate(fired) if t[0] == ends[j] - 1]
+        purge = [j for j, t in enumerate(fired) if t[0] == ends[j] - 1 + lateness]
+        out = self._fire_lists(
+            [keys[j] for j in fire], [groups[j] for j in fire], [nss[j] for j in fire]
+        )
+        self._purge([keys[j] for j in purge], [groups[j] for j in purge], [nss[j] for j in purge])
         return out
 
     def end_input(self) -> list[pa.RecordBatch]:
@@ -461,11 +496,7 @@ class WindowOperator(Operator):
             if (key, ns) in pending:
                 pending.discard((key, ns))
                 due.append((key, group, ns))
-        if not due:
-            return []
-        out = self._fire(due)
-        self._purge(due)
-        return out
+        return self._fire(due, purge=True)
 
 
 class WindowAggregate(WindowOperator):
