@@ -661,6 +661,11 @@ class KeyedStream:
             check_name("time_field", time_field)
             _check_field(self._stream.schema, time_field, "window")
         if value_field is None and agg is None:
+            if output_field != "value" or name is not None:
+                raise InvalidArgumentError(
+                    "window(assigner, time_field) without an aggregation gives a "
+                    "WindowedStream: pass output_field and name to its aggregate() or process()"
+                )
             return WindowedStream(self, assigner, time_field, allowed_lateness_ms)
         op = WindowAggregate(
             self.key_field,

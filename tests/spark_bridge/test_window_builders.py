@@ -138,6 +138,10 @@ def test_window_builders_refuse_bad_arguments_at_build_time() -> None:
         p.source(Declared(total_records=10)).key_by("key").window(
             TumblingEventTimeWindows(5), "nope"
         )
+    with pytest.raises(InvalidArgumentError, match="aggregate"):
+        p.source(GeneratorSource(total_records=10)).key_by("key").window(  # type: ignore[call-overload]
+            TumblingEventTimeWindows(5), "ts", output_field="n"
+        )
     t = p.source(GeneratorSource(total_records=10), name="t")
     u = p.source(GeneratorSource(total_records=10), name="u")
     with pytest.raises(InvalidArgumentError, match="where"):
