@@ -102,10 +102,22 @@ _PUBLIC: dict[str, str] = {
     "JoinContext": "snapflow.worker.api.join_functions",
     "BatchJoinFunction": "snapflow.worker.api.join_functions",
     "BatchJoinContext": "snapflow.worker.api.join_functions",
-    # -- event-time windows
-    "WindowAssigner": "snapflow.worker.api.windows",
-    "TumblingEventTimeWindows": "snapflow.worker.api.windows",
-    "SlidingEventTimeWindows": "snapflow.worker.api.windows",
+    # -- windows: assigners, window functions, the windowed and joined streams
+    "WindowAssigner": "snapflow.worker.api.window_assigners",
+    "TimeWindow": "snapflow.worker.api.window_assigners",
+    "TumblingEventTimeWindows": "snapflow.worker.api.window_assigners",
+    "SlidingEventTimeWindows": "snapflow.worker.api.window_assigners",
+    "EventTimeSessionWindows": "snapflow.worker.api.window_assigners",
+    "TumblingProcessingTimeWindows": "snapflow.worker.api.window_assigners",
+    "SlidingProcessingTimeWindows": "snapflow.worker.api.window_assigners",
+    "ProcessingTimeSessionWindows": "snapflow.worker.api.window_assigners",
+    "ProcessWindowFunction": "snapflow.worker.api.window_functions",
+    "CoGroupFunction": "snapflow.worker.api.window_functions",
+    "JoinFunction": "snapflow.worker.api.window_functions",
+    "WindowContext": "snapflow.worker.api.window_functions",
+    "WindowedStream": "snapflow.spark_bridge.streams",
+    "JoinedStreams": "snapflow.spark_bridge.streams",
+    "CoGroupedStreams": "snapflow.spark_bridge.streams",
     # -- custom operators
     "Operator": "snapflow.worker.runtime.operator",
     "SourceOperator": "snapflow.worker.runtime.operator",
@@ -135,11 +147,14 @@ __all__ = [
     "CoBatchContext",
     "CoBatchFunction",
     "CoContext",
+    "CoGroupFunction",
+    "CoGroupedStreams",
     "CoProcessFunction",
     "CollectSink",
     "ConnectedStreams",
     "DataFrameSource",
     "DeliveryGuarantee",
+    "EventTimeSessionWindows",
     "ExponentialBackoff",
     "FailedPreconditionError",
     "FileSource",
@@ -153,6 +168,8 @@ __all__ = [
     "JobResult",
     "JobStatus",
     "JoinContext",
+    "JoinFunction",
+    "JoinedStreams",
     "KafkaPartitioner",
     "KafkaSerializer",
     "KafkaSink",
@@ -180,6 +197,8 @@ __all__ = [
     "Pipeline",
     "PrintSink",
     "ProcessJoinFunction",
+    "ProcessWindowFunction",
+    "ProcessingTimeSessionWindows",
     "ReadOnlyBroadcastContext",
     "ReadOnlyKeyedBroadcastContext",
     "RedisSink",
@@ -188,17 +207,22 @@ __all__ = [
     "RuntimeContext",
     "SequenceSource",
     "SlidingEventTimeWindows",
+    "SlidingProcessingTimeWindows",
     "SnapflowError",
     "SocketTextSource",
     "SourceOperator",
     "SplitSource",
     "StateBackendOptions",
     "Stream",
+    "TimeWindow",
     "TransactionalFileSink",
     "TransactionalParquetSink",
     "TumblingEventTimeWindows",
+    "TumblingProcessingTimeWindows",
     "TwoPhaseCommitSink",
     "WindowAssigner",
+    "WindowContext",
+    "WindowedStream",
     "from_pandas",
     "read_committed",
     "read_committed_parquet",
@@ -223,12 +247,15 @@ if TYPE_CHECKING:
     from snapflow.spark_bridge.run_options import JobFailedError, JobResult
     from snapflow.spark_bridge.streams import (
         BroadcastStream,
+        CoGroupedStreams,
         ConnectedStreams,
         IntervalJoin,
         IntervalJoined,
+        JoinedStreams,
         KeyedConnectedStreams,
         KeyedStream,
         Stream,
+        WindowedStream,
     )
     from snapflow.spark_bridge.submission import spark_session
     from snapflow.state_backend_options import StateBackendOptions
@@ -267,10 +294,21 @@ if TYPE_CHECKING:
         ProcessJoinFunction,
     )
     from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
-    from snapflow.worker.api.windows import (
+    from snapflow.worker.api.window_assigners import (
+        EventTimeSessionWindows,
+        ProcessingTimeSessionWindows,
         SlidingEventTimeWindows,
+        SlidingProcessingTimeWindows,
+        TimeWindow,
         TumblingEventTimeWindows,
+        TumblingProcessingTimeWindows,
         WindowAssigner,
+    )
+    from snapflow.worker.api.window_functions import (
+        CoGroupFunction,
+        JoinFunction,
+        ProcessWindowFunction,
+        WindowContext,
     )
     from snapflow.worker.connectors.debug_sinks import CollectSink, PrintSink
     from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed

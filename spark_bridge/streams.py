@@ -13,6 +13,10 @@ streams of several inputs: ``union``, ``connect``, broadcast, side outputs).
   ``side_output(tag)`` is what the operators emitted to a side output. Both are a vertex
   waiting for its first operator: ``key_by``/``rebalance`` on them re-partition the edges
   into it instead of adding a hop.
+* ``keyed.window(assigner)`` gives a :class:`WindowedStream` (``aggregate``, ``process``,
+  ``allowed_lateness``, ``side_output_late_data``); ``join(other)`` and ``co_group(other)``
+  a window join or co-group of two streams (:class:`JoinedStreams`,
+  :class:`CoGroupedStreams`) on a keyed two-input vertex.
 * ``connect(other)`` gives an operator two inputs (``ConnectedStreams``);
   ``keyed.connect(other_keyed)`` keys both into one keyed vertex
   (``KeyedConnectedStreams``), ``keyed.connect(stream.broadcast())`` adds a broadcast input.
@@ -29,7 +33,7 @@ compare known schemas at build time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Self, overload
 
 import pyarrow as pa
 
@@ -90,17 +94,39 @@ from snapflow.worker.api.operators import (
 from snapflow.worker.api.pandas_batches import from_pandas, to_pandas
 from snapflow.worker.api.regular_join import RegularJoinOperator
 from snapflow.worker.api.two_input_operators import Connection, two_input_operator
-from snapflow.worker.api.windows import WindowAggregate, WindowAssigner
+from snapflow.worker.api.window_assigners import WindowAssigner
+from snapflow.worker.api.window_contents import (
+    AggregateContents,
+    BuiltinAggContents,
+    RowsContents,
+    WindowContents,
+)
+from snapflow.worker.api.window_emitters import (
+    ProcessWindow,
+    ResultRows,
+    WindowEmitter,
+    joined_columns,
+)
+from snapflow.worker.api.window_functions import (
+    CoGroupFunction,
+    JoinFunction,
+    ProcessWindowFunction,
+)
+from snapflow.worker.api.window_join import window_co_group, window_join
+from snapflow.worker.api.window_operator import WindowAggregate, WindowOperator
 from snapflow.worker.runtime.operator import Operator, OutputTag, SourceOperator
 
 __all__ = [
     "BroadcastStream",
+    "CoGroupedStreams",
     "ConnectedStreams",
     "IntervalJoin",
     "IntervalJoined",
+    "JoinedStreams",
     "KeyedConnectedStreams",
     "KeyedStream",
     "Stream",
+    "WindowedStream",
 ]
 
 
@@ -367,6 +393,20 @@ class Stream:
         """This stream sent whole to every subtask of the operator it is connected to
         (Flink's ``broadcast``): the side that writes broadcast state."""
         return BroadcastStream(self)
+
+    # --- window join and co-group (Flink's join / coGroup) ----------------------------------
+
+    def join(self, other: Stream) -> JoinedStreams:
+        """A window join with ``other`` (Flink's ``join``):
+        ``a.join(b).where(k0).equal_to(k1).window(assigner, time_field).apply(fn)``; every pair
+        of rows with equal keys in one window. ``apply()`` without a function emits the pairs'
+        columns side by side."""
+        return JoinedStreams(self, other, "join")
+
+    def co_group(self, other: Stream) -> CoGroupedStreams:
+        """A window co-group with ``other`` (Flink's ``coGroup``): as :meth:`join`, but
+        ``apply(fn)`` gets each window's rows of both inputs at once."""
+        return CoGroupedStreams(self, other, "co_group")
 
 
 class BroadcastStream:
@@ -661,27 +701,75 @@ class KeyedStream:
         check_name("value_field", value_field)
         return self._stream._chain(KeyedReduce(self.key_field, value_field, agg), "reduce", name)
 
+    @overload
     def window(
         self,
         assigner: WindowAssigner,
-        time_field: str,
-        value_field: str | None = None,
+        time_field: str | None = None,
+        *,
+        allowed_lateness_ms: int = 0,
+    ) -> WindowedStream: ...
+
+    @overload
+    def window(
+        self,
+        assigner: WindowAssigner,
+        time_field: str | None,
+        value_field: str | None,
         agg: str = "sum",
         *,
         allowed_lateness_ms: int = 0,
         output_field: str = "value",
         name: str | None = None,
-    ) -> Stream:
-        """Event-time windows (``TumblingEventTimeWindows``, ``SlidingEventTimeWindows``) with
-        ``agg`` (``"sum"``, ``"count"``, ``"min"``, ``"max"``) of ``value_field``; rows
-        ``(key, window_start, window_end, output_field)`` when a window fires."""
-        check_name("time_field", time_field)
+    ) -> Stream: ...
+
+    @overload
+    def window(
+        self,
+        assigner: WindowAssigner,
+        time_field: str | None = None,
+        value_field: str | None = None,
+        *,
+        agg: str,
+        allowed_lateness_ms: int = 0,
+        output_field: str = "value",
+        name: str | None = None,
+    ) -> Stream: ...
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        time_field: str | None = None,
+        value_field: str | None = None,
+        agg: str | None = None,
+        *,
+        allowed_lateness_ms: int = 0,
+        output_field: str = "value",
+        name: str | None = None,
+    ) -> Stream | WindowedStream:
+        """Windows per key from ``assigner`` (event time from ``time_field``, int ms or a
+        timestamp; processing-time assigners need none).
+
+        With ``value_field`` or ``agg`` (``"sum"``, ``"count"``, ``"min"``, ``"max"``): that
+        aggregation, rows ``(key, window_start, window_end, output_field)`` when a window
+        fires. Without: a :class:`WindowedStream` (Flink's ``window(assigner)``) to finish with
+        ``.aggregate(...)`` or ``.process(...)``."""
+        if time_field is not None:
+            check_name("time_field", time_field)
+            _check_field(self._stream.schema, time_field, "window")
+        if value_field is None and agg is None:
+            if output_field != "value" or name is not None:
+                raise InvalidArgumentError(
+                    "window(assigner, time_field) without an aggregation gives a "
+                    "WindowedStream: pass output_field and name to its aggregate() or process()"
+                )
+            return WindowedStream(self, assigner, time_field, allowed_lateness_ms)
         op = WindowAggregate(
             self.key_field,
             time_field,
             value_field,
             assigner,
-            agg,
+            agg or "sum",
             allowed_lateness_ms=allowed_lateness_ms,
             output_field=output_field,
         )
@@ -958,3 +1046,260 @@ def _tag(tag: OutputTag) -> OutputTag:
     if not isinstance(tag, OutputTag):
         raise InvalidArgumentError(f"a side output needs an OutputTag, got {tag!r:.80}")
     return tag
+
+
+# Windows: the windowed stream of one keyed input, window join and co-group of two
+# ---------------------------------------------------------------------------------------------
+
+
+class WindowedStream:
+    """Windows of a keyed stream (``keyed.window(assigner)``; Flink's ``WindowedStream``):
+    set ``allowed_lateness`` and ``side_output_late_data``, then finish it with
+    :meth:`aggregate` or :meth:`process`, which return the windows' output stream."""
+
+    def __init__(
+        self,
+        keyed: KeyedStream,
+        assigner: WindowAssigner,
+        time_field: str | None,
+        allowed_lateness_ms: int = 0,
+    ) -> None:
+        if not isinstance(assigner, WindowAssigner):
+            raise InvalidArgumentError(f"window needs a window assigner, got {assigner!r:.80}")
+        if assigner.is_event_time and time_field is None:
+            raise InvalidArgumentError(
+                f"{assigner!r} windows event time: pass the time field, "
+                f"window(assigner, time_field)"
+            )
+        self._keyed = keyed
+        self.assigner = assigner
+        self.time_field = time_field
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.late_data_tag: OutputTag | None = None
+
+    def __repr__(self) -> str:
+        return f"WindowedStream({self._keyed!r}, {self.assigner!r})"
+
+    def allowed_lateness(self, ms: int) -> WindowedStream:
+        """Keep each window's state ``ms`` past its end; late rows within it fire the window
+        again (Flink's ``allowedLateness``; event time only)."""
+        self.allowed_lateness_ms = ms
+        return self
+
+    def side_output_late_data(self, tag: OutputTag) -> WindowedStream:
+        """Rows later than the watermark plus the allowed lateness go to ``tag`` instead of
+        being dropped; read them with ``side_output(tag)`` on the windows' output stream
+        (Flink's ``sideOutputLateData``)."""
+        if not isinstance(tag, OutputTag):
+            raise InvalidArgumentError(f"side_output_late_data needs an OutputTag, got {tag!r:.80}")
+        self.late_data_tag = tag
+        return self
+
+    def _chain(self, op: WindowOperator, name: str | None) -> Stream:
+        return self._keyed._stream._chain(op, "window", name)
+
+    def aggregate(
+        self,
+        function: str | AggregateFunction,
+        window_function: ProcessWindowFunction | Callable[..., Any] | None = None,
+        *,
+        value_field: str | None = None,
+        output_field: str = "value",
+        result_type: pa.DataType | None = None,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """Aggregate each window incrementally: a built-in (``"sum"``, ``"count"``, ``"min"``,
+        ``"max"`` of ``value_field``, vectorised) or an :class:`AggregateFunction` (of
+        ``value_field``, or of the row as a dict; sessions need its ``merge``). Without
+        ``window_function``: rows ``(key, window_start, window_end, output_field)``; with one,
+        ``window_function.process(key, window, [result], ctx)`` per fired window (Flink's
+        ``aggregate(AggregateFunction, ProcessWindowFunction)``)."""
+        keyed = self._keyed
+        if value_field is not None:
+            _check_field(keyed._stream.schema, value_field, "aggregate")
+        contents: WindowContents = (
+            BuiltinAggContents(function, value_field)
+            if isinstance(function, str)
+            else AggregateContents(function, value_field, result_type)
+        )
+        emitter: WindowEmitter = (
+            ResultRows(keyed.key_field, output_field)
+            if window_function is None
+            else ProcessWindow(window_function, output_schema, single_result=True)
+        )
+        return self._chain(self._operator(contents, emitter), name)
+
+    def process(
+        self,
+        function: ProcessWindowFunction | Callable[..., Any],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """``function.process(key, window, rows, ctx)`` once per fired window with every row
+        of it as one ``pyarrow.RecordBatch`` (Flink's ``process(ProcessWindowFunction)``; the
+        rows are kept in list state)."""
+        emitter = ProcessWindow(function, output_schema, single_result=False)
+        return self._chain(self._operator(RowsContents(), emitter), name)
+
+    def _operator(self, contents: WindowContents, emitter: WindowEmitter) -> WindowOperator:
+        return WindowOperator(
+            (self._keyed.key_field,),
+            (self.time_field,),
+            self.assigner,
+            (contents,),
+            emitter,
+            allowed_lateness_ms=self.allowed_lateness_ms,
+            late_data_tag=self.late_data_tag,
+        )
+
+
+class _TwoWindowedInputs:
+    """What a window join and co-group share: the keys of both inputs, the windows."""
+
+    def __init__(self, first: Stream, second: Stream, kind: str) -> None:
+        for i, s in enumerate((first, second)):
+            if not isinstance(s, Stream):
+                raise InvalidArgumentError(f"{kind} needs two Streams, input {i} is {s!r:.80}")
+        self.first = first
+        self.second = second
+        self.kind = kind
+        self.first_key: str | None = None
+        self.second_key: str | None = None
+        self.assigner: WindowAssigner | None = None
+        self.time_fields: tuple[str | None, str | None] = (None, None)
+        self.allowed_lateness_ms = 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.first!r}, {self.second!r})"
+
+    def where(self, key_field: str) -> Self:
+        """The key field of the first input."""
+        check_name(f"{self.kind} where", key_field)
+        _check_field(self.first.schema, key_field, f"{self.kind} where")
+        self.first_key = key_field
+        return self
+
+    def equal_to(self, key_field: str) -> Self:
+        """The key field of the second input (of the first's type)."""
+        check_name(f"{self.kind} equal_to", key_field)
+        _check_field(self.second.schema, key_field, f"{self.kind} equal_to")
+        self.second_key = key_field
+        return self
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        time_field: str | None = None,
+        second_time_field: str | None = None,
+    ) -> Self:
+        """Windows from ``assigner``: tumbling, sliding or sessions (merged across both
+        inputs); event time from ``time_field`` (``second_time_field`` of the second input
+        when it is named otherwise)."""
+        if self.first_key is None or self.second_key is None:
+            raise InvalidArgumentError(
+                f"{self.kind}: name the keys first, .where(first_key).equal_to(second_key)"
+            )
+        if not isinstance(assigner, WindowAssigner):
+            raise InvalidArgumentError(f"window needs a window assigner, got {assigner!r:.80}")
+        second = second_time_field if second_time_field is not None else time_field
+        if assigner.is_event_time and (time_field is None or second is None):
+            raise InvalidArgumentError(
+                f"{assigner!r} windows event time: pass the time field, "
+                f".window(assigner, time_field[, second_time_field])"
+            )
+        if time_field is not None:
+            _check_field(self.first.schema, time_field, f"{self.kind} window")
+        if second is not None:
+            _check_field(self.second.schema, second, f"{self.kind} window")
+        self.assigner = assigner
+        self.time_fields = (time_field, second)
+        return self
+
+    def allowed_lateness(self, ms: int) -> Self:
+        self.allowed_lateness_ms = ms
+        return self
+
+    def _build(self, op: WindowOperator, name: str | None, parallelism: int | None) -> Stream:
+        assert self.first_key is not None and self.second_key is not None
+        connected = self.first.connect(self.second).key_by(
+            self.first_key, self.second_key, parallelism=parallelism
+        )
+        return connected.transform(op, name=name or self.kind)
+
+    def _keys_and_window(self) -> tuple[tuple[str, str], WindowAssigner]:
+        if self.first_key is None or self.second_key is None or self.assigner is None:
+            raise InvalidArgumentError(
+                f"{self.kind}: .where(first_key).equal_to(second_key).window(assigner, "
+                f"time_field) come before apply"
+            )
+        return (self.first_key, self.second_key), self.assigner
+
+
+class JoinedStreams(_TwoWindowedInputs):
+    """``a.join(b)`` (Flink's ``JoinedStreams``): ``.where(k0).equal_to(k1)
+    .window(assigner, time_field).apply(fn)``."""
+
+    def apply(
+        self,
+        function: JoinFunction | Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
+        *,
+        output_schema: pa.Schema | None = None,
+        prefixes: tuple[str, str] = ("left_", "right_"),
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """``function(first_row, second_row)`` (or a :class:`JoinFunction`) per pair of rows
+        of one key in one window, returning a row, rows or None. Without a function: the
+        pairs as batches with the columns of both inputs, a name both have prefixed
+        (``prefixes``)."""
+        keys, assigner = self._keys_and_window()
+        op = window_join(
+            keys,
+            self.time_fields,
+            assigner,
+            function,
+            output_schema=output_schema,
+            prefixes=prefixes,
+            allowed_lateness_ms=self.allowed_lateness_ms,
+        )
+        out = self._build(op, name, parallelism)
+        a, b = self.first.schema, self.second.schema
+        if function is None and a is not None and b is not None:
+            names0, names1 = joined_columns(a.names, b.names, prefixes)
+            out.schema = pa.schema(
+                [f.with_name(n) for f, n in zip(list(a) + list(b), names0 + names1, strict=True)]
+            )
+        elif output_schema is not None:
+            out.schema = output_schema
+        return out
+
+
+class CoGroupedStreams(_TwoWindowedInputs):
+    """``a.co_group(b)`` (Flink's ``CoGroupedStreams``): ``.where(k0).equal_to(k1)
+    .window(assigner, time_field).apply(fn)`` with ``fn(first, second, ctx)`` per window."""
+
+    def apply(
+        self,
+        function: CoGroupFunction | Callable[..., Any],
+        *,
+        output_schema: pa.Schema | None = None,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
+        """``function(first, second, ctx)`` (or a :class:`CoGroupFunction`'s ``co_group``) once
+        per window of a key that either input reached: each input's rows of it as a batch
+        (one may have no rows), ``ctx.key`` and ``ctx.window`` set."""
+        keys, assigner = self._keys_and_window()
+        op = window_co_group(
+            keys,
+            self.time_fields,
+            assigner,
+            function,
+            output_schema=output_schema,
+            allowed_lateness_ms=self.allowed_lateness_ms,
+        )
+        out = self._build(op, name, parallelism)
+        out.schema = output_schema
+        return out

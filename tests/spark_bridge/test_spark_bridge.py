@@ -45,7 +45,7 @@ from snapflow.spark_bridge.restart import (
 from snapflow.spark_bridge.run_options import RunOptions
 from snapflow.v1 import common_pb2 as pb
 from snapflow.worker.api.fault_injection import FailAt
-from snapflow.worker.api.windows import TumblingEventTimeWindows
+from snapflow.worker.api.window_assigners import TumblingEventTimeWindows
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.operator import Operator

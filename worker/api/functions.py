@@ -47,8 +47,8 @@ from snapflow.worker.state.keyed_state import (
 
 class AggregateFunction:
     """Flink's ``AggregateFunction``: ``create_accumulator() -> acc``, ``add(value, acc) ->
-    acc`` (may mutate and return ``acc``), ``get_result(acc) -> result``. Subclass it, or build
-    one from three functions with :meth:`of`."""
+    acc`` (may mutate and return ``acc``), ``get_result(acc) -> result``, and ``merge(a, b)``
+    for session windows. Subclass it, or build one from functions with :meth:`of`."""
 
     def create_accumulator(self) -> Any:
         raise NotImplementedError
@@ -59,13 +59,22 @@ class AggregateFunction:
     def get_result(self, accumulator: Any) -> Any:
         raise NotImplementedError
 
+    def merge(self, a: Any, b: Any) -> Any:
+        """One accumulator of two (session windows merge theirs); may mutate and return
+        ``a`` or ``b``."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} has no merge(a, b): session windows merge accumulators, "
+            f"so implement merge (or pass merge= to AggregateFunction.of)"
+        )
+
     @staticmethod
     def of(
         create_accumulator: Callable[[], Any],
         add: Callable[[Any, Any], Any],
         get_result: Callable[[Any], Any],
+        merge: Callable[[Any, Any], Any] | None = None,
     ) -> AggregateFunction:
-        return _FnAggregate(create_accumulator, add, get_result)
+        return _FnAggregate(create_accumulator, add, get_result, merge)
 
 
 class _FnAggregate(AggregateFunction):
@@ -74,8 +83,10 @@ class _FnAggregate(AggregateFunction):
         create_accumulator: Callable[[], Any],
         add: Callable[[Any, Any], Any],
         get_result: Callable[[Any], Any],
+        merge: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         self._create, self._add, self._result = create_accumulator, add, get_result
+        self._merge = merge
 
     def create_accumulator(self) -> Any:
         return self._create()
@@ -85,6 +96,11 @@ class _FnAggregate(AggregateFunction):
 
     def get_result(self, accumulator: Any) -> Any:
         return self._result(accumulator)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        if self._merge is None:
+            return super().merge(a, b)
+        return self._merge(a, b)
 
 
 class _KeyedStateAccess:

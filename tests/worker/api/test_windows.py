@@ -1,4 +1,4 @@
-"""Event-time windows (worker/windows.py) against a brute-force reference."""
+"""Event-time windows (worker/api/window_operator.py) against a brute-force reference."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from snapflow.errors import InvalidArgumentError
 from snapflow.event_time import MIN_WATERMARK
 from snapflow.worker.api.functions import KeyedContext
 from snapflow.worker.api.keyed_operators import KeyedProcess
-from snapflow.worker.api.windows import (
+from snapflow.worker.api.window_assigners import (
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
-    WindowAggregate,
     WindowAssigner,
 )
+from snapflow.worker.api.window_operator import WindowAggregate
 from snapflow.worker.runtime.chain import Chain
 from snapflow.worker.runtime.operator import OperatorContext
 from snapflow.worker.state.keyed_backend import KeyedStateBackend
