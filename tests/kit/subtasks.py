@@ -48,12 +48,14 @@ def harness(
     restore: RestoreData | None = None,
     placement: PlacementSettings | None = None,
     input_of: list[int] | None = None,
+    key_fields: tuple[str | None, ...] = (),
 ) -> Harness:
     """An opened aligned subtask ``v#0@1`` of job ``job`` chaining ``operators``; every ack
     notifies the checkpoint complete at once (which lets the task finish after its snapshot).
     ``output_credits`` bounds what the output channel delivers before the rest queues up;
     ``output_queue`` how many data frames queue before ``send`` waits (backpressure);
-    ``input_of`` which logical input each input channel belongs to (default: all input 0)."""
+    ``input_of`` which logical input each input channel belongs to (default: all input 0);
+    ``key_fields`` the key field of each input (keyed state when any is set)."""
     inputs = [LocalChannel(4, name=f"in{i}") for i in range(num_inputs)]
     output = LocalChannel(output_credits, output_queue=output_queue, name="out")
     h: Harness
@@ -73,7 +75,7 @@ def harness(
         max_parallelism=128,
         attempt=1,
         operators=operators,
-        key_fields=(),
+        key_fields=key_fields,
         gate=InputGate([c.input for c in inputs], input_of),
         outputs=[OutputEdge(ForwardPartitioner(), [output.output])],
         mode=CheckpointMode.ALIGNED,

@@ -20,9 +20,10 @@ processing-time triggers), for one input or several keyed alike (window co-group
   counted in ``num_late_records_dropped`` (Flink's ``sideOutputLateData`` and
   ``numLateRecordsDropped``).
 * Processing time: a record's time is the ``clock`` (ms) when it reaches the operator; a
-  window fires (and is purged) once the clock passes its max timestamp, checked whenever the
-  operator runs (a batch of any input, a watermark) and at the end of input, which fires every
-  window left. The due windows are kept in memory and rebuilt from the state on open. No
+  window fires (and is purged) once the clock reaches its max timestamp: the task calls the
+  operator when its earliest window is due (``next_processing_time_ms``, the runtime's
+  processing-time timers; also while no input arrives), and it checks whenever it runs (a batch
+  of any input, a watermark) and at the end of input, which fires every window left. The due windows are kept in memory and rebuilt from the state on open. No
   lateness: nothing is late in processing time.
 * ``end_input`` fires every remaining window (as the ``MAX_WATERMARK`` of a finished bounded
   source would). Watermarks are not part of snapshots: a restored operator fires its restored
@@ -487,6 +488,18 @@ class WindowOperator(Operator):
         for c in self.contents:
             for (key, ns), _ in list(backend.entries(c.state_name)):
                 self._push_processing_time(key, backend.key_group_of(key), ns)
+
+    def next_processing_time_ms(self) -> int | None:
+        """Processing-time windows: when the earliest window's max timestamp has passed (the
+        task then calls :meth:`process_processing_time`; a stale entry fires nothing)."""
+        if self.assigner.is_event_time or not self._proc_heap:
+            return None
+        return int(self._proc_heap[0][0])
+
+    def process_processing_time(self, now_ms: int) -> list[pa.RecordBatch]:
+        if self.assigner.is_event_time:
+            return []
+        return self._fire_processing_time(self._now())
 
     def _fire_processing_time(self, now: int) -> list[pa.RecordBatch]:
         heap, pending = self._proc_heap, self._proc_pending

@@ -126,6 +126,21 @@ class Chain:
                 out.extend(self._push(fired, i + 1))
         return out
 
+    def next_processing_time_ms(self) -> int | None:
+        """The earliest processing-time timer of the chain's operators (None: none)."""
+        times = [t for op in self.operators if (t := op.next_processing_time_ms()) is not None]
+        return min(times, default=None)
+
+    def process_processing_time(self, now_ms: int) -> list[pa.RecordBatch]:
+        """Every operator's due processing-time timers fire; what operator i emits runs
+        through the operators after it, as for watermarks."""
+        out: list[pa.RecordBatch] = []
+        for i, op in enumerate(self.operators):
+            fired = op.process_processing_time(now_ms)
+            if fired:
+                out.extend(self._push(fired, i + 1))
+        return out
+
     def end_input(self) -> list[pa.RecordBatch]:
         out: list[pa.RecordBatch] = []
         for i, op in enumerate(self.operators):

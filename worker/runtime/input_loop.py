@@ -63,6 +63,15 @@ class InputLoop:
                 # delay the switch to unaligned past the aligned-checkpoint timeout.
                 await self.execute(handler.on_timer(now_ms()))
                 continue
+            # The operators' processing-time timers: due ones fire between two frames, and the
+            # wait for the next frame ends at the earliest (an idle input still fires them).
+            timer = self._shell.chain.next_processing_time_ms()
+            if timer is not None:
+                if now_ms() >= timer:
+                    await self._shell.fire_processing_time(now_ms())
+                    continue
+                if deadline is None or timer < deadline:
+                    deadline = timer
             # An aligned barrier that timed out while queued behind data in an input channel
             # overtakes it (Flink's announced barriers); the gate returns it next.
             queued = gate.barrier_deadline_ms() if self._exactly_once else None

@@ -179,6 +179,16 @@ class Operator:
         checkpoint config: raise ``InvalidArgumentError``, saying what to set, when this
         operator cannot keep its promises in such a job. The default accepts every job."""
 
+    def next_processing_time_ms(self) -> int | None:
+        """When (wall-clock ms) this operator's earliest processing-time timer is due, or None.
+        A task with inputs calls :meth:`process_processing_time` once that time has come, also
+        while no input arrives (Flink's processing-time service)."""
+        return None
+
+    def process_processing_time(self, now_ms: int) -> list[pa.RecordBatch]:
+        """Processing time reached ``now_ms``: fire the due processing-time timers."""
+        return []
+
     def snapshot_state(self, checkpoint_id: int) -> None:
         """Called synchronously right before the task snapshots the state backends: put
         positions, buffers and pending transactions into (operator or keyed) state now."""

@@ -174,6 +174,11 @@ class TaskShell:
             self.idle = idle
             await self.output.broadcast(WatermarkStatusFrame(idle))
 
+    async def fire_processing_time(self, now_ms: int) -> None:
+        """Processing time reached ``now_ms``: the operators' due processing-time timers fire,
+        their output goes downstream."""
+        await self.output.emit(await self.runner.call(self.chain.process_processing_time, now_ms))
+
     async def _end_data(self, run_end_input: bool) -> None:
         """The input ended: flush the chain (``end_input``, unless it ran before the restored
         snapshot), a source emits the maximum watermark, then end of data goes on every output

@@ -419,3 +419,39 @@ def test_window_join_function_and_co_group_over_sessions_merged_across_inputs() 
         {"key": 1, "window": [0, 8], "first": ["a"], "second": ["P"]},
         {"key": 3, "window": [50, 55], "first": [], "second": ["Q"]},
     ]
+
+
+def test_a_processing_time_window_fires_in_its_task_while_no_input_arrives() -> None:
+    """The task's processing-time timers: the window's end passes while the input stays open
+    and silent, and the window fires then, not at the next batch or the end of input."""
+    import asyncio
+
+    from kit.subtasks import harness
+
+    from snapflow.worker.runtime.frames import DataFrame, EndOfPartitionFrame
+    from snapflow.worker.runtime.input_gate import InputGate
+
+    async def main() -> None:
+        op = WindowAggregate("key", None, None, TumblingProcessingTimeWindows(50), "count")
+        h = harness([op], num_inputs=1, key_fields=("key",))
+        run = asyncio.ensure_future(h.task.run())
+        await h.inputs[0].output.send(DataFrame(batch([("a", 0, 0), ("a", 0, 0), ("b", 0, 0)])))
+        out = InputGate([h.output.input])
+        async with asyncio.timeout(10):
+            _, frame = await out.next() or (0, None)
+        assert isinstance(frame, DataFrame)
+        assert sorted((r["key"], r["value"]) for r in frame.batch.to_pylist()) == [
+            ("a", 2),
+            ("b", 1),
+        ]
+        assert not run.done()  # the input is still open: the timer fired the window
+        await h.inputs[0].output.close()
+        async with asyncio.timeout(10):
+            await run
+            rest = []
+            while (item := await out.next()) is not None:
+                rest.append(item[1])
+        assert [f for f in rest if isinstance(f, DataFrame)] == []
+        assert isinstance(rest[-1], EndOfPartitionFrame)
+
+    asyncio.run(main())
