@@ -432,15 +432,16 @@ def save_buffer(buffer: JoinBuffer, state: ValueState[Any], backend: KeyedStateB
         groups = kgs.key_groups(rows.column(buffer.key_field), backend.max_parallelism)
         g = groups.to_numpy()
         order = np.argsort(g, kind="stable")
-        sorted_rows = rows.take(pa.array(order))
         sorted_g = g[order]
-        sorted_stamps = stamps[order] if stamps is not None else None
         cuts = np.flatnonzero(np.diff(sorted_g)) + 1
         bounds = [0, *cuts.tolist(), len(sorted_g)]
         for s, e in itertools.pairwise(bounds):
+            # A take per group, not a slice of one sorted batch: pickling an Arrow slice
+            # writes its parent's whole buffers, so every group would carry all the rows.
+            picked = order[s:e]
             values[int(sorted_g[s])] = (
-                sorted_rows.slice(s, e - s),
-                sorted_stamps[s:e].copy() if sorted_stamps is not None else None,
+                rows.take(pa.array(picked)),
+                stamps[picked] if stamps is not None else None,
             )
     keys = list(values)
     state.update_many(keys, list(values.values()), key_groups=keys)

@@ -409,3 +409,23 @@ def test_a_time_span_too_wide_for_offsets_uses_time_ranks() -> None:
     assert op._buffers[1].runs[0].span == -1  # offsets would overflow: ranks instead
     got = pairs(op.process_input(0, left((1, far, "l1"), (2, far - 5, "l2"), (1, 4, "l0"))))
     assert sorted(got) == [("l0", "r0"), ("l1", "r1far"), ("l2", "rfar")]
+
+
+def test_the_saved_buffer_holds_each_row_once() -> None:
+    """Each key group's entry is a compact batch: pickling an Arrow slice would write its
+    parent's whole buffers, so the snapshot would hold every row once per key group."""
+    import pickle
+
+    from snapflow.worker.api.join_buffer import JoinBuffer, save_buffer
+
+    backend = KeyedStateBackend.for_subtask(128, 1, 0)
+    buffer = JoinBuffer("key", "ts", "test")
+    n = 5_000
+    rows = pa.RecordBatch.from_pydict({"key": list(range(n)), "ts": list(range(n)), "v": [1] * n})
+    buffer.add(buffer.sorted_run(rows, buffer.times_of(rows)))
+    state = backend.get_value_state("op/left")
+    save_buffer(buffer, state, backend)
+    entries = list(backend.entries("op/left"))
+    assert sum(rows.num_rows for _, (rows, _) in entries) == n
+    blob = sum(len(pickle.dumps(rows)) for _, (rows, _) in entries)
+    assert blob < 3 * n * 3 * 8  # about the rows' size, not 128 times it
