@@ -86,6 +86,7 @@ from snapflow.worker.connectors.kafka_sink_transactions import (
     transactional_id,
 )
 from snapflow.worker.runtime.operator import Operator, OperatorContext
+from snapflow.worker.state import arrow_pickling
 
 __all__ = ["KafkaSink", "KafkaSinkError"]
 
@@ -580,4 +581,4 @@ class KafkaSink(Operator):
         self._begin()
         record = self._txns.record()
         kept = {t.sequence: self._pending_records.get(t.sequence, []) for t in record.pending}
-        self._state.update([pickle.dumps((_STATE_VERSION, record, kept), protocol=5)])
+        self._state.update([arrow_pickling.dumps((_STATE_VERSION, record, kept))])

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from snapflow.errors import SnapflowError, StateError
 from snapflow.worker.runtime.operator import Operator, OperatorContext
+from snapflow.worker.state import arrow_pickling
 from snapflow.worker.state.operator_state import OperatorListState
 
 TXN = TypeVar("TXN")
@@ -45,7 +46,7 @@ class SinkCommitError(SnapflowError):
 
 def _dumps(obj: Any) -> bytes:
     try:
-        return pickle.dumps(obj, protocol=5)
+        return arrow_pickling.dumps(obj)
     except (pickle.PicklingError, TypeError, AttributeError):
         from pyspark import cloudpickle  # classes defined in a driver script (__main__)
 

@@ -24,6 +24,7 @@ from typing import Any
 import rocksdict
 
 from snapflow.errors import StateError
+from snapflow.worker.state import arrow_pickling
 from snapflow.worker.state.errors import CorruptStateError
 from snapflow.worker.state.keygroups import KeyGroupRange
 from snapflow.worker.state.rocksdb_tuning import RocksDBTuning
@@ -83,8 +84,8 @@ def decode_key(data: bytes) -> Any:
 
 
 def encode_value(value: Any) -> bytes:
-    """A value as the database holds it (a pickle)."""
-    return pickle.dumps(value, protocol=5)
+    """A value as the database holds it (a pickle; Arrow data at its own size)."""
+    return arrow_pickling.dumps(value)
 
 
 def prefix_end(prefix: bytes) -> bytes:

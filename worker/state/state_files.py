@@ -57,6 +57,7 @@ from snapflow.durable_files import fsync_dir
 from snapflow.errors import StateError, StorageError
 from snapflow.filestore import FileStore, is_object_store_uri
 from snapflow.filestore_registry import store_for
+from snapflow.worker.state import arrow_pickling
 from snapflow.worker.state.errors import CorruptStateError, StateFormatVersionError
 from snapflow.worker.state.keygroups import KeyGroupRange
 
@@ -138,7 +139,7 @@ class _Section(NamedTuple):
 def pickle_section(obj: Any, what: str) -> bytes:
     """One section's blob (``what`` names it in the error when ``obj`` cannot be pickled)."""
     try:
-        return pickle.dumps(obj, protocol=5)
+        return arrow_pickling.dumps(obj)
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as e:
         raise StateError(f"cannot serialise {what}: {e}") from e
 
