@@ -58,6 +58,7 @@ from snapflow.filestore import FileStore, is_object_store_uri
 from snapflow.filestore_registry import store_for
 from snapflow.worker.state.errors import CorruptStateError, StateFormatVersionError
 from snapflow.worker.state.keygroups import KeyGroupRange
+from snapflow.worker.state.write_clock import timing
 
 __all__ = [
     "FORMAT_NAME",
@@ -137,7 +138,8 @@ class _Section(NamedTuple):
 def pickle_section(obj: Any, what: str) -> bytes:
     """One section's blob (``what`` names it in the error when ``obj`` cannot be pickled)."""
     try:
-        return pickle.dumps(obj, protocol=5)
+        with timing("serialise_s"):
+            return pickle.dumps(obj, protocol=5)
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as e:
         raise StateError(f"cannot serialise {what}: {e}") from e
 
@@ -170,7 +172,8 @@ class MergedStateObject:
         wrote."""
         if not self.size:
             return False
-        store_for(self.path).write(self.path, b"".join(self._parts))
+        with timing("durable_s"):
+            store_for(self.path).write(self.path, b"".join(self._parts))
         self._parts = []
         return True
 
@@ -182,20 +185,25 @@ def _encode_state_file(
     sections: Iterable[tuple[int, bytes]],
 ) -> int:
     """Write the file format (module docstring) through ``write``; returns the size."""
-    write(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
+
+    def put(data: bytes) -> None:
+        with timing("write_s"):
+            write(data)
+
+    put(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
     pos = _HEADER.size
     index = bytearray()
     count = 0
     for section, blob in sections:
-        write(blob)
+        put(blob)
         index += _INDEX_ENTRY.pack(section, pos, len(blob), zlib.crc32(blob))
         pos += len(blob)
         count += 1
     meta_bytes = json.dumps(meta, sort_keys=True).encode()
-    write(meta_bytes)
-    write(bytes(index))
+    put(meta_bytes)
+    put(bytes(index))
     crc = zlib.crc32(index, zlib.crc32(meta_bytes))
-    write(_TRAILER.pack(pos, len(meta_bytes), pos + len(meta_bytes), count, crc, _TAIL_MAGIC))
+    put(_TRAILER.pack(pos, len(meta_bytes), pos + len(meta_bytes), count, crc, _TAIL_MAGIC))
     return pos + len(meta_bytes) + len(index) + _TRAILER.size
 
 
@@ -220,7 +228,8 @@ def write_state_file(
     else:
         store = store_for(directory)
         path, offset = store.join(directory, filename), 0
-        store.write(path, b"".join(parts))
+        with timing("durable_s"):
+            store.write(path, b"".join(parts))
     return StateHandle(
         path=path,
         size_bytes=size,
@@ -245,16 +254,19 @@ def _write_local_state_file(
         os.makedirs(directory, exist_ok=True)
         with open(tmp, "xb") as f:
             size = _encode_state_file(f.write, kind, meta, sections)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)  # the final name is unique: nothing is ever overwritten
+            with timing("durable_s"):
+                f.flush()
+                os.fsync(f.fileno())
+        with timing("durable_s"):
+            os.replace(tmp, final)  # the final name is unique: nothing is ever overwritten
     except BaseException as e:
         with suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError):
             raise StorageError(f"cannot write state file {final}: {e}") from e
         raise
-    fsync_dir(directory)
+    with timing("durable_s"):
+        fsync_dir(directory)
     return StateHandle(
         path=os.path.abspath(final),
         size_bytes=size,
