@@ -1,7 +1,8 @@
 """State files: the format of the files snapshots write, and their writers and readers.
 
-Files are written atomically under unique names. Locally: temporary name, fsync, rename; a
-crash leaves no partial file under a final name. On an object store (``s3://`` directories,
+Files are written under unique names and named by a handle only once durable. Locally: encoded
+in memory, then created exclusively under the final name with one write, fsync, and the
+directory's fsync (no temporary name: a crash leaves at most a partial file no handle names). On an object store (``s3://`` directories,
 handles carry the full URI) a file is built in memory and written whole with one PUT, which
 makes it visible whole or not at all; a subtask's files of one checkpoint may instead be
 appended to one :class:`MergedStateObject` (one PUT per subtask and checkpoint), each handle
@@ -52,7 +53,7 @@ from snapflow.checkpointing import (
     UNION,
     StateHandle,
 )
-from snapflow.durable_files import fsync_dir
+from snapflow.durable_files import write_new_file
 from snapflow.errors import StateError, StorageError
 from snapflow.filestore import FileStore, is_object_store_uri
 from snapflow.filestore_registry import store_for
@@ -248,25 +249,18 @@ def _write_local_state_file(
     sections: Iterable[tuple[int, bytes]],
     key_group_range: KeyGroupRange,
 ) -> StateHandle:
+    # Encoded in memory, then written with one write and made durable under its final, unique
+    # name (``write_new_file``): few system calls, each of which hands the GIL to the task
+    # thread and waits to get it back (docs/worker.md, "Where a slow checkpoint's time went").
     final = os.path.join(directory, filename)
-    tmp = os.path.join(directory, f".{filename}.{uuid.uuid4().hex[:8]}.inprogress")
+    parts: list[bytes] = []
+    size = _encode_state_file(parts.append, kind, meta, sections)
     try:
         os.makedirs(directory, exist_ok=True)
-        with open(tmp, "xb") as f:
-            size = _encode_state_file(f.write, kind, meta, sections)
-            with timing("durable_s"):
-                f.flush()
-                os.fsync(f.fileno())
         with timing("durable_s"):
-            os.replace(tmp, final)  # the final name is unique: nothing is ever overwritten
-    except BaseException as e:
-        with suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise StorageError(f"cannot write state file {final}: {e}") from e
-        raise
-    with timing("durable_s"):
-        fsync_dir(directory)
+            write_new_file(final, b"".join(parts))
+    except OSError as e:
+        raise StorageError(f"cannot write state file {final}: {e}") from e
     return StateHandle(
         path=os.path.abspath(final),
         size_bytes=size,
