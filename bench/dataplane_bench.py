@@ -36,6 +36,14 @@ checkpoint durations
     GetCheckpointStats' quantiles over every checkpoint are kept as
     ``coordinator_end_to_end_ms`` in each run's row); per-subtask start delay and alignment
     from GetCheckpointDetails.
+phases
+    per checkpoint of the running job (as above), so that a regression names its phase:
+    ``start_delay``, ``alignment``, ``sync`` and ``async`` (the snapshot's synchronous and
+    asynchronous parts), each the maximum over the subtasks (GetCheckpointDetails, fetched for
+    every checkpoint of the runs with checkpoints), and ``commit`` (the coordinator's
+    completion latency: the last ack to the durable commit); metrics
+    ``<phase>_p50_ms_<run>``/``<phase>_p99_ms_<run>`` for the unloaded run, the best runs at
+    1 s and 100 ms (``1s``, ``full_load_100ms``), and ``backpressure_<phase>_p99_ms_<key>``.
     "Unloaded": dedicated runs, sources limited to ``UNLOADED_RATE`` records/s in batches of
     10 ms worth of records, interval 100 ms, aligned; the run with the lowest p99 is reported.
 backpressure
@@ -120,6 +128,8 @@ TARGET_OVERHEAD_1S_PCT = 5.0
 TARGET_OVERHEAD_100MS_PCT = 15.0
 TARGET_CHECKPOINT_P99_MS = 250.0
 TARGET_UNALIGNED_FACTOR = 3.0
+#: A checkpoint's phases, in order: the per-phase percentiles of the results.
+PHASES = ("start_delay", "alignment", "sync", "async", "commit")
 
 SLOW = (0,)  # the sink subtasks that sleep in the main backpressure runs: one of the two
 BP_RUNS = (  # key, mode, aligned timeout ms, sink sleep per batch, sleeping sink subtasks,
@@ -190,6 +200,8 @@ class RunResult:
     """When the first source split was exhausted (its marker seen); 0: not seen."""
     coordinator_quantiles: dict[str, float] = field(default_factory=dict)
     """GetCheckpointStats' quantiles: every completed checkpoint, the ones after the end too."""
+    running_ids: set[int] = field(default_factory=set)
+    """The checkpoints of the running job: those ``quantiles`` are over."""
 
     @property
     def ok(self) -> bool:
@@ -214,6 +226,31 @@ class RunResult:
     def start_delay_p99(self) -> float | None:
         values = self._per_checkpoint("start_delay")
         return percentile(values, 99) if values else None
+
+    def phase(self, name: str) -> list[float]:
+        """One phase's durations (``PHASES``) over the checkpoints of the running job: the
+        maximum over the subtasks (needs the details), or the coordinator's commit."""
+        if name == "commit":
+            return sorted(
+                float(c["completion_latency_ms"])
+                for c in self.completed
+                if c["checkpoint_id"] in self.running_ids
+            )
+        return sorted(
+            float(max(s[name] for s in subtasks.values()))
+            for cid, subtasks in self.details.items()
+            if subtasks and cid in self.running_ids
+        )
+
+    def phase_quantiles(self) -> dict[str, float]:
+        """``<phase>_p50_ms``/``<phase>_p99_ms`` of every phase with values."""
+        out: dict[str, float] = {}
+        for name in PHASES:
+            values = self.phase(name)
+            if values:
+                out[f"{name}_p50_ms"] = round(percentile(values, 50), 3)
+                out[f"{name}_p99_ms"] = round(percentile(values, 99), 3)
+        return out
 
     def unaligned_count(self) -> int:
         return sum(1 for c in self.completed if c["unaligned"])
@@ -247,6 +284,7 @@ class RunResult:
             "checkpoints_failed_reasons": sorted({c["failure_reason"] for c in self.failed}),
             "alignment_p99_ms": self.alignment_p99(),
             "start_delay_p99_ms": self.start_delay_p99(),
+            "phases_ms": self.phase_quantiles(),
             "unaligned_checkpoints": self.unaligned_count(),
             "persisted_in_flight_bytes_max": self.in_flight_max(),
             "processed_during_alignment_bytes_max": max(
@@ -433,6 +471,7 @@ def _summary(s: cpb.CheckpointSummary) -> dict[str, Any]:
         "processed_during_alignment_bytes": s.processed_during_alignment_bytes,
         "persisted_in_flight_bytes": s.persisted_in_flight_bytes,
         "unaligned": s.unaligned,
+        "completion_latency_ms": s.completion_latency_ms,
         "failure_reason": s.failure_reason,
     }
 
@@ -646,11 +685,16 @@ async def run_job(
                 if name in source_totals
             )
 
-        running = sorted(
-            float(c["end_to_end_duration_ms"])
+        result.running_ids = {
+            c["checkpoint_id"]
             for c in result.completed
             if (not result.sources_ended_ms or c["trigger_timestamp_ms"] < result.sources_ended_ms)
             and not after_a_source_ended(c["checkpoint_id"])
+        }
+        running = sorted(
+            float(c["end_to_end_duration_ms"])
+            for c in result.completed
+            if c["checkpoint_id"] in result.running_ids
         )
         result.quantiles = (
             {
@@ -761,7 +805,14 @@ async def _run_all(runner: Runner, repeats: int) -> dict[str, Any]:
             for key, interval in kinds[i % 3 :] + kinds[: i % 3]:  # order effects hit all
                 out["throughput"][key].append(
                     await runner.run(
-                        stub, RunSpec(f"batch-{key}", n, interval, timeout_s=_timeout(n, rate))
+                        stub,
+                        RunSpec(
+                            f"batch-{key}",
+                            n,
+                            interval,
+                            details=bool(interval),
+                            timeout_s=_timeout(n, rate),
+                        ),
                     )
                 )
         rcal = await runner.run(
@@ -882,6 +933,7 @@ def _metrics(out: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
         put("checkpoint_p50_ms", un.quantiles["p50"])
         put("checkpoint_p99_ms", un.quantiles["p99"])
         metrics["checkpoint_count_unloaded"] = un.completed_count
+        metrics.update({f"{k}_unloaded": v for k, v in un.phase_quantiles().items()})
         if un.start_delay_p99() is not None:
             metrics["checkpoint_start_delay_p99_ms_unloaded"] = un.start_delay_p99()  # type: ignore[assignment]
     else:
@@ -892,6 +944,10 @@ def _metrics(out: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
     if b100 is not None and b100.completed_count:
         metrics["checkpoint_p50_ms_full_load_100ms"] = b100.quantiles["p50"]
         metrics["checkpoint_p99_ms_full_load_100ms"] = b100.quantiles["p99"]
+        metrics.update({f"{k}_full_load_100ms": v for k, v in b100.phase_quantiles().items()})
+    b1s = best.get("1s")
+    if b1s is not None and b1s.completed_count:
+        metrics.update({f"{k}_1s": v for k, v in b1s.phase_quantiles().items()})
     bp: dict[str, RunResult] = out.get("bp", {})
     for key, *_ in BP_RUNS:
         r = bp.get(key)
@@ -907,6 +963,10 @@ def _metrics(out: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
             ):
                 if value is not None:
                     metrics[f"backpressure_{metric}_{key}"] = round(value, 3)
+            for name in ("sync", "async", "commit"):
+                values = r.phase(name)
+                if values:
+                    metrics[f"backpressure_{name}_p99_ms_{key}"] = round(percentile(values, 99), 3)
             metrics[f"backpressure_unaligned_checkpoints_{key}"] = r.unaligned_count()
             metrics[f"backpressure_records_per_s_{key}"] = round(r.records_per_s, 3)
     results: list[RunResult] = out.get("all", [])

@@ -61,6 +61,7 @@ class EventsSource(SequenceSource):
     def __init__(self, total: int, batch_size: int = 65_536, num_keys: int = NUM_KEYS) -> None:
         super().__init__(0, total, batch_size=batch_size, field="id")
         self.num_keys = num_keys
+        self.schema = self.output_schema = SCHEMA  # the declared schema: key, value, id
 
     def _generate(self, split_id: int, start: int, n: int) -> pa.RecordBatch:
         if n == 0:

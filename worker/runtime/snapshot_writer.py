@@ -21,6 +21,7 @@ from snapflow.filestore import is_object_store_uri
 from snapflow.filestore_registry import store_for
 from snapflow.worker.state.snapshots import SnapshotInProgress
 from snapflow.worker.state.state_files import MergedStateObject
+from snapflow.worker.state.write_clock import timing
 
 ChannelData = Sequence[tuple[int, pa.RecordBatch]]
 """(channel index, batch) in the order the batches were captured."""
@@ -68,9 +69,11 @@ def write_snapshot(
             offset = 0
             if merged is None:
                 path = os.path.join(directory, f"{kind}-{channel}.arrow")
-                written_bytes = _write_batches(path, batches)
+                with timing("write_s"):
+                    written_bytes = _write_batches(path, batches)
             else:
-                buffer = _batches_to_buffer(batches)
+                with timing("serialise_s"):
+                    buffer = _batches_to_buffer(batches)
                 path, offset = merged.path, merged.add([memoryview(buffer)])
                 written_bytes = buffer.size
             in_flight += written_bytes

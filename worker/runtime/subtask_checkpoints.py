@@ -40,6 +40,7 @@ from snapflow.worker.runtime.frames import BarrierFrame, CancelMarkerFrame
 from snapflow.worker.runtime.operator import Operator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
 from snapflow.worker.runtime.output_channel import OutputChannel
+from snapflow.worker.runtime.slow_snapshot_probe import AsyncPhases, SlowSnapshotProbe
 from snapflow.worker.runtime.snapshot_writer import join_location, write_snapshot
 from snapflow.worker.runtime.task_lifecycle import (
     Event,
@@ -49,6 +50,7 @@ from snapflow.worker.runtime.task_lifecycle import (
 )
 from snapflow.worker.runtime.task_output import TaskOutput
 from snapflow.worker.runtime.task_state import TaskState
+from snapflow.worker.state import write_clock
 from snapflow.worker.state.snapshots import SnapshotInProgress
 
 
@@ -139,6 +141,8 @@ class SubtaskCheckpoints:
         """Input channel -> the unaligned checkpoint whose channel state it feeds."""
         self.alignment_bytes: dict[int, int] = {}
         self.async_parts: set[asyncio.Task[None]] = set()
+        self._probe = SlowSnapshotProbe.from_env()
+        """Off unless asked for (``SNAPFLOW_DEBUG_SLOW_ASYNC_MS``): a debugging aid."""
 
     # --- input side (from the barrier handler's actions) ------------------------------------
 
@@ -305,17 +309,30 @@ class SubtaskCheckpoints:
             if checkpoint_id not in self.pending:
                 return  # aborted meanwhile
             directory = join_location(trigger.options.target_location, self._snapshot_dir)
+            phases = AsyncPhases(self.name, checkpoint_id)
             started = time.perf_counter()
-            handles_by_op, size, in_flight = await asyncio.to_thread(
-                write_snapshot,
-                directory,
-                checkpoint_id,
-                pending.snapshots,
-                pending.input_state,
-                pending.output_state,
-                self._state.channel_state_owner,
-            )
-            async_ms = int((time.perf_counter() - started) * 1000)
+            watching = self._probe.watch(self.name, checkpoint_id) if self._probe else None
+            try:
+                (handles_by_op, size, in_flight), ended = await asyncio.to_thread(
+                    _timed_write,
+                    phases,
+                    started,
+                    directory,
+                    checkpoint_id,
+                    pending.snapshots,
+                    pending.input_state,
+                    pending.output_state,
+                    self._state.channel_state_owner,
+                )
+            finally:
+                if watching is not None:
+                    watching.set()
+            resumed = time.perf_counter()
+            async_ms = int((resumed - started) * 1000)
+            if self._probe is not None:
+                phases.resumed_ms = (resumed - ended) * 1000
+                phases.total_ms = async_ms
+                self._probe.record(phases)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -347,6 +364,32 @@ class SubtaskCheckpoints:
             records_in=pending.records_in,
         )
         await self._ack(report)
+
+
+def _timed_write(
+    phases: AsyncPhases,
+    submitted: float,
+    directory: str,
+    checkpoint_id: int,
+    snapshots: Sequence[tuple[str, SnapshotInProgress]],
+    input_state: Sequence[tuple[int, pa.RecordBatch]],
+    output_state: Sequence[tuple[int, pa.RecordBatch]],
+    channel_state_owner: str,
+) -> tuple[tuple[dict[str, list[StateHandle]], int, int], float]:
+    """``write_snapshot`` on the writing thread, its steps timed into ``phases``; returns its
+    result and when it ended."""
+    began = time.perf_counter()
+    phases.queued_ms = (began - submitted) * 1000
+    with write_clock.started(write_clock.WriteClock()) as clock:
+        result = write_snapshot(
+            directory, checkpoint_id, snapshots, input_state, output_state, channel_state_owner
+        )
+    ended = time.perf_counter()
+    phases.thread_ms = (ended - began) * 1000
+    phases.serialise_ms = clock.serialise_s * 1000
+    phases.write_ms = clock.write_s * 1000
+    phases.durable_ms = clock.durable_s * 1000
+    return result, ended
 
 
 def _release(snapshot: SnapshotInProgress) -> None:

@@ -1,7 +1,8 @@
 """State files: the format of the files snapshots write, and their writers and readers.
 
-Files are written atomically under unique names. Locally: temporary name, fsync, rename; a
-crash leaves no partial file under a final name. On an object store (``s3://`` directories,
+Files are written under unique names and named by a handle only once durable. Locally: encoded
+in memory, then created exclusively under the final name with one write, fsync, and the
+directory's fsync (no temporary name: a crash leaves at most a partial file no handle names). On an object store (``s3://`` directories,
 handles carry the full URI) a file is built in memory and written whole with one PUT, which
 makes it visible whole or not at all; a subtask's files of one checkpoint may instead be
 appended to one :class:`MergedStateObject` (one PUT per subtask and checkpoint), each handle
@@ -53,13 +54,14 @@ from snapflow.checkpointing import (
     UNION,
     StateHandle,
 )
-from snapflow.durable_files import fsync_dir
+from snapflow.durable_files import write_new_file
 from snapflow.errors import StateError, StorageError
 from snapflow.filestore import FileStore, is_object_store_uri
 from snapflow.filestore_registry import store_for
 from snapflow.worker.state import arrow_pickling
 from snapflow.worker.state.errors import CorruptStateError, StateFormatVersionError
 from snapflow.worker.state.keygroups import KeyGroupRange
+from snapflow.worker.state.write_clock import timing
 
 __all__ = [
     "FORMAT_NAME",
@@ -139,7 +141,8 @@ class _Section(NamedTuple):
 def pickle_section(obj: Any, what: str) -> bytes:
     """One section's blob (``what`` names it in the error when ``obj`` cannot be pickled)."""
     try:
-        return arrow_pickling.dumps(obj)
+        with timing("serialise_s"):
+            return arrow_pickling.dumps(obj)
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as e:
         raise StateError(f"cannot serialise {what}: {e}") from e
 
@@ -172,7 +175,8 @@ class MergedStateObject:
         wrote."""
         if not self.size:
             return False
-        store_for(self.path).write(self.path, b"".join(self._parts))
+        with timing("durable_s"):
+            store_for(self.path).write(self.path, b"".join(self._parts))
         self._parts = []
         return True
 
@@ -184,20 +188,25 @@ def _encode_state_file(
     sections: Iterable[tuple[int, bytes]],
 ) -> int:
     """Write the file format (module docstring) through ``write``; returns the size."""
-    write(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
+
+    def put(data: bytes) -> None:
+        with timing("write_s"):
+            write(data)
+
+    put(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
     pos = _HEADER.size
     index = bytearray()
     count = 0
     for section, blob in sections:
-        write(blob)
+        put(blob)
         index += _INDEX_ENTRY.pack(section, pos, len(blob), zlib.crc32(blob))
         pos += len(blob)
         count += 1
     meta_bytes = json.dumps(meta, sort_keys=True).encode()
-    write(meta_bytes)
-    write(bytes(index))
+    put(meta_bytes)
+    put(bytes(index))
     crc = zlib.crc32(index, zlib.crc32(meta_bytes))
-    write(_TRAILER.pack(pos, len(meta_bytes), pos + len(meta_bytes), count, crc, _TAIL_MAGIC))
+    put(_TRAILER.pack(pos, len(meta_bytes), pos + len(meta_bytes), count, crc, _TAIL_MAGIC))
     return pos + len(meta_bytes) + len(index) + _TRAILER.size
 
 
@@ -222,7 +231,8 @@ def write_state_file(
     else:
         store = store_for(directory)
         path, offset = store.join(directory, filename), 0
-        store.write(path, b"".join(parts))
+        with timing("durable_s"):
+            store.write(path, b"".join(parts))
     return StateHandle(
         path=path,
         size_bytes=size,
@@ -241,22 +251,18 @@ def _write_local_state_file(
     sections: Iterable[tuple[int, bytes]],
     key_group_range: KeyGroupRange,
 ) -> StateHandle:
+    # Encoded in memory, then written with one write and made durable under its final, unique
+    # name (``write_new_file``): few system calls, each of which hands the GIL to the task
+    # thread and waits to get it back (docs/worker.md, "Where a slow checkpoint's time went").
     final = os.path.join(directory, filename)
-    tmp = os.path.join(directory, f".{filename}.{uuid.uuid4().hex[:8]}.inprogress")
+    parts: list[bytes] = []
+    size = _encode_state_file(parts.append, kind, meta, sections)
     try:
         os.makedirs(directory, exist_ok=True)
-        with open(tmp, "xb") as f:
-            size = _encode_state_file(f.write, kind, meta, sections)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)  # the final name is unique: nothing is ever overwritten
-    except BaseException as e:
-        with suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise StorageError(f"cannot write state file {final}: {e}") from e
-        raise
-    fsync_dir(directory)
+        with timing("durable_s"):
+            write_new_file(final, b"".join(parts))
+    except OSError as e:
+        raise StorageError(f"cannot write state file {final}: {e}") from e
     return StateHandle(
         path=os.path.abspath(final),
         size_bytes=size,
