@@ -243,7 +243,8 @@ class SourceOperator(Operator):
 
     output_schema: pa.Schema | None = None
     """The schema of every batch the source emits, when fixed (the pipeline builder checks
-    unions and join keys against it at build time); None: not declared."""
+    unions and join keys against it at build time); None: not declared. A subclass that emits
+    other rows sets its own; the task checks the first batch against it."""
 
     def poll_batch(self, max_records: int) -> pa.RecordBatch | None:
         raise NotImplementedError

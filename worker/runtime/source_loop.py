@@ -16,6 +16,7 @@ import time
 import pyarrow as pa
 
 from snapflow.checkpointing import BarrierOptions
+from snapflow.errors import InvalidArgumentError
 from snapflow.worker.runtime.operator import SourceOperator
 from snapflow.worker.runtime.source_idleness import SourceIdleness
 from snapflow.worker.runtime.subtask_checkpoints import now_ms
@@ -46,6 +47,7 @@ class SourceLoop:
         self._source = source
         self._batch_records = batch_records
         self._idleness = SourceIdleness(source.idle_timeout_ms)
+        self._schema_checked = False
         self._triggers: asyncio.Queue[tuple[int, int, BarrierOptions]] = asyncio.Queue()
         self._trigger_queued = asyncio.Event()
         """Set while a trigger is queued: waiting on it leaves the queue's order alone."""
@@ -153,6 +155,9 @@ class SourceLoop:
         )
         if rows == 0:
             return 0, [], None
+        if not self._schema_checked:
+            check_declared_schema(self._source, batch)
+            self._schema_checked = True
         out = self._shell.chain.process_batch(batch)
         watermark = self._source.current_watermark()
         return batch.num_rows, out, watermark
@@ -186,3 +191,16 @@ class SourceLoop:
 
     async def _wait_trigger(self) -> None:
         await self._trigger_queued.wait()
+
+
+def check_declared_schema(source: SourceOperator, batch: pa.RecordBatch) -> None:
+    """A source that declares ``output_schema`` must emit it: the pipeline checked unions and
+    join keys against the declaration, so a batch of another schema would break them later,
+    far from the cause."""
+    declared = source.output_schema
+    if declared is not None and not batch.schema.equals(declared):
+        raise InvalidArgumentError(
+            f"{source.name} declares output_schema ({', '.join(declared.names)}) but emitted "
+            f"a batch of ({', '.join(batch.schema.names)}); set output_schema to what it "
+            f"emits, or to None when it is not fixed"
+        )
