@@ -52,6 +52,9 @@ _PUBLIC: dict[str, str] = {
     "DataFrameSource": "snapflow.worker.connectors.file_sources",
     "source_from_dataframe": "snapflow.worker.connectors.file_sources",
     "SocketTextSource": "snapflow.worker.connectors.socket_source",
+    "NexmarkSource": "snapflow.worker.connectors.nexmark_source",
+    "NexmarkConfig": "snapflow.worker.connectors.nexmark_model",
+    "nexmark_events": "snapflow.worker.connectors.nexmark_model",
     # -- sinks, and reading what they committed
     "TwoPhaseCommitSink": "snapflow.worker.connectors.two_phase_commit",
     "TransactionalFileSink": "snapflow.worker.connectors.file_sink",
@@ -116,6 +119,8 @@ __all__ = [
     "KeyedContext",
     "KeyedProcessFunction",
     "KeyedStream",
+    "NexmarkConfig",
+    "NexmarkSource",
     "NoRestart",
     "Operator",
     "OperatorContext",
@@ -140,6 +145,7 @@ __all__ = [
     "TwoPhaseCommitSink",
     "WindowAssigner",
     "from_pandas",
+    "nexmark_events",
     "read_committed",
     "read_committed_parquet",
     "source_from_dataframe",
@@ -192,6 +198,8 @@ if TYPE_CHECKING:
         FileSource,
         source_from_dataframe,
     )
+    from snapflow.worker.connectors.nexmark_model import NexmarkConfig, nexmark_events
+    from snapflow.worker.connectors.nexmark_source import NexmarkSource
     from snapflow.worker.connectors.parquet_sink import (
         TransactionalParquetSink,
         read_committed_parquet,

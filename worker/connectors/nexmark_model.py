@@ -43,6 +43,7 @@ with numpy and Arrow kernels, never a Python step per event.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,12 +64,12 @@ __all__ = [
     "SCHEMAS",
     "NexmarkConfig",
     "event_ids",
-    "first_events",
     "generate",
     "kind_count",
+    "kind_of",
+    "nexmark_events",
     "split_count",
     "split_ordinals",
-    "kind_of",
     "timestamps",
 ]
 
@@ -344,9 +345,9 @@ def _person_choice(
     the active people or a few ahead."""
     active = np.minimum(last + 1, config.num_active_people)
     result: npt.NDArray[np.int64] = np.where(
-        _below(bits >> _U(40), hot_ratio) > 0,
+        _below(bits >> _U(32), hot_ratio) > 0,
         last - last % HOT_BLOCK + hot_slot,
-        last + 1 - active + _below(bits >> _U(8), active + ID_LEAD),
+        last + 1 - active + _below(bits, active + ID_LEAD),
     )
     result += FIRST_PERSON_ID
     return result
@@ -401,10 +402,7 @@ def _extras(
     if len(breaks):
         bounds = [0, *breaks.tolist(), n]
         return pa.concat_arrays(
-            [
-                _extras(config, ordinals[lo:hi], avg, stream)
-                for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
-            ]
+            [_extras(config, ordinals[lo:hi], avg, stream) for lo, hi in itertools.pairwise(bounds)]
         )
     span = max(1, (avg * 2) // 5)
     edges = np.arange(int(ordinals[0]), int(ordinals[0]) + n + 1, dtype=np.int64)
@@ -462,10 +460,10 @@ def _channel_tables(seed: int) -> tuple[pa.Array, pa.Array]:
     return pa.array(names, _STR), pa.array(urls, _STR)
 
 
-def _credit_cards(bits: npt.NDArray[np.uint64]) -> pa.Array:
+def _credit_cards(bits: npt.NDArray[np.uint64], more: npt.NDArray[np.uint64]) -> pa.Array:
     groups = [
-        pc.utf8_lpad(pa.array(_below(bits >> _U(8 * g), 10_000)).cast(_STR), 4, "0")
-        for g in range(4)
+        pc.utf8_lpad(pa.array(_below(b, 10_000)).cast(_STR), 4, "0")
+        for b in (bits, bits >> _U(32), more, more >> _U(32))
     ]
     return pc.binary_join_element_wise(*groups, " ")
 
@@ -492,11 +490,13 @@ def _bids(
     auction += FIRST_AUCTION_ID
     bidder = _person_choice(last_person, h2, config.hot_bidders_ratio, 1, config)
     # Channel index: 0..3 a hot channel (with probability 1/2), else 4 + one of 10,000.
+    h3 = _hash(config, ids, 5)
+    hot_channel = _below(h3 >> _U(32), 2 * len(HOT_CHANNELS))  # 0..3 hot, 4..7 not
     channel_index = pa.array(
         np.where(
-            (h1 >> _U(63)) == 0,
-            (h2 >> _U(62)).astype(np.int64),
-            4 + _below(h2 >> _U(16), CHANNELS_NUMBER),
+            hot_channel < len(HOT_CHANNELS),
+            hot_channel,
+            len(HOT_CHANNELS) + _below(h3, CHANNELS_NUMBER),
         )
     )
     names, urls = _channel_tables(config.seed)
@@ -566,9 +566,9 @@ def _people(
             pa.array(_last_person(config, ids) + FIRST_PERSON_ID),
             names.take(pa.array(_below(h1, len(names)))),
             email,
-            _credit_cards(h2),
+            _credit_cards(h2, _hash(config, ids, 26)),
             cities.take(pa.array(_below(h1 >> _U(32), len(US_CITIES)))),
-            states.take(pa.array(_below(h2 >> _U(40), len(US_STATES)))),
+            states.take(pa.array(_below(_hash(config, ids, 27), len(US_STATES)))),
             pa.array(timestamps(config, ids)),
             _extras(config, ordinals, config.avg_person_byte_size - 64, 25),
         ],
@@ -587,7 +587,7 @@ def generate(config: NexmarkConfig, kind: str, ordinals: npt.NDArray[np.int64]) 
     return _GENERATORS[kind](config, event_ids(config, kind, ordinals), ordinals)
 
 
-def first_events(config: NexmarkConfig, kind: str, num_events: int) -> pa.Table:
+def nexmark_events(config: NexmarkConfig, kind: str, num_events: int) -> pa.Table:
     """The events of ``kind`` among the first ``num_events`` events, in event-id order (what a
     batch job compares a streaming job with)."""
     count = kind_count(config, kind, num_events)

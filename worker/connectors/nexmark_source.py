@@ -80,7 +80,9 @@ class NexmarkSource(SplitSource):
                 f"num_events must be an integer >= 0 or None, got {num_events!r}"
             )
         if isinstance(block_epochs, bool) or not isinstance(block_epochs, int) or block_epochs < 1:
-            raise InvalidArgumentError(f"block_epochs must be an integer >= 1, got {block_epochs!r}")
+            raise InvalidArgumentError(
+                f"block_epochs must be an integer >= 1, got {block_epochs!r}"
+            )
         self.kind = kind
         self.num_events = num_events
         self.config = config if config is not None else NexmarkConfig()

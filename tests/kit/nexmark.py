@@ -1,0 +1,163 @@
+"""Running a Nexmark query of ``examples/nexmark`` both ways: as a Snapflow job (exactly-once
+files, read after the commit) and as batch Spark SQL over the same generated events; and
+comparing the two (the tests of tests/nexmark and ``make bench BENCH=nexmark``)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapflow import (
+    JobResult,
+    NexmarkConfig,
+    NexmarkSource,
+    Pipeline,
+    TransactionalFileSink,
+    nexmark_events,
+    read_committed,
+)
+
+QUERIES_DIR = Path(__file__).resolve().parents[2] / "examples" / "nexmark"
+VIEW_COLUMNS = {
+    "person": "id, name, emailAddress, creditCard, city, state, "
+    "timestamp_millis(dateTime) AS dateTime, extra",
+    "auction": "id, itemName, description, initialBid, reserve, "
+    "timestamp_millis(dateTime) AS dateTime, timestamp_millis(expires) AS expires, seller, "
+    "category, extra",
+    "bid": "auction, bidder, price, channel, url, timestamp_millis(dateTime) AS dateTime, extra",
+}
+
+
+def query_names() -> list[str]:
+    """Every query of examples/nexmark, in numeric order."""
+    return sorted((p.stem for p in QUERIES_DIR.glob("q*.py")), key=lambda q: int(q[1:]))
+
+
+def load_query(name: str) -> ModuleType:
+    """The query file ``examples/nexmark/<name>.py`` as a module (loaded once)."""
+    module_name = f"nexmark_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, QUERIES_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class StreamingRun:
+    result: JobResult
+    output: pa.Table  # every committed row
+
+
+def run_streaming(
+    spark: Any,
+    query: ModuleType,
+    num_events: int,
+    base: Path,
+    config: NexmarkConfig,
+    *,
+    parallelism: int = 2,
+    interval_ms: int = 1000,
+    block_epochs: int = 1024,
+    timeout_s: float = 240.0,
+    coordinator_address: str | None = None,
+) -> StreamingRun:
+    """The query as a Snapflow job over the first ``num_events`` events: sources of its input
+    kinds -> ``query(...)`` -> ``TransactionalFileSink``, aligned checkpoints every
+    ``interval_ms``."""
+    out = base / "out"
+    p = Pipeline(f"nexmark-{query.NAME}", parallelism=parallelism)
+    inputs = {
+        kind: p.source(
+            NexmarkSource(kind, num_events, config=config, block_epochs=block_epochs), name=kind
+        )
+        for kind in query.INPUTS
+    }
+    query.query(**inputs).sink(TransactionalFileSink(str(out)))
+    p.checkpointing(interval_ms=interval_ms, storage=base / "cp")
+    result = p.run(spark, timeout_s=timeout_s, coordinator_address=coordinator_address)
+    return StreamingRun(result, read_committed(out))
+
+
+@contextlib.contextmanager
+def _utc(spark: Any) -> Iterator[None]:
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+def run_batch(spark: Any, query: ModuleType, num_events: int, config: NexmarkConfig) -> pa.Table:
+    """``query.SPARK_SQL`` over the first ``num_events`` events (views ``person``, ``auction``,
+    ``bid`` with TIMESTAMP ``dateTime``), in UTC."""
+    with _utc(spark):
+        for kind in query.INPUTS:
+            raw = spark.createDataFrame(nexmark_events(config, kind, num_events))
+            raw.createOrReplaceTempView(f"nexmark_{kind}_raw")
+            spark.sql(
+                f"CREATE OR REPLACE TEMP VIEW {kind} AS "
+                f"SELECT {VIEW_COLUMNS[kind]} FROM nexmark_{kind}_raw"
+            )
+        table: pa.Table = spark.sql(query.SPARK_SQL).toArrow()
+    return table
+
+
+def final_result(query: ModuleType, output: pa.Table) -> pa.Table:
+    """What a streaming output says in the end: the rows themselves (an append-only result),
+    or per ``RESULT_KEY`` the rows of the highest ``VERSION`` (an updating result)."""
+    key = getattr(query, "RESULT_KEY", None)
+    version = getattr(query, "VERSION", None)
+    if key is None or version is None or output.num_rows == 0:
+        return output
+    latest = output.group_by(list(key), use_threads=False).aggregate([(version, "max")])
+    joined = output.join(latest, list(key), join_type="inner", use_threads=False)
+    return joined.filter(pc.equal(joined[version], joined[f"{version}_max"])).drop_columns(
+        [f"{version}_max"]
+    )
+
+
+def _rows(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
+    rows = [tuple(r[c] for c in columns) for r in table.select(columns).to_pylist()]
+    return sorted(rows, key=lambda r: tuple((v is None, v) for v in r))
+
+
+@dataclass
+class Comparison:
+    matches: bool
+    streaming_rows: int
+    batch_rows: int
+    detail: str
+
+
+def compare(query: ModuleType, streaming: pa.Table, batch: pa.Table) -> Comparison:
+    """The final streaming result against the batch one, as multisets of rows over
+    ``query.COMPARE`` (default: the batch result's columns)."""
+    final = final_result(query, streaming)
+    columns = list(getattr(query, "COMPARE", None) or batch.column_names)
+    missing = [c for c in columns if c not in final.column_names]
+    if missing and final.num_rows:
+        return Comparison(False, final.num_rows, batch.num_rows, f"missing columns {missing}")
+    a = _rows(final, columns) if final.num_rows else []
+    b = _rows(batch, columns)
+    if a == b:
+        return Comparison(True, len(a), len(b), "")
+    sa, sb = set(a), set(b)
+    detail = (
+        f"streaming {len(a)} rows, batch {len(b)}; only streaming e.g. "
+        f"{sorted(sa - sb, key=repr)[:3]}, only batch e.g. {sorted(sb - sa, key=repr)[:3]}"
+    )
+    return Comparison(False, len(a), len(b), detail[:2000])
