@@ -37,7 +37,8 @@ KNOWN_IDS = pa.array(["0", "1", "2", "3"])
 def channel_ids(b: pa.RecordBatch) -> pa.RecordBatch:
     lower = pc.utf8_lower(b["channel"])
     known = pc.index_in(lower, value_set=KNOWN)
-    from_url = pc.extract_regex(b["url"], r"(?:&|^)channel_id=(?P<id>[^&]*)").field("id")
+    matches = pc.extract_regex(b["url"], r"(?:&|^)channel_id=(?P<id>[^&]*)")
+    from_url = pc.struct_field(matches, "id")  # null where the url has no channel_id
     channel_id = pc.coalesce(pc.take(KNOWN_IDS, known), from_url)
     keep = pc.is_valid(channel_id)
     return pa.RecordBatch.from_arrays(

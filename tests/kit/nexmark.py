@@ -15,11 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import cloudpickle
 
 from snapflow import (
     JobResult,
     NexmarkConfig,
     NexmarkSource,
+    NoRestart,
     Pipeline,
     TransactionalFileSink,
     nexmark_events,
@@ -52,6 +54,7 @@ def load_query(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)  # the executors cannot import the file
     return module
 
 
@@ -87,6 +90,7 @@ def run_streaming(
     }
     query.query(**inputs).sink(TransactionalFileSink(str(out)))
     p.checkpointing(interval_ms=interval_ms, storage=base / "cp")
+    p.restart_strategy(NoRestart())  # a failure is a finding here, not something to ride out
     result = p.run(spark, timeout_s=timeout_s, coordinator_address=coordinator_address)
     return StreamingRun(result, read_committed(out))
 
