@@ -138,6 +138,8 @@ OUTPUT = pa.schema([("day", pa.string())] + [(c, pa.int64()) for c in COUNTS])
 
 class DayStats(KeyedBatchFunction):
     def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> Any:
+        if batch.num_rows == 0:
+            return None
         groups, parts = partials(batch)
         state = ctx.get_aggregating_state("stats", STATS)
         state.add_many(groups, parts)

@@ -148,6 +148,8 @@ def with_group(b: pa.RecordBatch) -> pa.RecordBatch:
 
 class ChannelDayStats(KeyedBatchFunction):
     def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> Any:
+        if batch.num_rows == 0:
+            return None
         groups, parts = partials(batch)
         state = ctx.get_aggregating_state("stats", STATS)
         state.add_many(groups, parts)

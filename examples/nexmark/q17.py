@@ -98,6 +98,8 @@ class AuctionDayStats(KeyedBatchFunction):
     """Per group the tuple ``(count, r1, r2, r3, min, max, sum)`` in value state."""
 
     def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> Any:
+        if batch.num_rows == 0:
+            return None
         partial = (
             pa.table(batch)
             .group_by(["group", "auction", "day"], use_threads=False)
