@@ -10,6 +10,7 @@ BENCHMARKS = {
     "dataplane": "bench.dataplane_bench",
     "ha": "bench.ha_bench",
     "keyed_count": "bench.keyed_count_bench",
+    "nexmark": "bench.nexmark_bench",
     "security": "bench.security_bench",
     "spark": "bench.spark_bench",
     "state": "bench.state_bench",

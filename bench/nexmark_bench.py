@@ -1,0 +1,171 @@
+"""Nexmark benchmark: each query of ``examples/nexmark`` as a Snapflow job on local Spark,
+measured and checked against the same query in batch Spark SQL.
+
+Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark):
+
+1. a calibration run (``CALIBRATION_EVENTS`` events) giving the events/s that size the next;
+2. the measured run, sized to last about ``TARGET_RUN_S`` (at least ``MIN_CHECKPOINTS``
+   checkpoints at ``INTERVAL_MS``): bounded ``NexmarkSource``s of the query's kinds ->
+   the query -> ``TransactionalFileSink``, parallelism 2 on ``local[4]``, aligned exactly-once
+   checkpoints every second, an embedded coordinator read for the checkpoint statistics.
+
+Reported, per query: ``nexmark_qN_events_per_s`` = Nexmark events (all kinds, as Nexmark's
+``events.num`` counts them; the sources generate only their kinds' rows) / ``JobResult.duration_s``
+(submission to the end: stage launch, start-up and the final checkpoint included, so a lower
+bound of the steady rate); ``..._per_core`` = that / the cores the job had (``min(cpus,
+parallelism)``; the driver, the coordinator and Spark share them); ``..._checkpoint_p99_ms`` =
+the coordinator's p99 of ``end_to_end_duration_ms`` over the run's completed checkpoints;
+``..._checkpoints`` = how many completed; ``..._matches_batch`` = 1 when the committed output
+(its final rows, for an updating result) equals the Spark SQL result over the same events.
+Written to ``bench/results/nexmark.json``; a table is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kit.nexmark import compare_large, load_query, query_names, run_batch, run_streaming
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import write_results
+from snapflow import JobStatus, NexmarkConfig
+from snapflow.coordinator.embedded import EmbeddedCoordinator
+from snapflow.logging import configure_logging
+from snapflow.spark_bridge.coordinator_client import CoordinatorClient
+from snapflow.spark_bridge.session import local_session
+from snapflow.v1 import coordinator_pb2 as cpb
+
+PARALLELISM = 2
+MASTER = "local[4]"
+INTERVAL_MS = 1000
+CALIBRATION_EVENTS = 2_000_000
+TARGET_RUN_S = 30.0
+MIN_CHECKPOINTS = 20
+MIN_EVENTS, MAX_EVENTS = 2_000_000, 500_000_000
+RUN_TIMEOUT_S = 300.0
+CONFIG = NexmarkConfig()  # Nexmark's benchmark defaults: 10 M events per second of event time
+
+
+def _run(spark: Any, tmp: Path, name: str, num_events: int) -> dict[str, Any]:
+    query = load_query(name)
+    base = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp))
+    with EmbeddedCoordinator(storage_root=str(base / "root")) as coordinator:
+        run = run_streaming(
+            spark,
+            query,
+            num_events,
+            base,
+            CONFIG,
+            parallelism=PARALLELISM,
+            interval_ms=INTERVAL_MS,
+            timeout_s=RUN_TIMEOUT_S,
+            coordinator_address=coordinator.address,
+        )
+        client = CoordinatorClient(coordinator.address)
+        try:
+            stats = client.call(
+                "GetCheckpointStats", cpb.GetCheckpointStatsRequest(job_id=run.result.job_id)
+            )
+        finally:
+            client.close()
+    if run.result.state is not JobStatus.FINISHED:
+        raise RuntimeError(f"{name}: the job ended {run.result.state.value}")
+    return {
+        "events": num_events,
+        "duration_s": run.result.duration_s,
+        "events_per_s": num_events / run.result.duration_s,
+        "checkpoints": int(stats.counts.completed),
+        "checkpoints_failed": int(stats.counts.failed),
+        "checkpoint_p99_ms": float(stats.end_to_end_duration_ms.p99),
+        "output_rows": run.output.num_rows,
+        "output": run.output,
+    }
+
+
+def main() -> int:
+    console = Console(width=150)
+    configure_logging("warning")
+    names = [q for q in os.environ.get("QUERIES", "").split(",") if q] or query_names()
+    unknown = sorted(set(names) - set(query_names()))
+    if unknown:
+        console.print(f"[red]unknown queries: {', '.join(unknown)}[/red]")
+        return 2
+    cores = min(os.cpu_count() or 1, PARALLELISM)
+    metrics: dict[str, float] = {}
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="snapflow-nexmark-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        spark = local_session(MASTER, "snapflow-nexmark-bench")
+        try:
+            _run(spark, tmp, names[0], 200_000)  # warm-up: Python workers, imports, the JVM
+            for name in names:
+                calibration = _run(spark, tmp, name, CALIBRATION_EVENTS)
+                rate = calibration["events_per_s"]
+                events = int(rate * TARGET_RUN_S) // 1_000_000 * 1_000_000
+                events = max(MIN_EVENTS, min(MAX_EVENTS, events))
+                console.print(
+                    f"[dim]{name}: calibration {rate:,.0f} events/s; measured run {events:,} events[/dim]"
+                )
+                measured = _run(spark, tmp, name, events)
+                output = measured.pop("output")
+                started = time.monotonic()
+                batch = run_batch(spark, load_query(name), events, CONFIG)
+                check = compare_large(load_query(name), output, batch)
+                measured["check_s"] = round(time.monotonic() - started, 1)
+                measured["check"] = check.detail or "equal"
+                runs[name] = measured
+                metrics[f"nexmark_{name}_events_per_s"] = round(measured["events_per_s"])
+                metrics[f"nexmark_{name}_events_per_s_per_core"] = round(
+                    measured["events_per_s"] / cores
+                )
+                metrics[f"nexmark_{name}_checkpoint_p99_ms"] = measured["checkpoint_p99_ms"]
+                metrics[f"nexmark_{name}_checkpoints"] = measured["checkpoints"]
+                metrics[f"nexmark_{name}_matches_batch"] = 1 if check.matches else 0
+        finally:
+            spark.stop()
+
+    table = Table(
+        title=(
+            f"Nexmark on Snapflow: {MASTER}, parallelism {PARALLELISM} ({cores} cores), aligned "
+            f"exactly-once checkpoints every {INTERVAL_MS} ms"
+        )
+    )
+    for column in ("query", "events", "duration s", "events/s", "events/s/core", "ckpts",
+                   "ckpt p99 ms", "matches batch"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "query" else "right")
+    for name, r in runs.items():
+        table.add_row(
+            name,
+            f"{r['events']:,}",
+            f"{r['duration_s']:.1f}",
+            f"{r['events_per_s']:,.0f}",
+            f"{r['events_per_s'] / cores:,.0f}",
+            f"{r['checkpoints']}" + ("" if r["checkpoints"] >= MIN_CHECKPOINTS else " (< 20)"),
+            f"{r['checkpoint_p99_ms']:.0f}",
+            "yes" if metrics[f"nexmark_{name}_matches_batch"] else f"NO: {r['check']}",
+        )
+    console.print(table)
+    path = write_results(
+        "nexmark",
+        metrics,
+        runs=runs,
+        settings={
+            "master": MASTER,
+            "parallelism": PARALLELISM,
+            "cores": cores,
+            "checkpoint_interval_ms": INTERVAL_MS,
+            "first_event_rate": CONFIG.first_event_rate,
+            "target_run_s": TARGET_RUN_S,
+        },
+    )
+    console.print(f"[dim]wrote {path}[/dim]")
+    return 0 if all(metrics[f"nexmark_{n}_matches_batch"] for n in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
