@@ -143,7 +143,7 @@ class DayStats(KeyedBatchFunction):
         groups, parts = partials(batch)
         state = ctx.get_aggregating_state("stats", STATS)
         state.add_many(groups, parts)
-        rows = [figures(acc) for acc in state.get_many(groups)]
+        rows = [figures(acc) for acc in state.get_many(groups) if acc is not None]  # all added
         return pa.RecordBatch.from_arrays(
             [
                 pa.array(groups, pa.string()),

@@ -153,7 +153,7 @@ class ChannelDayStats(KeyedBatchFunction):
         groups, parts = partials(batch)
         state = ctx.get_aggregating_state("stats", STATS)
         state.add_many(groups, parts)
-        accs = state.get_many(groups)
+        accs = [acc for acc in state.get_many(groups) if acc is not None]  # all just added
         channel, day = zip(*(g.rsplit(SEPARATOR, 1) for g in groups), strict=True)
         minute = [
             f"{acc['ms_of_day'] // 3_600_000:02d}:{acc['ms_of_day'] // 60_000 % 60:02d}"

@@ -110,7 +110,7 @@ def test_invalid_config_and_source_arguments() -> None:
 
 
 def _drain(source: NexmarkSource, limit: int | None = None) -> list[pa.RecordBatch]:
-    batches = []
+    batches: list[pa.RecordBatch] = []
     while limit is None or len(batches) < limit:
         b = source.poll_batch(1 << 20)
         if b is None:

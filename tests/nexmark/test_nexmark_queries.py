@@ -24,9 +24,7 @@ CONFIG = NexmarkConfig(first_event_rate=1000.0, base_time_ms=1_704_153_590_000)
 @pytest.mark.parametrize("name", query_names())
 def test_streaming_result_equals_batch_spark_sql(name: str, spark: Any, tmp_path: Path) -> None:
     query = load_query(name)
-    run = run_streaming(
-        spark, query, NUM_EVENTS, tmp_path, CONFIG, interval_ms=200, block_epochs=4
-    )
+    run = run_streaming(spark, query, NUM_EVENTS, tmp_path, CONFIG, interval_ms=200, block_epochs=4)
     assert run.result.state is JobStatus.FINISHED
     batch = run_batch(spark, query, NUM_EVENTS, CONFIG)
     assert batch.num_rows > 0, "the query selects nothing on the test events"
