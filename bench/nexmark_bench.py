@@ -21,7 +21,9 @@ same checksum: the row count and per column the sum, minimum and maximum (of the
 strings), computed file by file on one side and by Spark on the other (tens of millions of rows
 compared row by row would not fit the machine; tests/nexmark compares rows exactly on fewer
 events).
-Written to ``bench/results/nexmark.json``; a table is printed.
+Also ``nexmark_generator_events_per_s``: the generator alone on one core (bids, batches of
+65,536 rows, events counted as the source counts them). Written to
+``bench/results/nexmark.json``; a table is printed.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from snapflow.logging import configure_logging
 from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.spark_bridge.session import local_session
 from snapflow.v1 import coordinator_pb2 as cpb
+from snapflow.worker.connectors.nexmark_model import generate, split_count, split_ordinals
 
 PARALLELISM = 2
 MASTER = "local[4]"
@@ -101,6 +104,19 @@ def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) 
     }
 
 
+def generator_events_per_s(kind: str = "bid", events: int = 20_000_000) -> float:
+    """The generator alone on one core: events (all kinds, as counted by the source) per
+    second for which it produced the ``kind`` rows, in batches of 65,536 rows of one split of
+    two (the source's defaults)."""
+    count = split_count(CONFIG, kind, events, 0, 2, 1024)
+    step = 65_536
+    generate(CONFIG, kind, split_ordinals(CONFIG, kind, 0, step, 0, 2, 1024))  # warm caches
+    started = time.perf_counter()
+    for lo in range(0, count, step):
+        generate(CONFIG, kind, split_ordinals(CONFIG, kind, lo, min(step, count - lo), 0, 2, 1024))
+    return events / 2 / (time.perf_counter() - started)
+
+
 def main() -> int:
     console = Console(width=150)
     configure_logging("warning")
@@ -110,7 +126,13 @@ def main() -> int:
         console.print(f"[red]unknown queries: {', '.join(unknown)}[/red]")
         return 2
     cores = min(os.cpu_count() or 1, PARALLELISM)
-    metrics: dict[str, float] = {}
+    load_before = os.getloadavg()  # the machine may be shared: recorded beside the figures
+    metrics: dict[str, float] = {
+        "nexmark_generator_events_per_s": round(generator_events_per_s()),
+    }
+    console.print(
+        f"[dim]generator (bids, one core): {metrics['nexmark_generator_events_per_s']:,} events/s[/dim]"
+    )
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="snapflow-nexmark-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -172,6 +194,8 @@ def main() -> int:
         "nexmark",
         metrics,
         runs=runs,
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
         settings={
             "master": MASTER,
             "parallelism": PARALLELISM,
