@@ -117,6 +117,30 @@ def generator_events_per_s(kind: str = "bid", events: int = 20_000_000) -> float
     return events / 2 / (time.perf_counter() - started)
 
 
+def _measure(spark: Any, tmp: Path, name: str, console: Console) -> dict[str, Any]:
+    """Calibrate, run sized to ``TARGET_RUN_S``, check against Spark SQL."""
+    calibration = _run(spark, tmp, name, CALIBRATION_EVENTS)
+    rate = calibration["events_per_s"]
+    events = int(rate * TARGET_RUN_S) // 1_000_000 * 1_000_000
+    events = max(MIN_EVENTS, min(MAX_EVENTS, events))
+    console.print(
+        f"[dim]{name}: calibration {rate:,.0f} events/s; measured run {events:,} events[/dim]"
+    )
+    measured = _run(spark, tmp, name, events, keep=True)
+    run = measured.pop("run")
+    started = time.monotonic()
+    query = load_query(name)
+    check = compare_fingerprints(
+        fingerprint_output(query, run), fingerprint_batch(spark, query, events, CONFIG)
+    )
+    shutil.rmtree(run.directory.parent, ignore_errors=True)
+    measured["output_rows"] = check.streaming_rows
+    measured["check_s"] = round(time.monotonic() - started, 1)
+    measured["check"] = check.detail or "equal"
+    measured["matches"] = check.matches
+    return measured
+
+
 def main() -> int:
     console = Console(width=150)
     configure_logging("warning")
@@ -140,32 +164,20 @@ def main() -> int:
         try:
             _run(spark, tmp, names[0], 200_000)  # warm-up: Python workers, imports, the JVM
             for name in names:
-                calibration = _run(spark, tmp, name, CALIBRATION_EVENTS)
-                rate = calibration["events_per_s"]
-                events = int(rate * TARGET_RUN_S) // 1_000_000 * 1_000_000
-                events = max(MIN_EVENTS, min(MAX_EVENTS, events))
-                console.print(
-                    f"[dim]{name}: calibration {rate:,.0f} events/s; measured run {events:,} events[/dim]"
-                )
-                measured = _run(spark, tmp, name, events, keep=True)
-                run = measured.pop("run")
-                started = time.monotonic()
-                query = load_query(name)
-                check = compare_fingerprints(
-                    fingerprint_output(query, run), fingerprint_batch(spark, query, events, CONFIG)
-                )
-                measured["output_rows"] = check.streaming_rows
-                shutil.rmtree(run.directory.parent, ignore_errors=True)
-                measured["check_s"] = round(time.monotonic() - started, 1)
-                measured["check"] = check.detail or "equal"
-                runs[name] = measured
+                try:
+                    runs[name] = _measure(spark, tmp, name, console)
+                except Exception as e:  # one query's failure is its result, not the run's end
+                    console.print(f"[red]{name}: {type(e).__name__}: {e}[/red]"[:1000])
+                    metrics[f"nexmark_{name}_matches_batch"] = 0
+                    continue
+                measured = runs[name]
                 metrics[f"nexmark_{name}_events_per_s"] = round(measured["events_per_s"])
                 metrics[f"nexmark_{name}_events_per_s_per_core"] = round(
                     measured["events_per_s"] / cores
                 )
                 metrics[f"nexmark_{name}_checkpoint_p99_ms"] = measured["checkpoint_p99_ms"]
                 metrics[f"nexmark_{name}_checkpoints"] = measured["checkpoints"]
-                metrics[f"nexmark_{name}_matches_batch"] = 1 if check.matches else 0
+                metrics[f"nexmark_{name}_matches_batch"] = 1 if measured["matches"] else 0
         finally:
             spark.stop()
 
@@ -206,7 +218,7 @@ def main() -> int:
         },
     )
     console.print(f"[dim]wrote {path}[/dim]")
-    return 0 if all(metrics[f"nexmark_{n}_matches_batch"] for n in runs) else 1
+    return 0 if all(metrics[f"nexmark_{n}_matches_batch"] for n in names) else 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import importlib.util
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -231,7 +232,9 @@ def _fingerprint_tables(query: ModuleType, tables: Iterable[pa.Table]) -> dict[s
             column = table[name]
             if _is_number(column.type):
                 if pa.types.is_decimal(column.type):
-                    column = pc.multiply(column, 1000).cast(pa.int64())
+                    wide = column.cast(pa.decimal128(30, column.type.scale))
+                    column = pc.multiply(wide, pa.scalar(Decimal(1000), pa.decimal128(4, 0)))
+                    column = column.cast(pa.int64())
                 x = column.to_numpy().astype(np.int64)
                 total = int((x >> 32).sum()) * (1 << 32) + int((x & 0xFFFFFFFF).sum())
                 values = (total, int(x.min()), int(x.max())) if len(x) else (0, None, None)
