@@ -5,7 +5,8 @@ Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark):
 
 1. a calibration run (``CALIBRATION_EVENTS`` events) giving the events/s that size the next;
 2. the measured run, sized to last about ``TARGET_RUN_S`` (at least ``MIN_CHECKPOINTS``
-   checkpoints at ``INTERVAL_MS``): bounded ``NexmarkSource``s of the query's kinds ->
+   checkpoints at ``INTERVAL_MS``; re-sized by the marginal rate of the runs so far, up to
+   ``RESIZES`` times, while it completes fewer): bounded ``NexmarkSource``s of the query's kinds ->
    the query -> ``TransactionalFileSink``, parallelism 2 on ``local[4]``, aligned exactly-once
    checkpoints every second, an embedded coordinator read for the checkpoint statistics.
 
@@ -59,8 +60,9 @@ PARALLELISM = 2
 MASTER = "local[4]"
 INTERVAL_MS = 1000
 CALIBRATION_EVENTS = 2_000_000
-TARGET_RUN_S = 26.0
+TARGET_RUN_S = 25.0
 MIN_CHECKPOINTS = 20
+RESIZES = 2  # measured runs re-sized at most this often to reach MIN_CHECKPOINTS
 MIN_EVENTS, MAX_EVENTS = 2_000_000, 500_000_000
 RUN_TIMEOUT_S = 300.0
 CONFIG = NexmarkConfig()  # Nexmark's benchmark defaults: 10 M events per second of event time
@@ -127,6 +129,23 @@ def _measure(spark: Any, tmp: Path, name: str, console: Console) -> dict[str, An
         f"[dim]{name}: calibration {rate:,.0f} events/s; measured run {events:,} events[/dim]"
     )
     measured = _run(spark, tmp, name, events, keep=True)
+    previous = calibration
+    for _ in range(RESIZES):
+        if measured["checkpoints"] >= MIN_CHECKPOINTS or events >= MAX_EVENTS:
+            break
+        # Too short (start-up dominated the calibration): size by the marginal rate of the
+        # two runs so far, which leaves the fixed start-up cost out.
+        shutil.rmtree(measured["run"].directory.parent, ignore_errors=True)
+        added = measured["events"] - previous["events"]
+        took = max(0.1, measured["duration_s"] - previous["duration_s"])
+        rate = max(added / took, measured["events_per_s"])
+        wanted = measured["events"] + rate * (TARGET_RUN_S - measured["duration_s"])
+        previous = measured
+        events = max(events + 1_000_000, min(MAX_EVENTS, int(wanted) // 1_000_000 * 1_000_000))
+        console.print(
+            f"[dim]{name}: {measured['checkpoints']} checkpoints; again with {events:,} events[/dim]"
+        )
+        measured = _run(spark, tmp, name, events, keep=True)
     run = measured.pop("run")
     started = time.monotonic()
     query = load_query(name)
