@@ -6,7 +6,9 @@ Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark):
 1. a calibration run (``CALIBRATION_EVENTS`` events) giving the events/s that size the next;
 2. the measured run, sized to last about ``TARGET_RUN_S`` (at least ``MIN_CHECKPOINTS``
    checkpoints at ``INTERVAL_MS``; re-sized by the marginal rate of the runs so far, up to
-   ``RESIZES`` times, while it completes fewer): bounded ``NexmarkSource``s of the query's kinds ->
+   ``RESIZES`` times, while it completes fewer; at most ``MAX_OUTPUT_ROWS`` output rows, as
+   the calibration's output per event predicts, since the output waits on disk for its check,
+   so a pass-through query may end with fewer checkpoints, as the table then says): bounded ``NexmarkSource``s of the query's kinds ->
    the query -> ``TransactionalFileSink``, parallelism 2 on ``local[4]``, aligned exactly-once
    checkpoints every second, an embedded coordinator read for the checkpoint statistics.
 
@@ -64,6 +66,7 @@ TARGET_RUN_S = 25.0
 MIN_CHECKPOINTS = 20
 RESIZES = 2  # measured runs re-sized at most this often to reach MIN_CHECKPOINTS
 MIN_EVENTS, MAX_EVENTS = 2_000_000, 500_000_000
+MAX_OUTPUT_ROWS = 30_000_000  # about 4 GB of q0's rows on disk: the machine's disk is shared
 RUN_TIMEOUT_S = 300.0
 CONFIG = NexmarkConfig()  # Nexmark's benchmark defaults: 10 M events per second of event time
 
@@ -91,6 +94,7 @@ def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) 
             )
         finally:
             client.close()
+    rows = run.output.num_rows if not keep else -1  # a calibration's output is small
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
     if run.result.state is not JobStatus.FINISHED:
@@ -103,6 +107,7 @@ def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) 
         "checkpoints_failed": int(stats.counts.failed),
         "checkpoint_p99_ms": float(stats.end_to_end_duration_ms.p99),
         "run": run,
+        "rows": rows,
     }
 
 
@@ -123,15 +128,19 @@ def _measure(spark: Any, tmp: Path, name: str, console: Console) -> dict[str, An
     """Calibrate, run sized to ``TARGET_RUN_S``, check against Spark SQL."""
     calibration = _run(spark, tmp, name, CALIBRATION_EVENTS)
     rate = calibration["events_per_s"]
+    # The committed output lands on the local disk until checked: bound it.
+    most = MAX_EVENTS
+    if calibration["rows"] > 0:
+        most = min(most, int(MAX_OUTPUT_ROWS * CALIBRATION_EVENTS / calibration["rows"]))
     events = int(rate * TARGET_RUN_S) // 1_000_000 * 1_000_000
-    events = max(MIN_EVENTS, min(MAX_EVENTS, events))
+    events = max(MIN_EVENTS, min(most, events))
     console.print(
         f"[dim]{name}: calibration {rate:,.0f} events/s; measured run {events:,} events[/dim]"
     )
     measured = _run(spark, tmp, name, events, keep=True)
     previous = calibration
     for _ in range(RESIZES):
-        if measured["checkpoints"] >= MIN_CHECKPOINTS or events >= MAX_EVENTS:
+        if measured["checkpoints"] >= MIN_CHECKPOINTS or events >= most:
             break
         # Too short (start-up dominated the calibration): size by the marginal rate of the
         # two runs so far, which leaves the fixed start-up cost out.
@@ -141,7 +150,7 @@ def _measure(spark: Any, tmp: Path, name: str, console: Console) -> dict[str, An
         rate = max(added / took, measured["events_per_s"])
         wanted = measured["events"] + rate * (TARGET_RUN_S - measured["duration_s"])
         previous = measured
-        events = max(events + 1_000_000, min(MAX_EVENTS, int(wanted) // 1_000_000 * 1_000_000))
+        events = min(most, max(events + 1_000_000, int(wanted) // 1_000_000 * 1_000_000))
         console.print(
             f"[dim]{name}: {measured['checkpoints']} checkpoints; again with {events:,} events[/dim]"
         )
