@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kit.nexmark import compare, load_query, query_names, run_batch, run_streaming
+
 from snapflow import JobStatus, NexmarkConfig
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
