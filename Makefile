@@ -7,7 +7,7 @@
 #   make coordinator  run the coordinator service in the foreground (embedded Redis)
 #   make proto        regenerate snapflow/v1 from protos/
 #   make lint         ruff check, ruff format --check, mypy, deptry (every import declared)
-#   make bench        run the benchmarks (BENCH=<name> selects one)
+#   make bench        run the benchmarks (BENCH=<name> selects one; BENCH=nexmark QUERIES=q0,q5)
 #   make chaos        run the full chaos suite (SEED=<n> replays a run; docs/chaos.md)
 #   make compose-check  docker compose up of docker-compose.yml until the demo says exactly-once: yes
 #   make clean        remove caches and build artefacts (distclean also removes .venv)

@@ -11,6 +11,7 @@ BENCHMARKS = {
     "ha": "bench.ha_bench",
     "join": "bench.join_bench",
     "keyed_count": "bench.keyed_count_bench",
+    "nexmark": "bench.nexmark_bench",
     "security": "bench.security_bench",
     "spark": "bench.spark_bench",
     "state": "bench.state_bench",

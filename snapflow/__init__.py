@@ -56,6 +56,9 @@ _PUBLIC: dict[str, str] = {
     "KafkaStart": "snapflow.worker.connectors.kafka_positions",
     "KafkaStop": "snapflow.worker.connectors.kafka_positions",
     "KafkaValueFormat": "snapflow.worker.connectors.kafka_records",
+    "NexmarkSource": "snapflow.worker.connectors.nexmark_source",
+    "NexmarkConfig": "snapflow.worker.connectors.nexmark_model",
+    "nexmark_events": "snapflow.worker.connectors.nexmark_model",
     # -- sinks, and reading what they committed
     "TwoPhaseCommitSink": "snapflow.worker.connectors.two_phase_commit",
     "TransactionalFileSink": "snapflow.worker.connectors.file_sink",
@@ -190,6 +193,8 @@ __all__ = [
     "KeyedProcessFunction",
     "KeyedStream",
     "MapStateDescriptor",
+    "NexmarkConfig",
+    "NexmarkSource",
     "NoRestart",
     "Operator",
     "OperatorContext",
@@ -224,6 +229,7 @@ __all__ = [
     "WindowContext",
     "WindowedStream",
     "from_pandas",
+    "nexmark_events",
     "read_committed",
     "read_committed_parquet",
     "source_from_dataframe",
@@ -323,6 +329,8 @@ if TYPE_CHECKING:
     from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
     from snapflow.worker.connectors.kafka_sink_settings import DeliveryGuarantee, KafkaPartitioner
     from snapflow.worker.connectors.kafka_source import KafkaSource
+    from snapflow.worker.connectors.nexmark_model import NexmarkConfig, nexmark_events
+    from snapflow.worker.connectors.nexmark_source import NexmarkSource
     from snapflow.worker.connectors.parquet_sink import (
         TransactionalParquetSink,
         read_committed_parquet,

@@ -19,7 +19,7 @@ import pytest
 import snapflow
 
 ROOT = Path(snapflow.__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
 #: The table itself (internal): public name -> home module.
 TABLE: dict[str, str] = snapflow._PUBLIC
 

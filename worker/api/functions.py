@@ -138,6 +138,15 @@ class _KeyedStateAccess:
             "reducing", name, lambda n: self._backend.get_reducing_state(n, reduce_fn)
         )
 
+    def get_aggregating_state(self, name: str, fn: AggregateFunction) -> AggregatingState[Any]:
+        return self._cached(
+            "aggregating",
+            name,
+            lambda n: self._backend.get_aggregating_state(
+                n, fn.add, fn.get_result, fn.create_accumulator
+            ),
+        )
+
 
 class KeyedContext(_KeyedStateAccess):
     """What a :class:`KeyedProcess` function sees: the current key, its keyed state (names
@@ -164,15 +173,6 @@ class KeyedContext(_KeyedStateAccess):
 
     def get_map_state(self, name: str) -> MapState:
         return self._cached("map", name, self._backend.get_map_state)
-
-    def get_aggregating_state(self, name: str, fn: AggregateFunction) -> AggregatingState[Any]:
-        return self._cached(
-            "aggregating",
-            name,
-            lambda n: self._backend.get_aggregating_state(
-                n, fn.add, fn.get_result, fn.create_accumulator
-            ),
-        )
 
     def register_event_time_timer(self, timestamp: int) -> None:
         """Call ``on_timer`` for the current key once the watermark reaches ``timestamp``."""
