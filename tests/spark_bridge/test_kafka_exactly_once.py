@@ -38,6 +38,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from kit.checkpoint_modes import MODES, unaligned_checkpoints
 from kit.kafka_broker import KafkaBroker
 from kit.kafka_log import committed_records
 from kit.polling import wait_until
@@ -47,8 +48,6 @@ from pyspark import cloudpickle
 from snapflow import KafkaSource, KafkaStop, KafkaValueFormat, Pipeline, TumblingEventTimeWindows
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.spark_bridge import FixedDelay, JobStatus
-from snapflow.spark_bridge.coordinator_client import CoordinatorClient
-from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.connectors.kafka_sink import KafkaSink
 from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
@@ -70,12 +69,6 @@ BASE_MS = 1_700_000_000_000
 STEP_MS = 5  # event time of record i: BASE_MS + i * STEP_MS; 15 s, 15 windows
 WINDOW_MS = 1_000
 SCHEMA = pa.schema([("key", pa.int64()), ("v", pa.int64()), ("ts", pa.int64())])
-MODES = {
-    "aligned": ("aligned", 0),
-    "unaligned": ("unaligned", 0),
-    "aligned-timeout": ("aligned", 1),
-    "at-least-once": ("at_least_once", 0),
-}
 Window = tuple[int, int, int]  # key, window_start, sum
 
 
@@ -209,17 +202,6 @@ def _check(committed: Counter[Window], exactly_once: bool) -> None:
         assert best.get((key, start), 0) >= total, f"window {(key, start)} lost records"
 
 
-def _unaligned_checkpoints(address: str, job_id: str) -> int:
-    client = CoordinatorClient(address)
-    try:
-        stats = client.call(
-            "GetCheckpointStats", cpb.GetCheckpointStatsRequest(job_id=job_id, history_size=100)
-        )
-    finally:
-        client.close()
-    return sum(1 for c in stats.history if c.unaligned)
-
-
 # ---------------------------------------------------------------------------------------------
 # Kills in every mode
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +221,7 @@ def test_kafka_window_kafka_with_a_kill_in_every_mode(
     )
     with EmbeddedCoordinator(storage_root=str(tmp_path / "root")) as coordinator:
         result = p.run(spark, timeout_s=RUN_TIMEOUT_S, coordinator_address=coordinator.address)
-        unaligned = _unaligned_checkpoints(coordinator.address, result.job_id)
+        unaligned = unaligned_checkpoints(coordinator.address, result.job_id)
     assert result.state is JobStatus.FINISHED, result.failure
     assert result.restarts == 1 and result.stage_attempts == 2, result
     assert (unaligned > 0) is (mode in ("unaligned", "aligned-timeout")), unaligned
