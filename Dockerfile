@@ -40,7 +40,7 @@ COPY coordinator ./coordinator
 COPY worker ./worker
 COPY spark_bridge ./spark_bridge
 COPY cli ./cli
-RUN pip install --no-cache-dir ".[s3]" "pyspark==4.3.0"
+RUN pip install --no-cache-dir ".[s3,kafka]" "pyspark==4.3.0"
 
 COPY docker/healthcheck.py /opt/snapflow/healthcheck.py
 

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "dataplane": "bench.dataplane_bench",
     "ha": "bench.ha_bench",
     "join": "bench.join_bench",
+    "kafka": "bench.kafka_bench",
     "keyed_count": "bench.keyed_count_bench",
     "nexmark": "bench.nexmark_bench",
     "security": "bench.security_bench",

@@ -32,14 +32,13 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from kit.checkpoint_modes import MODES, unaligned_checkpoints
 from kit.workers import check_exactly_once
 from pyspark import cloudpickle
 
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.spark_bridge import FixedDelay, JobStatus, Pipeline
-from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.spark_bridge.streams import KeyedStream, Stream
-from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.api.functions import KeyedContext, KeyedProcessFunction
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
@@ -57,13 +56,6 @@ DIAMOND_RECORDS = 5_000
 DIAMOND_KEYS = 200
 RATE = 1_200  # records/s of each source: a run takes 2-4 s
 
-MODES = {
-    "aligned": ("aligned", 0),
-    "unaligned": ("unaligned", 0),
-    # 1 ms: nearly every alignment with data queued behind it times out and goes unaligned.
-    "aligned-timeout": ("aligned", 1),
-    "at-least-once": ("at_least_once", 0),
-}
 I64 = pa.int64()
 
 
@@ -317,25 +309,13 @@ def test_a_task_killed_in_the_vertex_with_several_inputs_loses_and_duplicates_no
         result = build(tmp_path / "out", tmp_path / "cp", mode, crash=crash).run(
             spark, timeout_s=RUN_TIMEOUT_S, coordinator_address=coordinator.address
         )
-        unaligned = _unaligned_checkpoints(coordinator.address, result.job_id)
+        unaligned = unaligned_checkpoints(coordinator.address, result.job_id)
     assert result.state is JobStatus.FINISHED, result.failure
     assert result.restarts == 1 and result.stage_attempts == 2, result
     # Unaligned: some checkpoint's barriers overtook data (with the 1 ms timeout, an
     # alignment switched to unaligned); aligned and at least once: none did.
     assert (unaligned > 0) is (mode in ("unaligned", "aligned-timeout")), unaligned
     check(tmp_path / "out", mode != "at-least-once")
-
-
-def _unaligned_checkpoints(address: str, job_id: str) -> int:
-    """The job's checkpoints of which some subtask took its snapshot unaligned."""
-    client = CoordinatorClient(address)
-    try:
-        stats = client.call(
-            "GetCheckpointStats", cpb.GetCheckpointStatsRequest(job_id=job_id, history_size=100)
-        )
-    finally:
-        client.close()
-    return sum(1 for c in stats.history if c.unaligned)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ __all__ = ["KafkaClientSettings", "confluent_kafka", "retry_broker_call"]
 
 T = TypeVar("T")
 
-PropertyValue = str | int | float | bool
+PropertyValue = str | int | float | bool | Callable[..., Any]
+"""A librdkafka property's value; callables are its client callbacks (``error_cb``,
+``stats_cb``, ``oauth_cb``, ``logger``)."""
 
 
 def confluent_kafka() -> ModuleType:
@@ -58,10 +60,12 @@ class KafkaClientSettings:
                 f"{type(self.properties).__name__}"
             )
         for name, value in self.properties.items():
-            if not isinstance(name, str) or not isinstance(value, PropertyValue):
+            if not isinstance(name, str) or not (
+                isinstance(value, str | int | float | bool) or callable(value)
+            ):
                 raise InvalidArgumentError(
-                    f"Kafka property {name!r}: names are strings and values str, int, float or "
-                    f"bool, got {value!r:.80}"
+                    f"Kafka property {name!r}: names are strings and values str, int, float, "
+                    f"bool or a callback, got {value!r:.80}"
                 )
             if name == "bootstrap.servers":
                 raise InvalidArgumentError(
@@ -78,12 +82,29 @@ class KafkaClientSettings:
     def check_consumer(self, extra: Mapping[str, PropertyValue]) -> None:
         """Let librdkafka check the consumer's properties, without brokers (nothing connects)."""
         ck = confluent_kafka()
-        conf: dict[str, Any] = {"group.id": "snapflow-check", **self.properties, **extra}
+        self._check("consumer", ck.Consumer, {"group.id": "snapflow-check", **extra}, close=True)
+
+    def check_producer(self, extra: Mapping[str, PropertyValue]) -> None:
+        """Let librdkafka check the producer's properties, without brokers (nothing connects)."""
+        self._check("producer", confluent_kafka().Producer, extra, close=False)
+
+    def _check(
+        self,
+        kind: str,
+        client: Callable[[dict[str, Any]], Any],
+        extra: Mapping[str, Any],
+        *,
+        close: bool,
+    ) -> None:
+        ck = confluent_kafka()
+        conf: dict[str, Any] = {**self.properties, **extra}
         conf["log_level"] = 0  # no "no bootstrap.servers" warning for this check
         try:
-            ck.Consumer(conf).close()
-        except (ck.KafkaException, ValueError) as exc:
-            raise InvalidArgumentError(f"bad Kafka consumer settings: {_reason(exc)}") from exc
+            built = client(conf)
+        except (ck.KafkaException, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"bad Kafka {kind} settings: {_reason(exc)}") from exc
+        if close:
+            built.close()
 
     def config(self, extra: Mapping[str, PropertyValue]) -> dict[str, Any]:
         """A client's configuration: the brokers, the user's properties, the connector's."""
@@ -104,16 +125,22 @@ def retry_broker_call(
     bootstrap_servers: str,
     attempts: int,
     backoff_s: float,
+    max_backoff_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """``call()`` (one broker round trip with its own timeout), tried ``attempts`` times with
-    ``backoff_s`` between tries while the brokers cannot be reached; then an
-    :class:`UnavailableError` naming the brokers and what was asked."""
+    """``call()`` (one broker round trip with its own timeout), tried ``attempts`` times while
+    the brokers cannot be reached, pausing ``backoff_s`` between tries (doubled after each
+    try up to ``max_backoff_s``, when given); then an :class:`UnavailableError` naming the
+    brokers and what was asked."""
     ck = confluent_kafka()
     last: BaseException | None = None
     for attempt in range(attempts):
         if attempt:
-            sleep(backoff_s)
+            sleep(
+                backoff_s
+                if max_backoff_s is None
+                else min(backoff_s * 2 ** (attempt - 1), max_backoff_s)
+            )
         try:
             return call()
         except ck.KafkaException as exc:

@@ -48,7 +48,7 @@ Exactly once (the recovery contract)
       marker commits atomically with the records, and the transaction timeout.
 
 Bad input: a broker that does not answer at ``open`` fails it after ``connect_attempts``
-bounded attempts naming the servers; a topic that does not exist fails ``open`` (the sink
+bounded attempts naming the servers (``kafka_config.retry_broker_call``, as the source); a topic that does not exist fails ``open`` (the sink
 never creates topics); settings it owns or librdkafka does not know are refused when the sink
 is built.
 """
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import time
 from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
@@ -66,12 +65,18 @@ import pyarrow as pa
 
 from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.errors import ConfigError, InvalidArgumentError, SnapflowError, StateError
+from snapflow.worker.connectors.kafka_config import (
+    KafkaClientSettings,
+    PropertyValue,
+    confluent_kafka,
+    retry_broker_call,
+)
 from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer, headers_of
 from snapflow.worker.connectors.kafka_sink_settings import (
+    RESERVED_PROPERTIES,
     DeliveryGuarantee,
     KafkaPartitioner,
     check_exactly_once_job,
-    check_producer_config,
     parse_guarantee,
 )
 from snapflow.worker.connectors.kafka_sink_transactions import (
@@ -126,16 +131,6 @@ def _positive(what: str, value: object, *, maximum: float | None = None) -> floa
     return value
 
 
-def _check_librdkafka(config: Mapping[str, object]) -> None:
-    """librdkafka knows every setting and accepts every value (no connection is made)."""
-    from confluent_kafka import KafkaException, Producer
-
-    try:
-        Producer({**config, "log_level": 0})  # quiet: it has no servers on purpose
-    except (KafkaException, TypeError, ValueError) as e:
-        raise InvalidArgumentError(f"KafkaSink producer_config: {e}") from None
-
-
 class KafkaSink(Operator):
     """Writes rows to a Kafka topic, at least once or exactly once (see the module docstring).
 
@@ -146,7 +141,9 @@ class KafkaSink(Operator):
     needs ``transactional_id_prefix`` (unique per job and stable across its restores).
     ``transaction_timeout_ms``: Kafka's ``transaction.timeout.ms`` (default 15 minutes, the
     broker's default maximum). ``max_pending_transactions``: pre-committed transactions a
-    subtask may hold before it fails. ``producer_config``: more librdkafka settings.
+    subtask may hold before it fails. ``producer_config``: more librdkafka properties
+    (:class:`~snapflow.worker.connectors.kafka_config.KafkaClientSettings`; those the sink
+    sets itself are refused).
     ``connect_attempts`` of ``connect_timeout_s`` each reach the broker at ``open``;
     ``operation_timeout_s`` bounds each flush, commit and transactional call."""
 
@@ -179,17 +176,13 @@ class KafkaSink(Operator):
         transactional_id_prefix: str | None = None,
         transaction_timeout_ms: int = 900_000,
         max_pending_transactions: int = 3,
-        producer_config: Mapping[str, object] | None = None,
+        producer_config: Mapping[str, PropertyValue] | None = None,
         connect_attempts: int = 5,
         connect_timeout_s: float = 5.0,
         operation_timeout_s: float = 60.0,
     ) -> None:
-        if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
-            raise InvalidArgumentError(
-                f"KafkaSink needs bootstrap_servers, e.g. 'host:9092,host2:9092', got "
-                f"{bootstrap_servers!r:.80}"
-            )
-        self.bootstrap_servers = bootstrap_servers
+        self.settings = KafkaClientSettings(bootstrap_servers, dict(producer_config or {}))
+        self.settings.refuse(RESERVED_PROPERTIES)
         self.topic = _kafka_name("topic", topic)
         self.value = (
             KafkaSerializer.of(value, "value") if value is not None else KafkaSerializer.json()
@@ -250,8 +243,7 @@ class KafkaSink(Operator):
         self.operation_timeout_s = _positive(
             "operation_timeout_s", operation_timeout_s, maximum=3600
         )
-        self.producer_config = check_producer_config(producer_config or {})
-        _check_librdkafka(self._config(None))
+        self.settings.check_producer(self._config(None))
 
     # --- job check -------------------------------------------------------------------------
 
@@ -263,9 +255,9 @@ class KafkaSink(Operator):
 
     # --- producers -------------------------------------------------------------------------
 
-    def _config(self, txn_id: str | None) -> dict[str, object]:
-        config: dict[str, object] = {
-            **self.producer_config,
+    def _config(self, txn_id: str | None) -> dict[str, PropertyValue]:
+        """The producer properties the sink sets itself (``RESERVED_PROPERTIES``)."""
+        config: dict[str, PropertyValue] = {
             "acks": "all",
             "enable.idempotence": True,
         }
@@ -277,15 +269,8 @@ class KafkaSink(Operator):
         return config
 
     def _new_producer(self, txn_id: str | None) -> Any:
-        from confluent_kafka import Producer
-
-        return Producer(
-            {
-                **self._config(txn_id),
-                "bootstrap.servers": self.bootstrap_servers,
-                "on_delivery": self._on_delivery,
-            }
-        )
+        config = self.settings.config(self._config(txn_id))
+        return confluent_kafka().Producer({**config, "on_delivery": self._on_delivery})
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -306,33 +291,26 @@ class KafkaSink(Operator):
         self._raise_delivery_errors()
         if left:
             raise KafkaSinkError(
-                f"{self.name}: {left} record(s) not acknowledged by {self.bootstrap_servers} "
+                f"{self.name}: {left} record(s) not acknowledged by {self.settings.bootstrap_servers} "
                 f"within {self.operation_timeout_s:g} s"
             )
 
     def _connect(self) -> int:
         """The topic's partition count; bounded attempts to reach the broker."""
-        from confluent_kafka import KafkaException
-
         probe = self._new_producer(None)
-        last: Exception | None = None
-        for attempt in range(self.connect_attempts):
-            try:
-                metadata = probe.list_topics(timeout=self.connect_timeout_s)
-                break
-            except KafkaException as e:
-                last = e
-                if attempt + 1 < self.connect_attempts:
-                    time.sleep(min(0.2 * 2**attempt, 5.0))
-        else:
-            raise KafkaSinkError(
-                f"{self.name}: no Kafka broker at {self.bootstrap_servers} answered in "
-                f"{self.connect_attempts} attempt(s) of {self.connect_timeout_s:g} s: {last}"
-            )
+        metadata = retry_broker_call(
+            lambda: probe.list_topics(timeout=self.connect_timeout_s),
+            f"{self.name} listing topics, {self.connect_timeout_s:g} s each",
+            bootstrap_servers=self.settings.bootstrap_servers,
+            attempts=self.connect_attempts,
+            backoff_s=0.2,
+            max_backoff_s=5.0,
+        )
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None or not topic.partitions:
+            servers = self.settings.bootstrap_servers
             raise ConfigError(
-                f"{self.name}: topic {self.topic!r} does not exist on {self.bootstrap_servers}: "
+                f"{self.name}: topic {self.topic!r} does not exist on {servers}: "
                 f"create it first (the sink never creates topics)"
             )
         return len(topic.partitions)
@@ -465,12 +443,10 @@ class KafkaSink(Operator):
         )
 
     def _marker_consumer(self, subtask: int) -> Any:
-        from confluent_kafka import Consumer
-
         assert self.transactional_id_prefix is not None
-        return Consumer(
+        return confluent_kafka().Consumer(
             {
-                "bootstrap.servers": self.bootstrap_servers,
+                "bootstrap.servers": self.settings.bootstrap_servers,
                 "group.id": marker_group(
                     self.transactional_id_prefix, self._context().operator_id, subtask
                 ),
@@ -479,20 +455,16 @@ class KafkaSink(Operator):
         )
 
     def _read_marker(self, consumer: Any) -> int | None:
-        from confluent_kafka import TopicPartition
-
         (tp,) = consumer.committed(
-            [TopicPartition(self.topic, 0)], timeout=self.operation_timeout_s
+            [confluent_kafka().TopicPartition(self.topic, 0)], timeout=self.operation_timeout_s
         )
         if tp.error is not None:
             raise KafkaSinkError(f"{self.name}: cannot read the marker: {tp.error}")
         return int(tp.offset) if tp.offset >= 0 else None
 
     def _add_marker(self, producer: Any, consumer: Any, sequence: int) -> None:
-        from confluent_kafka import TopicPartition
-
         producer.send_offsets_to_transaction(
-            [TopicPartition(self.topic, 0, sequence)],
+            [confluent_kafka().TopicPartition(self.topic, 0, sequence)],
             consumer.consumer_group_metadata(),
             self.operation_timeout_s,
         )

@@ -1,5 +1,6 @@
-"""The Kafka sink's settings: the delivery guarantee, the partitioner, the producer settings it
-refuses, and the job check of exactly once (checkpointing that the transactions can fit).
+"""The Kafka sink's settings: the delivery guarantee, the partitioner, the producer properties
+it sets itself and so refuses (what every Kafka client shares is ``kafka_config``), and the job
+check of exactly once (checkpointing that the transactions can fit).
 
 The transaction timeout rule
     A transaction of checkpoint ``n`` opens at the barrier of ``n - 1`` and commits on the
@@ -15,7 +16,6 @@ The transaction timeout rule
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -88,9 +88,7 @@ class KafkaPartitioner:
         return cls("round_robin")
 
 
-# The sink sets these itself; a user value would break what it promises.
-_OWNED = {
-    "bootstrap.servers": "pass bootstrap_servers=",
+RESERVED_PROPERTIES = {
     "transactional.id": "the sink derives one per subtask from transactional_id_prefix=",
     "transaction.timeout.ms": "pass transaction_timeout_ms=",
     "enable.idempotence": "the sink enables it (and exactly once needs it)",
@@ -99,19 +97,8 @@ _OWNED = {
     "on_delivery": "the sink counts delivery errors itself and fails the task on one",
     "delivery.report.only.error": "the sink needs every delivery report",
 }
-
-
-def check_producer_config(config: Mapping[str, object]) -> dict[str, object]:
-    """The user's extra librdkafka producer settings, refusing those the sink owns."""
-    out: dict[str, object] = {}
-    for key, value in config.items():
-        if not isinstance(key, str):
-            raise InvalidArgumentError(f"producer_config keys must be strings, got {key!r:.80}")
-        fix = _OWNED.get(key)
-        if fix is not None:
-            raise InvalidArgumentError(f"producer_config must not set {key!r}: {fix}")
-        out[key] = value
-    return out
+"""The producer properties the sink sets itself, each with what to do instead
+(``bootstrap.servers`` is refused by ``KafkaClientSettings``)."""
 
 
 def required_transaction_timeout_ms(config: CheckpointConfig) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -82,6 +82,7 @@ RESERVED_PROPERTIES = {
     "enable.auto.offset.store": "offsets are committed when checkpoints complete",
     "auto.offset.reset": "give the start position as start=KafkaStart...",
     "enable.partition.eof": "the source sets it (bounded splits end at it)",
+    "on_commit": "the source counts failed offset commits itself (commits_failed)",
 }
 
 PLACEHOLDER_GROUP = "snapflow-kafka-source"
@@ -293,23 +294,11 @@ class KafkaSource(SourceOperator):
         if not tps:
             return
         lookup = _ConsumerLookup(self._consumer, self.request_timeout_s)
-        offsets = retry_broker_call(
-            lambda: resolve_start(start, tps, lookup),
-            "looking up start offsets",
-            bootstrap_servers=self.settings.bootstrap_servers,
-            attempts=self.connect_attempts,
-            backoff_s=min(1.0, self.request_timeout_s),
-        )
+        offsets = self._retry(lambda: resolve_start(start, tps, lookup), "start offsets")
         stops: dict[TopicPartition, int] = {}
         if self.stop is not None:
             stop = self.stop
-            stops = retry_broker_call(
-                lambda: resolve_stop(stop, tps, lookup),
-                "looking up stop offsets",
-                bootstrap_servers=self.settings.bootstrap_servers,
-                attempts=self.connect_attempts,
-                backoff_s=min(1.0, self.request_timeout_s),
-            )
+            stops = self._retry(lambda: resolve_stop(stop, tps, lookup), "stop offsets")
         for tp in tps:
             self._splits[tp] = KafkaSplit(tp[0], tp[1], offsets[tp], stops.get(tp))
         log.info(
@@ -317,6 +306,17 @@ class KafkaSource(SourceOperator):
             operator=self._context().operator_id,
             subtask=self._context().subtask_index,
             splits=[f"{t}-{p}@{offsets[(t, p)]}" for t, p in tps][:50],
+        )
+
+    def _retry(
+        self, lookup: Callable[[], dict[TopicPartition, int]], what: str
+    ) -> dict[TopicPartition, int]:
+        return retry_broker_call(
+            lookup,
+            f"looking up {what}",
+            bootstrap_servers=self.settings.bootstrap_servers,
+            attempts=self.connect_attempts,
+            backoff_s=min(1.0, self.request_timeout_s),
         )
 
     def _assign(self) -> None:
