@@ -164,17 +164,25 @@ def _browse(url: str, profile: Path, shot: Path, overview_shot: Path) -> dict[st
         seen["edges"] = driver.find_element(By.ID, "edges").text
         # The graph: a node per vertex in its column, an edge per job edge.
         wait.until(lambda d: "busy" in d.find_element(By.ID, "job-graph").text)
-        seen["nodes"] = {
-            n.get_attribute("data-vertex-id"): (n.get_attribute("data-layer"), n.text)
-            for n in driver.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-node")
-        }
-        seen["graph_edges"] = {
-            (e.get_attribute("data-source"), e.get_attribute("data-target")): e.text
-            for e in driver.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-edge")
-        }
-        seen["arrows"] = len(
-            driver.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-edge path[marker-end]")
-        )
+
+        # The graph is redrawn with every refresh: read it whole inside the wait, which reads
+        # again when an element went stale meanwhile.
+        def graph(d: Any) -> dict[str, Any]:
+            return {
+                "nodes": {
+                    n.get_attribute("data-vertex-id"): (n.get_attribute("data-layer"), n.text)
+                    for n in d.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-node")
+                },
+                "graph_edges": {
+                    (e.get_attribute("data-source"), e.get_attribute("data-target")): e.text
+                    for e in d.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-edge")
+                },
+                "arrows": len(
+                    d.find_elements(By.CSS_SELECTOR, "#job-graph g.graph-edge path[marker-end]")
+                ),
+            }
+
+        seen.update(wait.until(graph))
         # The layout of graphs this job does not have: two sources, a join, a diamond.
         seen["layouts"] = driver.execute_script(
             """
