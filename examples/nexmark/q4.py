@@ -51,9 +51,7 @@ FROM (SELECT MAX(B.price) AS final, A.category
 GROUP BY Q.category
 """
 FINALS = pa.schema([("id", pa.int64()), ("category", pa.int64()), ("final", pa.int64())])
-OUTPUT = pa.schema(
-    [("category", pa.int64()), ("average", pa.float64()), ("auctions", pa.int64())]
-)
+OUTPUT = pa.schema([("category", pa.int64()), ("average", pa.float64()), ("auctions", pa.int64())])
 
 
 class WinningPrices(KeyedCoBatchFunction):

@@ -51,9 +51,7 @@ OUTPUT = pa.schema([("id", pa.int64()), ("name", pa.string()), ("starttime", pa.
 class NewSellers(CoGroupFunction):
     """A window's distinct people of the key, when the key also sold in it."""
 
-    def co_group(
-        self, first: pa.RecordBatch, second: pa.RecordBatch, ctx: WindowContext
-    ) -> Any:
+    def co_group(self, first: pa.RecordBatch, second: pa.RecordBatch, ctx: WindowContext) -> Any:
         if first.num_rows == 0 or second.num_rows == 0:
             return None
         people = pa.table(first).group_by(["id", "name"], use_threads=False).aggregate([])

@@ -104,7 +104,9 @@ class WinningBids(KeyedCoBatchFunction):
         ctx.get_value_state("auction").update_many(ids, auctions)
         ctx.register_event_time_timers(ids, [a[EXPIRES] for a in auctions])
         pending = ctx.get_value_state("pending")
-        waited = [(k, a, p) for k, a, p in zip(ids, auctions, pending.get_many(ids)) if p]
+        waited = [
+            (k, a, p) for k, a, p in zip(ids, auctions, pending.get_many(ids), strict=True) if p
+        ]
         if waited:
             pending.update_many([k for k, _, _ in waited], [None] * len(waited))
             best = [
