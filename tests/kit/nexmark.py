@@ -206,13 +206,13 @@ def compare(query: ModuleType, streaming: pa.Table, batch: pa.Table) -> Comparis
 
 
 def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_decimal(t)
+    return pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_floating(t)
 
 
 def fingerprint_output(query: ModuleType, run: StreamingRun) -> dict[str, Any]:
     """A checksum of the final streaming result, read one committed file at a time: the row
-    count and, per column, the sum, minimum and maximum (numbers; decimals in thousandths) or
-    the total length, minimum and maximum (strings)."""
+    count and, per column, the sum, minimum and maximum (numbers; decimals and floating-point
+    numbers in thousandths) or the total length, minimum and maximum (strings)."""
     if getattr(query, "RESULT_KEY", None) is not None:
         return _fingerprint_tables(query, [final_result(query, run.output)])
     return _fingerprint_tables(query, _committed_tables(run.directory))
@@ -235,7 +235,10 @@ def _fingerprint_tables(query: ModuleType, tables: Iterable[pa.Table]) -> dict[s
                     wide = column.cast(pa.decimal128(30, column.type.scale))
                     column = pc.multiply(wide, pa.scalar(Decimal(1000), pa.decimal128(4, 0)))
                     column = column.cast(pa.int64())
-                x = column.to_numpy().astype(np.int64)
+                if pa.types.is_floating(column.type):  # thousandths, rounded half up (Spark's)
+                    x = np.floor(column.to_numpy() * 1000 + 0.5).astype(np.int64)
+                else:
+                    x = column.to_numpy().astype(np.int64)
                 total = int((x >> 32).sum()) * (1 << 32) + int((x & 0xFFFFFFFF).sum())
                 values = (total, int(x.min()), int(x.max())) if len(x) else (0, None, None)
             else:
@@ -263,6 +266,8 @@ def fingerprint_batch(
             c, kind = f"`{field.name}`", field.dataType.typeName()
             if kind == "decimal":
                 value = f"CAST({c} * 1000 AS BIGINT)"
+            elif kind in ("double", "float"):
+                value = f"CAST(round({c} * 1000) AS BIGINT)"
             elif kind in ("long", "integer"):
                 value = c
             else:
