@@ -52,12 +52,25 @@ class WindowContents:
     value_field: str | None = None
     """The column the operator passes as ``"v"`` (None: none)."""
 
+    _backend: KeyedStateBackend
+    _state: Any
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the backend and the state exist only while running (set in open)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_backend", "_state")}
+
     def open(self, backend: KeyedStateBackend, state_name: str) -> None:
+        self._backend = backend
+        self._state = self._create_state(backend, state_name)
+
+    def _create_state(self, backend: KeyedStateBackend, state_name: str) -> Any:
+        """The keyed state that holds the contents, named ``state_name``."""
         raise NotImplementedError
 
     @property
     def state_name(self) -> str:
-        raise NotImplementedError
+        name: str = self._state.name
+        return name
 
     def aggregations(self) -> list[Any]:
         """Arrow hash aggregations per window over ``"v"``/``"r"``; their output columns, in
@@ -122,16 +135,8 @@ class BuiltinAggContents(WindowContents):
         self.value_field = value_field if agg != "count" else None
         self._value_type: pa.DataType | None = pa.int64() if agg == "count" else None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_backend", "_state")}
-
-    def open(self, backend: KeyedStateBackend, state_name: str) -> None:
-        self._backend = backend
-        self._state = backend.get_reducing_state(state_name, BUILTIN_AGGS[self.agg][1])
-
-    @property
-    def state_name(self) -> str:
-        return self._state.name
+    def _create_state(self, backend: KeyedStateBackend, state_name: str) -> Any:
+        return backend.get_reducing_state(state_name, BUILTIN_AGGS[self.agg][1])
 
     def aggregations(self) -> list[Any]:
         if self.value_field is None:
@@ -216,16 +221,8 @@ class AggregateContents(WindowContents):
         self.value_field = value_field
         self._result_type = result_type
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_backend", "_state")}
-
-    def open(self, backend: KeyedStateBackend, state_name: str) -> None:
-        self._backend = backend
-        self._state = backend.get_value_state(state_name)
-
-    @property
-    def state_name(self) -> str:
-        return self._state.name
+    def _create_state(self, backend: KeyedStateBackend, state_name: str) -> Any:
+        return backend.get_value_state(state_name)
 
     def _accumulator(self) -> Any:
         # a copy: a snapshot may still be reading the stored one (copy on write)
@@ -285,16 +282,8 @@ class RowsContents(WindowContents):
     _backend: KeyedStateBackend
     _state: ListState[Any]
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_backend", "_state")}
-
-    def open(self, backend: KeyedStateBackend, state_name: str) -> None:
-        self._backend = backend
-        self._state = backend.get_list_state(state_name)
-
-    @property
-    def state_name(self) -> str:
-        return self._state.name
+    def _create_state(self, backend: KeyedStateBackend, state_name: str) -> Any:
+        return backend.get_list_state(state_name)
 
     def add(
         self,
