@@ -8,6 +8,15 @@ hide *aborted* records from ``read_committed`` readers, does not fence a zombie 
 does not enforce transaction timeouts; tests of those decisions check the sink's own choices,
 not the broker's (docs say which guarantees rest on the broker).
 
+It also completes a commit late: ``EndTxn`` returns at once, but the transaction's offset
+commits (the exactly-once sink's marker) are applied only once no older transaction is still
+open on a partition it wrote (its ``overlapping_transactions``). A sink whose subtasks all
+write every partition would read a stale marker on a restore (one subtask's lingering
+transaction holds another's commit back until that subtask's restore aborts it), so the
+tests' exactly-once sinks that restore give each subtask its own partition
+(``KafkaPartitioner.fixed()``). A subtask's own lingering transactions are aborted by its
+restore before it reads its marker, as on Kafka.
+
 It ignores SIGTERM, so it is stopped with SIGKILL by PID.
 """
 

@@ -51,6 +51,7 @@ from snapflow.spark_bridge import FixedDelay, JobStatus
 from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.connectors.kafka_sink import KafkaSink
 from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
+from snapflow.worker.connectors.kafka_sink_settings import KafkaPartitioner
 from snapflow.worker.connectors.kafka_sink_transactions import marker_group
 from snapflow.worker.connectors.parquet_sink import TransactionalParquetSink, read_committed_parquet
 from snapflow.worker.runtime.operator import Operator
@@ -64,7 +65,7 @@ RUN_TIMEOUT_S = 150.0
 RECORDS = 3_000
 KEYS = 20
 PARTITIONS = 3
-OUT_PARTITIONS = 2
+OUT_PARTITIONS = 3  # one per sink subtask (KafkaPartitioner.fixed(), see tests/kit/kafka_broker.py)
 BASE_MS = 1_700_000_000_000
 STEP_MS = 5  # event time of record i: BASE_MS + i * STEP_MS; 15 s, 15 windows
 WINDOW_MS = 1_000
@@ -133,6 +134,7 @@ def _kafka_sink(kafka: KafkaBroker, out: str, exactly_once: bool) -> KafkaSink:
         value=KafkaSerializer.json(["key", "window_start", "sum"]),
         guarantee="exactly_once" if exactly_once else "at_least_once",
         transactional_id_prefix=out if exactly_once else None,
+        partitioner=KafkaPartitioner.fixed(),
     )
 
 
@@ -322,6 +324,7 @@ def test_a_crash_between_completion_and_commit_loses_and_duplicates_nothing(
         value=KafkaSerializer.json(["key", "window_start", "sum"]),
         guarantee="exactly_once",
         transactional_id_prefix=kafka_topic_name,
+        partitioner=KafkaPartitioner.fixed(),
         after=3,
     )
     p = window_pipeline(kafka, topic, sink, tmp_path / "cp")

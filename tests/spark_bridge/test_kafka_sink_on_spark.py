@@ -28,6 +28,7 @@ from snapflow.spark_bridge import FixedDelay, JobStatus, Pipeline
 from snapflow.worker.api.fault_injection import FailAt
 from snapflow.worker.connectors.kafka_sink import KafkaSink
 from snapflow.worker.connectors.kafka_sink_encoding import KafkaSerializer
+from snapflow.worker.connectors.kafka_sink_settings import KafkaPartitioner
 from snapflow.worker.connectors.kafka_sink_transactions import marker_group
 from snapflow.worker.connectors.split_sources import GeneratorSource
 
@@ -57,6 +58,7 @@ def _pipeline(kafka: KafkaBroker, topic: str, storage: Path, crash: FailAt | Non
             value=KafkaSerializer.json(["key", "count"]),
             guarantee="exactly_once",
             transactional_id_prefix=topic,
+            partitioner=KafkaPartitioner.fixed(),  # one partition a subtask (kit/kafka_broker.py)
         ),
         name="kafka",
     )

@@ -36,6 +36,24 @@ def confluent_kafka() -> ModuleType:
     return module
 
 
+# librdkafka's global properties that say how to reach and authenticate to the brokers: what a
+# connector's helper client (another role than its own) takes from the user's properties.
+CONNECTION_PREFIXES = (
+    "security.",
+    "sasl.",
+    "ssl.",
+    "ssl_",
+    "enable.ssl.",
+    "socket.",
+    "client.",
+    "broker.address.",
+    "reconnect.",
+    "oauthbearer_",
+    "resolve_cb",
+    "oauth_cb",
+)
+
+
 @dataclass(frozen=True)
 class KafkaClientSettings:
     """Where the brokers are and the librdkafka properties of a connector's clients.
@@ -105,6 +123,13 @@ class KafkaClientSettings:
             raise InvalidArgumentError(f"bad Kafka {kind} settings: {_reason(exc)}") from exc
         if close:
             built.close()
+
+    def connection_config(self, extra: Mapping[str, PropertyValue]) -> dict[str, Any]:
+        """A helper client's configuration (another role than the connector's own client):
+        the brokers and only the user's connection properties (security, SASL, SSL, socket,
+        client id), not those of the connector's role."""
+        kept = {k: v for k, v in self.properties.items() if k.startswith(CONNECTION_PREFIXES)}
+        return {"bootstrap.servers": self.bootstrap_servers, **kept, **extra}
 
     def config(self, extra: Mapping[str, PropertyValue]) -> dict[str, Any]:
         """A client's configuration: the brokers, the user's properties, the connector's."""

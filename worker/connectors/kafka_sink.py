@@ -444,14 +444,10 @@ class KafkaSink(Operator):
 
     def _marker_consumer(self, subtask: int) -> Any:
         assert self.transactional_id_prefix is not None
+        group = marker_group(self.transactional_id_prefix, self._context().operator_id, subtask)
+        # Only the connection properties (brokers, security): the user's are a producer's.
         return confluent_kafka().Consumer(
-            {
-                "bootstrap.servers": self.settings.bootstrap_servers,
-                "group.id": marker_group(
-                    self.transactional_id_prefix, self._context().operator_id, subtask
-                ),
-                "enable.auto.commit": False,
-            }
+            self.settings.connection_config({"group.id": group, "enable.auto.commit": False})
         )
 
     def _read_marker(self, consumer: Any) -> int | None:

@@ -27,6 +27,30 @@ def test_callbacks_are_properties_and_bootstrap_servers_is_not() -> None:
         KafkaClientSettings("b:9092", {"linger.ms": [5]})  # type: ignore[dict-item]
 
 
+def test_a_helper_client_gets_the_connection_properties_only() -> None:
+    properties = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "u",
+        "sasl.password": "p",
+        "client.id": "c",
+        "linger.ms": 5,
+        "compression.type": "zstd",
+    }
+    settings = KafkaClientSettings("b:9092", properties)
+    config = settings.connection_config({"group.id": "g"})
+    assert config == {
+        "bootstrap.servers": "b:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "u",
+        "sasl.password": "p",
+        "client.id": "c",
+        "group.id": "g",
+    }
+    settings.check_consumer(settings.connection_config({}))  # all of them a consumer's too
+
+
 @pytest.mark.parametrize("kind", ["producer", "consumer"])
 def test_librdkafka_checks_the_properties_without_brokers(kind: str) -> None:
     settings = KafkaClientSettings("b:9092", {"no.such.property": 1})

@@ -126,18 +126,18 @@ def _read(
         consumer.close()
 
 
-def _marker(kafka: KafkaBroker, topic: str, subtask: int) -> int:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            "group.id": marker_group(topic, OPERATOR_ID, subtask),
-        }
-    )
+def kafka_marker(kafka: KafkaBroker, group: str, topic: str) -> int:
+    """The offset ``group`` committed for partition 0 of ``topic`` (-1001: none)."""
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group})
     try:
         (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=10)
         return int(tp.offset)
     finally:
         consumer.close()
+
+
+def _marker(kafka: KafkaBroker, topic: str, subtask: int) -> int:
+    return kafka_marker(kafka, marker_group(topic, OPERATOR_ID, subtask), topic)
 
 
 def _values(records: list[Record]) -> list[int]:
@@ -380,6 +380,75 @@ def test_a_restore_aborts_lingering_transactions_also_of_removed_subtasks(
         assert _values(_read(kafka, kafka_topic_name, committed=False, after=before)) == [11]
     finally:
         restored.close()
+
+
+def test_the_test_broker_applies_a_marker_once_older_transactions_on_its_partitions_end(
+    kafka: KafkaBroker, kafka_topic_name: str
+) -> None:
+    """Why the tests' exactly-once sinks that restore write one partition per subtask
+    (tests/kit/kafka_broker.py): Tansu 0.6 applies a committed transaction's offsets only
+    once no older transaction is open on a partition it wrote. Kafka applies them with the
+    commit. If this starts failing, Tansu changed; the kit's note must change with it."""
+    from confluent_kafka import Producer
+
+    kafka.create_topic(kafka_topic_name, partitions=2)
+    group, servers = f"{kafka_topic_name}-g", kafka.bootstrap_servers
+    meta = Consumer({"bootstrap.servers": servers, "group.id": group})
+    older, newer = (
+        Producer({"bootstrap.servers": servers, "transactional.id": f"{kafka_topic_name}-{i}"})
+        for i in range(2)
+    )
+    try:
+        for producer in (older, newer):
+            producer.init_transactions(10)
+        older.begin_transaction()
+        older.produce(kafka_topic_name, b"a", partition=0)
+        older.flush(10)
+        newer.begin_transaction()
+        newer.produce(kafka_topic_name, b"b", partition=0)
+        newer.send_offsets_to_transaction(
+            [TopicPartition(kafka_topic_name, 0, 7)], meta.consumer_group_metadata(), 10
+        )
+        newer.commit_transaction(10)
+        late = kafka_marker(kafka, group, kafka_topic_name)
+        older.abort_transaction(10)
+        assert (late, kafka_marker(kafka, group, kafka_topic_name)) == (-1001, 7)
+    finally:
+        meta.close()
+
+
+def test_a_restore_reads_markers_the_other_subtasks_do_not_hold_back(
+    kafka: KafkaBroker, kafka_topic_name: str, tmp_path: Path
+) -> None:
+    """Subtask 1 commits checkpoint 1 while subtask 0 (its own partition) still has open
+    transactions, then the job fails: each restore reads its own marker right and only
+    subtask 0's checkpoint-1 transaction is written again."""
+    kafka.create_topic(kafka_topic_name, partitions=2)
+    sinks, backends, handles = [], [], {}
+    for i in range(2):
+        backends.append(OperatorStateBackend())
+        sinks.append(_exactly_once(kafka, kafka_topic_name, partitioner=KafkaPartitioner.fixed()))
+        sinks[i].open(_ctx(backends[i], subtask=i, parallelism=2))
+    for i, sink in enumerate(sinks):
+        sink.process_batch(_rows([10 * i + 1]))
+        handles[i] = _checkpoint(sink, backends[i], 1, tmp_path)
+    for i, sink in enumerate(sinks):
+        sink.process_batch(_rows([10 * i + 2]))  # open transactions when the job dies
+    sinks[1].notify_checkpoint_complete(1)  # subtask 0 dies before its notice
+    written = _read(kafka, kafka_topic_name, committed=False, expect=4)
+    high = {p: max(r.offset for r in written if r.partition == p) for p in (0, 1)}
+    restored = [_restore(sinks[i], 1, handles, subtask=i, parallelism=2) for i in range(2)]
+    try:
+        assert [_marker(kafka, kafka_topic_name, i) for i in range(2)] == [1, 1]
+        again = [
+            r
+            for r in _read(kafka, kafka_topic_name, committed=False, quiet_s=1.0)
+            if r.offset > high[r.partition]
+        ]
+        assert [(r.partition, r.value) for r in again] == [(0, 1)]
+    finally:
+        for sink in restored:
+            sink.close()
 
 
 # --- bad input --------------------------------------------------------------------------------
