@@ -9,7 +9,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from snapflow.errors import InvalidArgumentError, UnavailableError
-from snapflow.worker.connectors.kafka_config import KafkaClientSettings, retry_broker_call
+from snapflow.worker.connectors.kafka_config import (
+    KafkaClientSettings,
+    PropertyValue,
+    retry_broker_call,
+)
 
 
 def test_callbacks_are_properties_and_bootstrap_servers_is_not() -> None:
@@ -28,7 +32,7 @@ def test_callbacks_are_properties_and_bootstrap_servers_is_not() -> None:
 
 
 def test_a_helper_client_gets_the_connection_properties_only() -> None:
-    properties = {
+    properties: dict[str, PropertyValue] = {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "PLAIN",
         "sasl.username": "u",
