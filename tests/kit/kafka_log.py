@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 _FETCH, _VERSION = 1, 4
 _TRANSACTIONAL, _CONTROL, _COMPRESSION = 0x10, 0x20, 0x07
 _COMMIT = 1
+_EMPTY_ANSWERS_BELOW_HIGH = 40  # about 2 s of retries before the answer counts as the end
 
 
 class LogRecord(NamedTuple):
@@ -93,8 +95,8 @@ def _recv(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _batches(answer: bytes) -> bytes:
-    """The record bytes of a one-partition Fetch v4 answer."""
+def _batches(answer: bytes) -> tuple[int, bytes]:
+    """The high watermark and the record bytes of a one-partition Fetch v4 answer."""
     r = _Reader(answer)
     r.take(">i")  # correlation id
     r.take(">i")  # throttle
@@ -105,12 +107,12 @@ def _batches(answer: bytes) -> bytes:
     error = r.take(">h")
     if error:
         raise RuntimeError(f"fetch failed with Kafka error code {error}")
-    r.take(">q")  # high watermark
+    high = r.take(">q")
     r.take(">q")  # last stable offset
     aborted = r.take(">i")
     r.raw(max(aborted, 0) * 16)
     size = r.take(">i")
-    return b"" if size < 0 else r.raw(size)
+    return high, b"" if size < 0 else r.raw(size)
 
 
 def committed_records(bootstrap_servers: str, topic: str, partitions: int) -> list[LogRecord]:
@@ -127,10 +129,10 @@ def committed_records(bootstrap_servers: str, topic: str, partitions: int) -> li
 def _partition(sock: socket.socket, topic: str, partition: int) -> list[LogRecord]:
     visible: list[LogRecord] = []
     open_txns: dict[int, _Open] = {}
-    offset, correlation = 0, 0
+    offset, correlation, empty = 0, 0, 0
     while True:
         correlation += 1
-        data = _batches(_fetch(sock, topic, partition, offset, correlation))
+        high, data = _batches(_fetch(sock, topic, partition, offset, correlation))
         r = _Reader(data)
         progressed = False
         while len(data) - r.at >= 12:
@@ -176,6 +178,13 @@ def _partition(sock: socket.socket, topic: str, partition: int) -> list[LogRecor
                 current.records.extend(records)
             else:
                 visible.extend(records)
-        if not progressed:  # (Tansu's high watermark is not exact: read until nothing comes)
-            break
+        # Tansu's high watermark is not exact (the last batch's first offset + 1), so read
+        # until nothing comes; an empty answer below it is retried (bounded), not the end.
+        if not progressed:
+            empty += 1
+            if offset >= high or empty > _EMPTY_ANSWERS_BELOW_HIGH:
+                break
+            time.sleep(0.05)
+        else:
+            empty = 0
     return sorted(visible, key=lambda rec: rec.offset)
