@@ -18,6 +18,7 @@ from kit.workers import check_exactly_once, count_graph, expected_counts, run_ag
 from snapflow.cli.main import main as cli_main
 from snapflow.coordinator import dashboard_views
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
+from snapflow.limits import MAX_COMPACTION_TRIGGER
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.api.keyed_operators import KeyedCount
@@ -78,7 +79,17 @@ def test_stats_split_state_size_into_incremental_and_shared(redis_url: str, tmp_
     reused, summed over the subtasks: the reused bytes are the sizes, in storage, of the shared
     files its handles reuse; the API, the details, the dashboard's JSON and the CLI agree."""
     out, root = tmp_path / "out", str(tmp_path / "cp")
-    config = pb.CheckpointConfig(interval_ms=100, retained=3, state_backend="rocksdb")
+    # No compaction in this run: every checkpoint adds one sorted run, and at the trigger
+    # (8 by default) a compaction rewrites them all, so the checkpoint after it reuses nothing.
+    # Whether that one is the latest would depend on how many checkpoints the run completes
+    # (a matter of timing); with the trigger at its maximum every checkpoint after the first
+    # reuses files. (Compactions between checkpoints: test_rocksdb_backend.py.)
+    config = pb.CheckpointConfig(
+        interval_ms=100,
+        retained=3,
+        state_backend="rocksdb",
+        state_backend_options=pb.StateBackendOptions(compaction_trigger=MAX_COMPACTION_TRIGGER),
+    )
 
     async def main() -> None:
         async with running_coordinator(redis_url, root) as c:
@@ -133,6 +144,7 @@ def test_stats_split_state_size_into_incremental_and_shared(redis_url: str, tmp_
             # The CLI's history and details show it.
             address = ("--address", c.address, "--timeout", "10")
             listed = await asyncio.to_thread(_cli, "checkpoints", "list", job_id, *address)
+            # "(... new)": the latest completed checkpoint reused shared files.
             assert "Incremental" in listed and "new)" in listed
             shown_cp = await asyncio.to_thread(
                 _cli, "checkpoints", "show", job_id, str(latest.checkpoint_id), *address
