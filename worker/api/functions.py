@@ -22,7 +22,7 @@ pandas conversions at the edge of a batch function in :mod:`snapflow.worker.api.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -327,6 +327,20 @@ class KeyedBatchContext(_KeyedStateAccess):
     def register_event_time_timers(self, keys: Any, timestamps: Any) -> None:
         """A timer at ``timestamps[i]`` for ``keys[i]``; ``on_timers`` gets it once the
         watermark reaches it (one timer per key and timestamp)."""
+        register = self._backend.timer_service.register_event_time_timer
+        for t in self._each_key(keys, timestamps):
+            register(t, self._namespace)
+
+    def delete_event_time_timers(self, keys: Any, timestamps: Any) -> None:
+        """Delete the timer at ``timestamps[i]`` of ``keys[i]``, if there is one (Flink's
+        ``TimerService.deleteEventTimeTimer``, for a batch): e.g. a newer record moved a
+        key's deadline."""
+        delete = self._backend.timer_service.delete_event_time_timer
+        for t in self._each_key(keys, timestamps):
+            delete(t, self._namespace)
+
+    def _each_key(self, keys: Any, timestamps: Any) -> Iterator[int]:
+        """Make each key current in turn and yield its timestamp."""
         pykeys = keys.to_pylist() if isinstance(keys, pa.Array | pa.ChunkedArray) else list(keys)
         stamps = (
             timestamps.to_pylist()
@@ -336,10 +350,10 @@ class KeyedBatchContext(_KeyedStateAccess):
         if len(pykeys) != len(stamps):
             raise StateError(f"{len(pykeys)} keys but {len(stamps)} timestamps")
         groups = self.key_groups_of(pykeys).to_pylist() if pykeys else []
-        b, ts = self._backend, self._backend.timer_service
+        b = self._backend
         for k, g, t in zip(pykeys, groups, stamps, strict=True):
             b.set_current_key(k, g)
-            ts.register_event_time_timer(int(t), self._namespace)
+            yield int(t)
 
 
 class KeyedBatchFunction(RichFunction):

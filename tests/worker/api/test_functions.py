@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pytest
 from pyspark import cloudpickle
 
-from snapflow.errors import InvalidArgumentError
+from snapflow.errors import InvalidArgumentError, StateError
 from snapflow.event_time import MAX_WATERMARK
 from snapflow.worker.api import functions
 from snapflow.worker.api.function_metrics import MetricGroup
@@ -235,6 +235,38 @@ def test_keyed_batch_function_bulk_state_and_timers() -> None:
     ]
     with pytest.raises(InvalidArgumentError, match="KeyedBatchFunction"):
         KeyedBatchProcess("k", RunningSum)  # type: ignore[arg-type]
+
+
+class Deadline(KeyedBatchFunction):
+    """A key's deadline is its last record's ts + 100: a newer record deletes the old timer
+    (bulk delete) and sets a new one; a timer fires with the key's last value."""
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> None:
+        last = ctx.get_value_state("last")
+        olds = last.get_many(ctx.keys, ctx.key_groups)
+        moved = [(k, o["ts"] + 100) for k, o in zip(ctx.keys.to_pylist(), olds, strict=True) if o]
+        ctx.delete_event_time_timers([k for k, _ in moved], [t for _, t in moved])
+        rows = batch.to_pylist()
+        last.update_many(ctx.keys, rows, ctx.key_groups)
+        ctx.register_event_time_timers(ctx.keys, [r["ts"] + 100 for r in rows])
+
+    def on_timers(self, timers: pa.RecordBatch, ctx: KeyedBatchContext) -> list[pa.RecordBatch]:
+        values = ctx.get_value_state("last").get_many(ctx.keys, ctx.key_groups)
+        return [batch([{"k": v["k"], "v": v["v"], "due": v["ts"] + 100} for v in values if v])]
+
+
+def test_keyed_batch_function_deletes_timers_in_bulk() -> None:
+    op = KeyedBatchProcess("k", Deadline())
+    op.open(keyed_ctx())
+    op.process_batch(batch([{"k": "a", "v": 1, "ts": 10}, {"k": "b", "v": 2, "ts": 20}]))
+    op.process_batch(batch([{"k": "a", "v": 3, "ts": 50}]))  # a's deadline 110 -> 150
+    assert rows_of(op.process_watermark(120)) == [{"k": "b", "v": 2, "due": 120}]
+    assert rows_of(op.process_watermark(MAX_WATERMARK)) == [{"k": "a", "v": 3, "due": 150}]
+    octx = keyed_ctx()
+    ctx = KeyedBatchContext(octx.require_keyed_state("test"), octx)
+    ctx.delete_event_time_timers(["a"], [150])  # no such timer: a no-op, not an error
+    with pytest.raises(StateError, match="1 keys but 2 timestamps"):
+        ctx.delete_event_time_timers(["a"], [1, 2])
 
 
 # ---------------------------------------------------------------------------------------------
