@@ -22,6 +22,7 @@ It ignores SIGTERM, so it is stopped with SIGKILL by PID.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -112,6 +113,9 @@ def kafka_broker() -> Iterator[KafkaBroker]:
         )
         yield KafkaBroker(bootstrap, proc.pid, log.name)
     finally:
+        # Clients nobody holds any more go first: librdkafka logs every failed reconnect of a
+        # client that outlives its broker.
+        gc.collect()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         log.close()
