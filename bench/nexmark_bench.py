@@ -31,8 +31,8 @@ Also ``nexmark_generator_events_per_s``: the generator alone on one core (bids, 
 has its backend, the load average around it, the checkpoints' median state and incremental
 sizes, and where the time of the slowest recent checkpoint went (``slowest_checkpoint``: the
 longest start delay, alignment, synchronous and asynchronous part over its subtasks). Written
-to ``bench/results/nexmark.json``, keeping the figures of the queries this run did not measure;
-a table is printed.
+to ``bench/results/nexmark.json``, keeping the figures of the queries this run did not measure
+(``sittings`` says which run measured which queries, under what load); a table is printed.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ CALIBRATION_EVENTS = 2_000_000
 TARGET_RUN_S = 25.0
 MIN_CHECKPOINTS = 20
 RESIZES = 2  # measured runs re-sized at most this often to reach MIN_CHECKPOINTS
-MIN_EVENTS, MAX_EVENTS = 2_000_000, 150_000_000
+MIN_EVENTS, MAX_EVENTS = 2_000_000, 600_000_000
 MAX_OUTPUT_ROWS = 30_000_000  # about 4 GB of q0's rows on disk: the machine's disk is shared
 RUN_TIMEOUT_S = 300.0
 CONFIG = NexmarkConfig()  # Nexmark's benchmark defaults: 10 M events per second of event time
@@ -125,6 +125,13 @@ def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) 
         "checkpoints": int(stats.counts.completed),
         "checkpoints_failed": int(stats.counts.failed),
         "checkpoint_p99_ms": float(stats.end_to_end_duration_ms.p99),
+        "checkpoint_p50_ms": float(stats.end_to_end_duration_ms.p50),
+        "checkpoint_p90_ms": float(stats.end_to_end_duration_ms.p90),
+        "recent_checkpoints_ms": {  # id -> end to end, the newest ten (the last: end of input)
+            int(c.checkpoint_id): int(c.end_to_end_duration_ms)
+            for c in stats.history
+            if c.status == pb.CHECKPOINT_STATUS_COMPLETED
+        },
         "checkpoint_state_bytes_p50": int(stats.state_size_bytes.p50),
         "checkpoint_incremental_bytes_p50": int(stats.incremental_size_bytes.p50),
         "slowest_checkpoint": slowest,
@@ -220,21 +227,28 @@ def _measure(spark: Any, tmp: Path, name: str, console: Console) -> dict[str, An
     return measured
 
 
-def _keep_other_queries(metrics: dict[str, float], runs: dict[str, Any]) -> None:
+def _keep_other_queries(
+    metrics: dict[str, float], runs: dict[str, Any], sitting: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Add the figures of the queries this run did not measure from the results file, so that
-    a run of a few queries (``QUERIES=``) replaces only theirs. Each run records its own load
-    average and backend; the file's top-level load averages and settings are this run's."""
+    a run of a few queries (``QUERIES=``) replaces only theirs; return the sittings (each
+    run's queries and load averages) with this one last and the queries it measured again
+    taken out of the earlier ones."""
     path = RESULTS_DIR / "nexmark.json"
-    if not path.exists():
-        return
-    previous = json.loads(path.read_text())
-    measured = {m.split("_")[1] for m in metrics if m.startswith("nexmark_q")}
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    measured = set(sitting["queries"])
     for key, value in previous.get("metrics", {}).items():
         if key.startswith("nexmark_q") and key.split("_")[1] not in measured:
             metrics.setdefault(key, value)
     for name, run in previous.get("runs", {}).items():
         if name not in measured:
             runs.setdefault(name, run)
+    sittings = []
+    for old in previous.get("sittings", []):
+        kept = [q for q in old["queries"] if q not in measured]
+        if kept:
+            sittings.append({**old, "queries": kept})
+    return [*sittings, sitting]
 
 
 def main() -> int:
@@ -302,13 +316,17 @@ def main() -> int:
             "yes" if metrics[f"nexmark_{name}_matches_batch"] else f"NO: {r['check']}",
         )
     console.print(table)
-    _keep_other_queries(metrics, runs)
+    sitting = {
+        "queries": names,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     path = write_results(
         "nexmark",
         metrics,
         runs=runs,
-        load_average_before=load_before,
-        load_average_after=os.getloadavg(),
+        sittings=_keep_other_queries(metrics, runs, sitting),
         settings={
             "master": MASTER,
             "parallelism": PARALLELISM,
