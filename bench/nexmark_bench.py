@@ -1,7 +1,9 @@
 """Nexmark benchmark: each query of ``examples/nexmark`` as a Snapflow job on local Spark,
 measured and checked against the same query in batch Spark SQL.
 
-Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark):
+Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark; the keyed
+state backend is the query file's ``STATE_BACKEND``, heap when it has none, unless
+``BACKEND=heap`` or ``BACKEND=rocksdb`` sets it for every query of the run):
 
 1. a calibration run (``CALIBRATION_EVENTS`` events) giving the events/s that size the next;
 2. the measured run, sized to last about ``TARGET_RUN_S`` (at least ``MIN_CHECKPOINTS``
@@ -25,12 +27,17 @@ strings), computed file by file on one side and by Spark on the other (tens of m
 compared row by row would not fit the machine; tests/nexmark compares rows exactly on fewer
 events).
 Also ``nexmark_generator_events_per_s``: the generator alone on one core (bids, batches of
-65,536 rows, events counted as the source counts them). Written to
-``bench/results/nexmark.json``; a table is printed.
+65,536 rows, events counted as the source counts them). Each query's run record also
+has its backend, the load average around it, the checkpoints' median state and incremental
+sizes, and where the time of the slowest recent checkpoint went (``slowest_checkpoint``: the
+longest start delay, alignment, synchronous and asynchronous part over its subtasks). Written
+to ``bench/results/nexmark.json``, keeping the figures of the queries this run did not measure
+(``sittings`` says which run measured which queries, under what load); a table is printed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -44,17 +51,20 @@ from kit.nexmark import (
     fingerprint_output,
     load_query,
     query_names,
+    query_state_backend,
     run_streaming,
 )
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import write_results
+from bench.common import RESULTS_DIR, write_results
 from snapflow import JobStatus, NexmarkConfig
 from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.spark_bridge.session import local_session
+from snapflow.state_backend_options import parse_state_backend
+from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.connectors.nexmark_model import generate, split_count, split_ordinals
 
@@ -65,15 +75,21 @@ CALIBRATION_EVENTS = 2_000_000
 TARGET_RUN_S = 25.0
 MIN_CHECKPOINTS = 20
 RESIZES = 2  # measured runs re-sized at most this often to reach MIN_CHECKPOINTS
-MIN_EVENTS, MAX_EVENTS = 2_000_000, 150_000_000
+MIN_EVENTS, MAX_EVENTS = 2_000_000, 600_000_000
 MAX_OUTPUT_ROWS = 30_000_000  # about 4 GB of q0's rows on disk: the machine's disk is shared
 RUN_TIMEOUT_S = 300.0
 CONFIG = NexmarkConfig()  # Nexmark's benchmark defaults: 10 M events per second of event time
 
 
+def _backend(name: str) -> str:
+    """The run's keyed state backend: ``BACKEND`` from the environment, else the query's."""
+    return parse_state_backend(os.environ.get("BACKEND") or query_state_backend(load_query(name)))
+
+
 def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) -> dict[str, Any]:
     """One run; its files (gigabytes at full size) are removed unless ``keep``."""
     query = load_query(name)
+    backend = _backend(name)
     base = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp))
     with EmbeddedCoordinator(storage_root=str(base / "root")) as coordinator:
         run = run_streaming(
@@ -86,12 +102,14 @@ def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) 
             interval_ms=INTERVAL_MS,
             timeout_s=RUN_TIMEOUT_S,
             coordinator_address=coordinator.address,
+            state_backend=backend,
         )
         client = CoordinatorClient(coordinator.address)
         try:
             stats = client.call(
                 "GetCheckpointStats", cpb.GetCheckpointStatsRequest(job_id=run.result.job_id)
             )
+            slowest = _slowest_checkpoint(client, run.result.job_id, stats)
         finally:
             client.close()
     rows = run.output.num_rows if not keep else -1  # a calibration's output is small
@@ -100,14 +118,54 @@ def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) 
     if run.result.state is not JobStatus.FINISHED:
         raise RuntimeError(f"{name}: the job ended {run.result.state.value}")
     return {
+        "state_backend": backend,
         "events": num_events,
         "duration_s": run.result.duration_s,
         "events_per_s": num_events / run.result.duration_s,
         "checkpoints": int(stats.counts.completed),
         "checkpoints_failed": int(stats.counts.failed),
         "checkpoint_p99_ms": float(stats.end_to_end_duration_ms.p99),
+        "checkpoint_p50_ms": float(stats.end_to_end_duration_ms.p50),
+        "checkpoint_p90_ms": float(stats.end_to_end_duration_ms.p90),
+        "recent_checkpoints_ms": {  # id -> end to end, the newest ten (the last: end of input)
+            int(c.checkpoint_id): int(c.end_to_end_duration_ms)
+            for c in stats.history
+            if c.status == pb.CHECKPOINT_STATUS_COMPLETED
+        },
+        "checkpoint_state_bytes_p50": int(stats.state_size_bytes.p50),
+        "checkpoint_incremental_bytes_p50": int(stats.incremental_size_bytes.p50),
+        "slowest_checkpoint": slowest,
         "run": run,
         "rows": rows,
+    }
+
+
+def _slowest_checkpoint(
+    client: CoordinatorClient, job_id: str, stats: cpb.CheckpointStats
+) -> dict[str, Any]:
+    """Where the time of the slowest completed checkpoint among the coordinator's recent
+    history (its newest ten by default: the largest state of a growing one) went: its sizes
+    and, over its subtasks, the longest start delay, alignment, synchronous and asynchronous
+    parts."""
+    done = [c for c in stats.history if c.status == pb.CHECKPOINT_STATUS_COMPLETED]
+    if not done:
+        return {}
+    worst = max(done, key=lambda c: c.end_to_end_duration_ms)
+    details = client.call(
+        "GetCheckpointDetails",
+        cpb.GetCheckpointDetailsRequest(job_id=job_id, checkpoint_id=worst.checkpoint_id),
+    )
+    metrics = [t.metrics for t in details.subtasks if t.acknowledged]
+    return {
+        "checkpoint_id": int(worst.checkpoint_id),
+        "end_to_end_ms": int(worst.end_to_end_duration_ms),
+        "state_size_bytes": int(worst.state_size_bytes),
+        "incremental_size_bytes": int(worst.incremental_size_bytes),
+        "completion_latency_ms": round(worst.completion_latency_ms, 1),
+        **{
+            f"max_{phase}_ms": max((int(getattr(m, f"{phase}_ms")) for m in metrics), default=0)
+            for phase in ("start_delay", "alignment_duration", "sync_duration", "async_duration")
+        },
     }
 
 
@@ -169,6 +227,30 @@ def _measure(spark: Any, tmp: Path, name: str, console: Console) -> dict[str, An
     return measured
 
 
+def _keep_other_queries(
+    metrics: dict[str, float], runs: dict[str, Any], sitting: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Add the figures of the queries this run did not measure from the results file, so that
+    a run of a few queries (``QUERIES=``) replaces only theirs; return the sittings (each
+    run's queries and load averages) with this one last and the queries it measured again
+    taken out of the earlier ones."""
+    path = RESULTS_DIR / "nexmark.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    measured = set(sitting["queries"])
+    for key, value in previous.get("metrics", {}).items():
+        if key.startswith("nexmark_q") and key.split("_")[1] not in measured:
+            metrics.setdefault(key, value)
+    for name, run in previous.get("runs", {}).items():
+        if name not in measured:
+            runs.setdefault(name, run)
+    sittings = []
+    for old in previous.get("sittings", []):
+        kept = [q for q in old["queries"] if q not in measured]
+        if kept:
+            sittings.append({**old, "queries": kept})
+    return [*sittings, sitting]
+
+
 def main() -> int:
     console = Console(width=150)
     configure_logging("warning")
@@ -193,7 +275,10 @@ def main() -> int:
             _run(spark, tmp, names[0], 200_000)  # warm-up: Python workers, imports, the JVM
             for name in names:
                 try:
+                    load = os.getloadavg()
                     runs[name] = _measure(spark, tmp, name, console)
+                    runs[name]["load_average_before"] = load
+                    runs[name]["load_average_after"] = os.getloadavg()
                 except Exception as e:  # one query's failure is its result, not the run's end
                     console.print(f"[red]{name}: {type(e).__name__}: {e}[/red]"[:1000])
                     metrics[f"nexmark_{name}_matches_batch"] = 0
@@ -215,12 +300,13 @@ def main() -> int:
             f"exactly-once checkpoints every {INTERVAL_MS} ms"
         )
     )
-    for column in ("query", "events", "duration s", "events/s", "events/s/core", "ckpts",
-                   "ckpt p99 ms", "matches batch"):  # fmt: skip
+    for column in ("query", "backend", "events", "duration s", "events/s", "events/s/core",
+                   "ckpts", "ckpt p99 ms", "matches batch"):  # fmt: skip
         table.add_column(column, justify="left" if column == "query" else "right")
     for name, r in runs.items():
         table.add_row(
             name,
+            r["state_backend"],
             f"{r['events']:,}",
             f"{r['duration_s']:.1f}",
             f"{r['events_per_s']:,.0f}",
@@ -230,12 +316,17 @@ def main() -> int:
             "yes" if metrics[f"nexmark_{name}_matches_batch"] else f"NO: {r['check']}",
         )
     console.print(table)
+    sitting = {
+        "queries": names,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     path = write_results(
         "nexmark",
         metrics,
         runs=runs,
-        load_average_before=load_before,
-        load_average_after=os.getloadavg(),
+        sittings=_keep_other_queries(metrics, runs, sitting),
         settings={
             "master": MASTER,
             "parallelism": PARALLELISM,

@@ -28,6 +28,7 @@ from snapflow import (
     TransactionalFileSink,
     read_committed,
 )
+from snapflow.state_backend_options import HEAP
 from snapflow.worker.connectors.committed_files import open_committed
 from snapflow.worker.connectors.file_sink import committed_files
 from snapflow.worker.connectors.nexmark_model import SCHEMAS, generate, kind_count
@@ -62,6 +63,17 @@ def load_query(name: str) -> ModuleType:
     return module
 
 
+def query_state_backend(query: ModuleType) -> str:
+    """The keyed state backend a query file chooses (``STATE_BACKEND``; default heap)."""
+    return str(getattr(query, "STATE_BACKEND", HEAP))
+
+
+def query_state_tuning(query: ModuleType) -> dict[str, Any]:
+    """The rocksdb sizing a query file chooses (``STATE_BACKEND_OPTIONS``; the heap backend
+    ignores it)."""
+    return dict(getattr(query, "STATE_BACKEND_OPTIONS", {}))
+
+
 @dataclass
 class StreamingRun:
     result: JobResult
@@ -85,10 +97,12 @@ def run_streaming(
     block_epochs: int = 1024,
     timeout_s: float = 240.0,
     coordinator_address: str | None = None,
+    state_backend: str | None = None,
 ) -> StreamingRun:
     """The query as a Snapflow job over the first ``num_events`` events: sources of its input
     kinds -> ``query(...)`` -> ``TransactionalFileSink``, aligned checkpoints every
-    ``interval_ms``."""
+    ``interval_ms``, keyed state in ``state_backend`` (``"heap"`` or ``"rocksdb"``; None:
+    the query's own choice, :func:`query_state_backend`)."""
     out = base / "out"
     p = Pipeline(f"nexmark-{query.NAME}", parallelism=parallelism)
     inputs = {
@@ -99,6 +113,7 @@ def run_streaming(
     }
     query.query(**inputs).sink(TransactionalFileSink(str(out)))
     p.checkpointing(interval_ms=interval_ms, storage=base / "cp")
+    p.state_backend(state_backend or query_state_backend(query), **query_state_tuning(query))
     p.restart_strategy(NoRestart())  # a failure is a finding here, not something to ride out
     result = p.run(spark, timeout_s=timeout_s, coordinator_address=coordinator_address)
     return StreamingRun(result, out)
