@@ -59,6 +59,8 @@ _PUBLIC: dict[str, str] = {
     "NexmarkSource": "snapflow.worker.connectors.nexmark_source",
     "NexmarkConfig": "snapflow.worker.connectors.nexmark_model",
     "nexmark_events": "snapflow.worker.connectors.nexmark_model",
+    "nexmark_pipeline": "snapflow.spark_bridge.nexmark_jobs",
+    "nexmark_main": "snapflow.spark_bridge.nexmark_jobs",
     # -- sinks, and reading what they committed
     "TwoPhaseCommitSink": "snapflow.worker.connectors.two_phase_commit",
     "TransactionalFileSink": "snapflow.worker.connectors.file_sink",
@@ -230,6 +232,8 @@ __all__ = [
     "WindowedStream",
     "from_pandas",
     "nexmark_events",
+    "nexmark_main",
+    "nexmark_pipeline",
     "read_committed",
     "read_committed_parquet",
     "source_from_dataframe",
@@ -242,6 +246,7 @@ if TYPE_CHECKING:
     from snapflow.checkpointing import CheckpointMode
     from snapflow.errors import FailedPreconditionError, InvalidArgumentError, SnapflowError
     from snapflow.spark_bridge.driver import JobHandle
+    from snapflow.spark_bridge.nexmark_jobs import nexmark_main, nexmark_pipeline
     from snapflow.spark_bridge.pipeline import Pipeline
     from snapflow.spark_bridge.restart import (
         ExponentialBackoff,

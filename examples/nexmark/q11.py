@@ -14,16 +14,11 @@ fires once the watermark passes its end, when no later bid can extend it.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pyarrow as pa
 
-from snapflow import (
-    EventTimeSessionWindows,
-    NexmarkConfig,
-    NexmarkSource,
-    Pipeline,
-    Stream,
-    TransactionalFileSink,
-)
+from snapflow import EventTimeSessionWindows, Stream, nexmark_main, nexmark_pipeline
 
 NAME = "q11"
 INPUTS = ("bid",)
@@ -46,26 +41,8 @@ def query(bid: Stream) -> Stream:
     return sessions.map_batches(named, name="q11")
 
 
-def build(
-    num_events: int, output: str, parallelism: int = 2, config: NexmarkConfig | None = None
-) -> Pipeline:
-    """The query over the first ``num_events`` Nexmark events, into exactly-once files."""
-    p = Pipeline(f"nexmark-{NAME}", parallelism=parallelism)
-    inputs = {k: p.source(NexmarkSource(k, num_events, config=config), name=k) for k in INPUTS}
-    query(**inputs).sink(TransactionalFileSink(output))
-    p.checkpointing(interval_ms=1000)
-    return p
-
-
-def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="Nexmark events (all kinds)")
-    parser.add_argument("--output", required=True, help="output directory (Arrow IPC part files)")
-    args = parser.parse_args()
-    build(args.events, args.output).execute()
-
+# build(num_events, output, parallelism=2, config=None): this query as a job of its own
+build = partial(nexmark_pipeline, NAME, INPUTS, query)
 
 if __name__ == "__main__":
-    main()
+    nexmark_main(build, __doc__)

@@ -14,11 +14,12 @@ Hours are UTC. ``count_char`` is Nexmark's Java UDF; here it is a Python functio
 from __future__ import annotations
 
 from decimal import Decimal
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapflow import NexmarkConfig, NexmarkSource, Pipeline, Stream, TransactionalFileSink
+from snapflow import Stream, nexmark_main, nexmark_pipeline
 
 NAME = "q14"
 INPUTS = ("bid",)
@@ -74,26 +75,8 @@ def query(bid: Stream) -> Stream:
     return bid.map_batches(q14, name="q14")
 
 
-def build(
-    num_events: int, output: str, parallelism: int = 2, config: NexmarkConfig | None = None
-) -> Pipeline:
-    """The query over the first ``num_events`` Nexmark events, into exactly-once files."""
-    p = Pipeline(f"nexmark-{NAME}", parallelism=parallelism)
-    inputs = {k: p.source(NexmarkSource(k, num_events, config=config), name=k) for k in INPUTS}
-    query(**inputs).sink(TransactionalFileSink(output))
-    p.checkpointing(interval_ms=1000)
-    return p
-
-
-def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="Nexmark events (all kinds)")
-    parser.add_argument("--output", required=True, help="output directory (Arrow IPC part files)")
-    args = parser.parse_args()
-    build(args.events, args.output).execute()
-
+# build(num_events, output, parallelism=2, config=None): this query as a job of its own
+build = partial(nexmark_pipeline, NAME, INPUTS, query)
 
 if __name__ == "__main__":
-    main()
+    nexmark_main(build, __doc__)

@@ -16,33 +16,19 @@ is pre-aggregated per group with Arrow, then merged into the keyed state per gro
 
 from __future__ import annotations
 
+import sys
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapflow import (
-    KeyedBatchContext,
-    KeyedBatchFunction,
-    NexmarkConfig,
-    NexmarkSource,
-    Pipeline,
-    Stream,
-    TransactionalFileSink,
-)
+from snapflow import KeyedBatchContext, KeyedBatchFunction, Stream, nexmark_main, nexmark_pipeline
 
-
-def ranks(price: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Nexmark's three price ranks: below 10,000, below 1,000,000, the rest."""
-    r1 = pc.less(price, 10_000)
-    r3 = pc.greater_equal(price, 1_000_000)
-    return r1, pc.invert(pc.or_(r1, r3)), r3
-
-
-def day_of(date_time: pa.Array) -> pa.Array:
-    """``DATE_FORMAT(dateTime, 'yyyy-MM-dd')`` in UTC."""
-    return pc.strftime(date_time.cast(pa.timestamp("ms")), format="%Y-%m-%d")
-
+# bid_statistics.py lies beside this file: importable also when the file is loaded by path
+sys.path.append(str(Path(__file__).resolve().parent))
+from bid_statistics import day_of, ranks
 
 NAME = "q17"
 INPUTS = ("bid",)
@@ -147,26 +133,8 @@ def query(bid: Stream) -> Stream:
     )
 
 
-def build(
-    num_events: int, output: str, parallelism: int = 2, config: NexmarkConfig | None = None
-) -> Pipeline:
-    """The query over the first ``num_events`` Nexmark events, into exactly-once files."""
-    p = Pipeline(f"nexmark-{NAME}", parallelism=parallelism)
-    inputs = {k: p.source(NexmarkSource(k, num_events, config=config), name=k) for k in INPUTS}
-    query(**inputs).sink(TransactionalFileSink(output))
-    p.checkpointing(interval_ms=1000)
-    return p
-
-
-def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="Nexmark events (all kinds)")
-    parser.add_argument("--output", required=True, help="output directory (Arrow IPC part files)")
-    args = parser.parse_args()
-    build(args.events, args.output).execute()
-
+# build(num_events, output, parallelism=2, config=None): this query as a job of its own
+build = partial(nexmark_pipeline, NAME, INPUTS, query)
 
 if __name__ == "__main__":
-    main()
+    nexmark_main(build, __doc__)

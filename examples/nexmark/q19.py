@@ -12,21 +12,14 @@ comparison with batch SQL is on ``auction``, ``rank_number`` and ``price`` (``CO
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapflow import (
-    KeyedBatchContext,
-    KeyedBatchFunction,
-    NexmarkConfig,
-    NexmarkSource,
-    Pipeline,
-    Stream,
-    TransactionalFileSink,
-)
+from snapflow import KeyedBatchContext, KeyedBatchFunction, Stream, nexmark_main, nexmark_pipeline
 
 NAME = "q19"
 INPUTS = ("bid",)
@@ -100,26 +93,8 @@ def query(bid: Stream) -> Stream:
     return bid.key_by("auction").process_batches(TopBids(), name="q19")
 
 
-def build(
-    num_events: int, output: str, parallelism: int = 2, config: NexmarkConfig | None = None
-) -> Pipeline:
-    """The query over the first ``num_events`` Nexmark events, into exactly-once files."""
-    p = Pipeline(f"nexmark-{NAME}", parallelism=parallelism)
-    inputs = {k: p.source(NexmarkSource(k, num_events, config=config), name=k) for k in INPUTS}
-    query(**inputs).sink(TransactionalFileSink(output))
-    p.checkpointing(interval_ms=1000)
-    return p
-
-
-def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="Nexmark events (all kinds)")
-    parser.add_argument("--output", required=True, help="output directory (Arrow IPC part files)")
-    args = parser.parse_args()
-    build(args.events, args.output).execute()
-
+# build(num_events, output, parallelism=2, config=None): this query as a job of its own
+build = partial(nexmark_pipeline, NAME, INPUTS, query)
 
 if __name__ == "__main__":
-    main()
+    nexmark_main(build, __doc__)

@@ -21,6 +21,7 @@ prices is exact in a double at these magnitudes, so the two divisions give the s
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,9 @@ from snapflow import (
     KeyedBatchFunction,
     KeyedCoBatchContext,
     KeyedCoBatchFunction,
-    NexmarkConfig,
-    NexmarkSource,
-    Pipeline,
     Stream,
-    TransactionalFileSink,
+    nexmark_main,
+    nexmark_pipeline,
 )
 
 NAME = "q4"
@@ -184,26 +183,8 @@ def query(auction: Stream, bid: Stream) -> Stream:
     return winning.key_by("category").process_batches(CategoryAverage(), name="q4")
 
 
-def build(
-    num_events: int, output: str, parallelism: int = 2, config: NexmarkConfig | None = None
-) -> Pipeline:
-    """The query over the first ``num_events`` Nexmark events, into exactly-once files."""
-    p = Pipeline(f"nexmark-{NAME}", parallelism=parallelism)
-    inputs = {k: p.source(NexmarkSource(k, num_events, config=config), name=k) for k in INPUTS}
-    query(**inputs).sink(TransactionalFileSink(output))
-    p.checkpointing(interval_ms=1000)
-    return p
-
-
-def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="Nexmark events (all kinds)")
-    parser.add_argument("--output", required=True, help="output directory (Arrow IPC part files)")
-    args = parser.parse_args()
-    build(args.events, args.output).execute()
-
+# build(num_events, output, parallelism=2, config=None): this query as a job of its own
+build = partial(nexmark_pipeline, NAME, INPUTS, query)
 
 if __name__ == "__main__":
-    main()
+    nexmark_main(build, __doc__)
