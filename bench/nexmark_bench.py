@@ -2,8 +2,7 @@
 measured and checked against the same query in batch Spark SQL.
 
 Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark; the keyed
-state backend is the query file's ``STATE_BACKEND``, heap when it has none, unless
-``BACKEND=heap`` or ``BACKEND=rocksdb`` sets it for every query of the run):
+state backend is heap unless ``BACKEND=rocksdb`` sets it for every query of the run):
 
 1. a calibration run (``CALIBRATION_EVENTS`` events) giving the events/s that size the next;
 2. the measured run, sized to last about ``TARGET_RUN_S`` (at least ``MIN_CHECKPOINTS``
@@ -51,7 +50,6 @@ from kit.nexmark import (
     fingerprint_output,
     load_query,
     query_names,
-    query_state_backend,
     run_streaming,
 )
 from rich.console import Console
@@ -63,7 +61,7 @@ from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.spark_bridge.session import local_session
-from snapflow.state_backend_options import parse_state_backend
+from snapflow.state_backend_options import HEAP, parse_state_backend
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.connectors.nexmark_model import generate, split_count, split_ordinals
@@ -82,8 +80,8 @@ CONFIG = NexmarkConfig()  # Nexmark's benchmark defaults: 10 M events per second
 
 
 def _backend(name: str) -> str:
-    """The run's keyed state backend: ``BACKEND`` from the environment, else the query's."""
-    return parse_state_backend(os.environ.get("BACKEND") or query_state_backend(load_query(name)))
+    """The run's keyed state backend: ``BACKEND`` from the environment, else heap."""
+    return parse_state_backend(os.environ.get("BACKEND") or HEAP)
 
 
 def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) -> dict[str, Any]:

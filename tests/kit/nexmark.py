@@ -63,17 +63,6 @@ def load_query(name: str) -> ModuleType:
     return module
 
 
-def query_state_backend(query: ModuleType) -> str:
-    """The keyed state backend a query file chooses (``STATE_BACKEND``; default heap)."""
-    return str(getattr(query, "STATE_BACKEND", HEAP))
-
-
-def query_state_tuning(query: ModuleType) -> dict[str, Any]:
-    """The rocksdb sizing a query file chooses (``STATE_BACKEND_OPTIONS``; the heap backend
-    ignores it)."""
-    return dict(getattr(query, "STATE_BACKEND_OPTIONS", {}))
-
-
 @dataclass
 class StreamingRun:
     result: JobResult
@@ -97,12 +86,11 @@ def run_streaming(
     block_epochs: int = 1024,
     timeout_s: float = 240.0,
     coordinator_address: str | None = None,
-    state_backend: str | None = None,
+    state_backend: str = HEAP,
 ) -> StreamingRun:
     """The query as a Snapflow job over the first ``num_events`` events: sources of its input
     kinds -> ``query(...)`` -> ``TransactionalFileSink``, aligned checkpoints every
-    ``interval_ms``, keyed state in ``state_backend`` (``"heap"`` or ``"rocksdb"``; None:
-    the query's own choice, :func:`query_state_backend`)."""
+    ``interval_ms``, keyed state in ``state_backend`` (``"heap"`` or ``"rocksdb"``)."""
     out = base / "out"
     p = Pipeline(f"nexmark-{query.NAME}", parallelism=parallelism)
     inputs = {
@@ -113,7 +101,7 @@ def run_streaming(
     }
     query.query(**inputs).sink(TransactionalFileSink(str(out)))
     p.checkpointing(interval_ms=interval_ms, storage=base / "cp")
-    p.state_backend(state_backend or query_state_backend(query), **query_state_tuning(query))
+    p.state_backend(state_backend)
     p.restart_strategy(NoRestart())  # a failure is a finding here, not something to ride out
     result = p.run(spark, timeout_s=timeout_s, coordinator_address=coordinator_address)
     return StreamingRun(result, out)
