@@ -18,10 +18,9 @@ A batch that arrives becomes a new run; runs of similar size are merged (a binar
 probe ignores rows at or below the *expiry threshold* (event time for the interval join,
 arrival time for a TTL), and runs are rewritten only once a quarter of them has expired.
 
-Checkpoints: :func:`save_buffer` writes the side's live rows into keyed value state with one
-entry per key group (entry key: the key group number, stored in that key group), so a
-snapshot holds each key group's rows in that key group's section and a rescale hands them to
-the subtask that owns the group; :func:`load_buffer` reads the restored entries back.
+Checkpoints (:mod:`snapflow.worker.api.join_checkpoint`) are incremental: the buffer keeps
+the rows added since the last checkpoint (:attr:`JoinBuffer.unsaved`) and counts its expiries,
+so that a checkpoint writes only those rows and what expiry made worth rewriting.
 """
 
 from __future__ import annotations
@@ -36,10 +35,8 @@ import pyarrow.compute as pc
 
 from snapflow.errors import InvalidArgumentError
 from snapflow.worker.state import keygroups as kgs
-from snapflow.worker.state.keyed_backend import KeyedStateBackend
-from snapflow.worker.state.keyed_state import ValueState
 
-__all__ = ["JoinBuffer", "Matches", "Run", "event_times", "key_codes", "load_buffer", "save_buffer"]
+__all__ = ["JoinBuffer", "Matches", "Run", "Unsaved", "event_times", "key_codes"]
 
 _I64 = pa.int64()
 I64_MIN = -(1 << 63)
@@ -177,6 +174,19 @@ def _filter_run(run: Run, keep: np.ndarray[Any, Any]) -> Run:
 
 
 @dataclass
+class Unsaved:
+    """Rows added since the last checkpoint, as they were added (the run's arrays are never
+    changed in place, so these references stay valid while the run is merged or filtered)."""
+
+    rows: pa.RecordBatch
+    stamps: np.ndarray[Any, Any] | None
+    expiry: np.ndarray[Any, Any]
+    """The expiry column (times, or stamps with a TTL) of ``rows``."""
+    expiries: int
+    """:attr:`JoinBuffer.expiries` when added: a later expiry applies to these rows."""
+
+
+@dataclass
 class Matches:
     """The rows of a buffer matched by probing rows: ``probe[i]`` (a row index of the probing
     batch) pairs with row ``i`` of ``rows``; in probing-row order, and per probing row in the
@@ -217,6 +227,19 @@ class JoinBuffer:
         """The latest expiry threshold (:meth:`expire`); each run keeps the one it was last
         checked against (``Run.below``): its rows at or below it never match again and are
         not snapshotted."""
+        self.expiries = 0
+        """How many times :meth:`expire` moved the threshold: rows added (or checkpointed)
+        before the latest move are expired at or below :attr:`expired_below`, later ones not
+        yet."""
+        self.unsaved: list[Unsaved] = []
+        """Rows added since the last checkpoint (taken by the checkpoint)."""
+        self.cleared = False
+        """:meth:`clear` dropped every row: the next checkpoint drops every saved one too."""
+
+    @property
+    def expiring(self) -> bool:
+        """Rows can expire (event time or a TTL); the regular join without a TTL keeps all."""
+        return self.with_stamps or self.time_field is not None
 
     def __len__(self) -> int:
         return sum(r.live for r in self.runs)
@@ -263,6 +286,7 @@ class JoinBuffer:
         (the adjacent two smallest): rows in time order expire run by run, unmerged."""
         if not len(run):
             return
+        self.unsaved.append(Unsaved(run.rows, run.stamps, self._expiry_column(run), self.expiries))
         runs = self.runs
         runs.append(run)
         if len(runs) > self.MAX_RUNS:
@@ -300,6 +324,7 @@ class JoinBuffer:
         if below <= self.expired_below:
             return
         self.expired_below = below
+        self.expiries += 1
         kept: list[Run] = []
         for run in self.runs:
             column = self._expiry_column(run)
@@ -316,6 +341,8 @@ class JoinBuffer:
 
     def clear(self) -> None:
         self.runs = []
+        self.unsaved = []
+        self.cleared = True
 
     # --- probing ---------------------------------------------------------------------------
 
@@ -388,24 +415,9 @@ class JoinBuffer:
 
     # --- checkpoints ---------------------------------------------------------------------------
 
-    def live_rows(self) -> tuple[pa.RecordBatch | None, np.ndarray[Any, Any] | None]:
-        """Every live row (and its stamp, with a TTL), in one batch; None when none."""
-        batches: list[pa.RecordBatch] = []
-        stamps: list[np.ndarray[Any, Any]] = []
-        for run in self.runs:
-            alive = self._alive(run)
-            rows = run.rows if run.live == len(run) else run.rows.filter(pa.array(alive))
-            if rows.num_rows:
-                batches.append(rows)
-                if run.stamps is not None:
-                    stamps.append(run.stamps[alive])
-        if not batches:
-            return None, None
-        rows = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-        return rows, (np.concatenate(stamps) if self.with_stamps else None)
-
     def restore(self, parts: list[tuple[pa.RecordBatch, np.ndarray[Any, Any] | None]]) -> None:
-        """Buffer the rows of restored state entries (one run)."""
+        """Buffer the rows of restored state entries (one run; already checkpointed, so not
+        :attr:`unsaved`)."""
         batches = [self.conform(rows) for rows, _ in parts if rows.num_rows]
         if not batches:
             return
@@ -420,37 +432,3 @@ class JoinBuffer:
                 ]
             )
         self.runs = [self.sorted_run(rows, self.times_of(rows), stamps)]
-
-
-def save_buffer(buffer: JoinBuffer, state: ValueState[Any], backend: KeyedStateBackend) -> None:
-    """Write ``buffer``'s live rows into ``state``: per key group of the backend, the entry
-    ``group -> (rows, stamps)`` (stamps None without a TTL), or no entry when it has none."""
-    kg_range = backend.key_group_range
-    values: dict[int, Any] = dict.fromkeys(range(kg_range.start, kg_range.end + 1))
-    rows, stamps = buffer.live_rows()
-    if rows is not None:
-        groups = kgs.key_groups(rows.column(buffer.key_field), backend.max_parallelism)
-        g = groups.to_numpy()
-        order = np.argsort(g, kind="stable")
-        sorted_g = g[order]
-        cuts = np.flatnonzero(np.diff(sorted_g)) + 1
-        bounds = [0, *cuts.tolist(), len(sorted_g)]
-        for s, e in itertools.pairwise(bounds):
-            # A take per group, not a slice of one sorted batch: pickling an Arrow slice
-            # writes its parent's whole buffers, so every group would carry all the rows.
-            picked = order[s:e]
-            values[int(sorted_g[s])] = (
-                rows.take(pa.array(picked)),
-                stamps[picked] if stamps is not None else None,
-            )
-    keys = list(values)
-    state.update_many(keys, list(values.values()), key_groups=keys)
-
-
-def load_buffer(buffer: JoinBuffer, name: str, backend: KeyedStateBackend) -> None:
-    """Buffer the restored entries of state ``name`` (every key group of the backend)."""
-    parts = []
-    for _, value in backend.entries(name):
-        rows, stamps = value
-        parts.append((rows, None if stamps is None else np.asarray(stamps, np.int64)))
-    buffer.restore(parts)

@@ -1,17 +1,20 @@
 """What the keyed two-input joins share (:mod:`snapflow.worker.api.interval_join`,
 :mod:`snapflow.worker.api.regular_join`): a :class:`~snapflow.worker.api.join_buffer.JoinBuffer`
-per input, kept in keyed state at every checkpoint (``"<operator_id>/left"`` and
-``"<operator_id>/right"``: one entry per key group, :func:`~snapflow.worker.api.join_buffer.save_buffer`),
-and the emitter that turns matched pairs into output."""
+per input, kept in keyed state incrementally (``"<operator_id>/left/chunks"`` and
+``"<operator_id>/right/chunks"``: chunks of rows per key group,
+:class:`~snapflow.worker.api.join_checkpoint.BufferCheckpoint`), and the emitter that turns
+matched pairs into output."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
 from snapflow.errors import InvalidArgumentError
-from snapflow.worker.api.join_buffer import JoinBuffer, Matches, Run, load_buffer, save_buffer
+from snapflow.worker.api.join_buffer import JoinBuffer, Matches, Run
+from snapflow.worker.api.join_checkpoint import BufferCheckpoint
 from snapflow.worker.api.join_output import PairEmitter, SelectPairs
 from snapflow.worker.runtime.operator import Operator, OperatorContext
+from snapflow.worker.state.errors import IncompatibleStateError
 
 __all__ = ["KeyedJoinOperator"]
 
@@ -21,7 +24,7 @@ SIDES = ("left", "right")
 class KeyedJoinOperator(Operator):
     """Base of the keyed joins: input 0 is the left side, input 1 the right one."""
 
-    _runtime_fields: tuple[str, ...] = ("_backend", "_buffers", "_states")
+    _runtime_fields: tuple[str, ...] = ("_backend", "_buffers", "_checkpoints")
 
     def __init__(
         self,
@@ -54,10 +57,22 @@ class KeyedJoinOperator(Operator):
                        with_stamps=self._with_stamps())
             for i in range(2)
         )  # fmt: skip
-        self._states = tuple(backend.get_value_state(ctx.state_name(s)) for s in SIDES)
+        names = [ctx.state_name(f"{side}/chunks") for side in SIDES]
+        self._checkpoints = tuple(
+            BufferCheckpoint(buffer, backend.get_value_state(name), backend)
+            for buffer, name in zip(self._buffers, names, strict=True)
+        )
         if ctx.is_restored:
-            for side, buffer in zip(SIDES, self._buffers, strict=True):
-                load_buffer(buffer, ctx.state_name(side), backend)
+            for side in SIDES:
+                if ctx.state_name(side) in backend.state_names():
+                    raise IncompatibleStateError(
+                        f"{self.name}: the snapshot holds this join's rows in the layout of "
+                        f"an earlier version (state {ctx.state_name(side)!r}: one entry per "
+                        "key group), which this version does not read; restart the job "
+                        "without it"
+                    )
+            for checkpoint, name in zip(self._checkpoints, names, strict=True):
+                checkpoint.load(name)
         self.emitter.open(ctx)
 
     def buffered(self, input_index: int) -> int:
@@ -90,8 +105,8 @@ class KeyedJoinOperator(Operator):
         return self.emitter.emit(matches.rows, rows, other_times, own_times)
 
     def snapshot_state(self, checkpoint_id: int) -> None:
-        for buffer, state in zip(self._buffers, self._states, strict=True):
-            save_buffer(buffer, state, self._backend)
+        for checkpoint in self._checkpoints:
+            checkpoint.save()
 
     def close(self) -> None:
         self.emitter.close()

@@ -416,7 +416,8 @@ def test_the_saved_buffer_holds_each_row_once() -> None:
     parent's whole buffers, so the snapshot would hold every row once per key group."""
     import pickle
 
-    from snapflow.worker.api.join_buffer import JoinBuffer, save_buffer
+    from snapflow.worker.api.join_buffer import JoinBuffer
+    from snapflow.worker.api.join_checkpoint import BufferCheckpoint
 
     backend = KeyedStateBackend.for_subtask(128, 1, 0)
     buffer = JoinBuffer("key", "ts", "test")
@@ -424,7 +425,7 @@ def test_the_saved_buffer_holds_each_row_once() -> None:
     rows = pa.RecordBatch.from_pydict({"key": list(range(n)), "ts": list(range(n)), "v": [1] * n})
     buffer.add(buffer.sorted_run(rows, buffer.times_of(rows)))
     state = backend.get_value_state("op/left")
-    save_buffer(buffer, state, backend)
+    BufferCheckpoint(buffer, state, backend).save()
     entries = list(backend.entries("op/left"))
     assert sum(rows.num_rows for _, (rows, _) in entries) == n
     blob = sum(len(pickle.dumps(rows)) for _, (rows, _) in entries)
