@@ -1,0 +1,368 @@
+"""The join buffer's incremental checkpoint (``join_checkpoint.py``), on the heap and the rocksdb
+backend: exactly which entries a checkpoint writes after adds, expiries and compaction, the
+restore of chunks and thresholds, rescales that split and merge key groups, savepoints between
+the backends, and the point of it all: a small upload for a few new rows on rocksdb."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from snapflow.checkpointing import SHARED_NEW, BarrierOptions, CheckpointKind, StateHandle
+from snapflow.worker.api.interval_join import IntervalJoinOperator
+from snapflow.worker.api.join_buffer import JoinBuffer
+from snapflow.worker.api.join_checkpoint import THRESHOLDS, BufferCheckpoint
+from snapflow.worker.runtime.operator import OperatorContext
+from snapflow.worker.state.errors import IncompatibleStateError
+from snapflow.worker.state.keyed_backend import KeyedStateBackend
+from snapflow.worker.state.keygroups import key_group_for_key
+from snapflow.worker.state.rocksdb_backend import RocksDBKeyedStateBackend
+
+MAXP = 128
+NAME = "op/left/chunks"
+
+
+class Recording:
+    """A value state that records what every ``update_many`` writes."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.writes: list[dict[Any, Any]] = []
+
+    def update_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
+        self.writes.append(dict(zip(keys, values, strict=True)))
+        self.state.update_many(keys, values, key_groups=key_groups)
+
+    def get_many(self, keys: Any, key_groups: Any = None) -> Any:
+        return self.state.get_many(keys, key_groups=key_groups)
+
+
+class Backends:
+    """Makes backends of one kind, and disposes of them."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.tmp_path = tmp_path
+        self.made: list[KeyedStateBackend] = []
+
+    def make(self, parallelism: int = 1, index: int = 0, kind: str | None = None) -> Any:
+        if (kind or self.kind) == "rocksdb":
+            b: KeyedStateBackend = RocksDBKeyedStateBackend.for_subtask(
+                MAXP, parallelism, index, name="v/keyed", local_dir=str(self.tmp_path)
+            )
+        else:
+            b = KeyedStateBackend.for_subtask(MAXP, parallelism, index, name="v/keyed")
+        self.made.append(b)
+        return b
+
+    def dispose(self) -> None:
+        for b in self.made:
+            b.dispose()
+
+
+@pytest.fixture(params=["heap", "rocksdb"])
+def backends(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backends]:
+    made = Backends(request.param, tmp_path)
+    yield made
+    made.dispose()
+
+
+def batch(keys: list[int], times: list[int], tag: str = "") -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"k": keys, "ts": times, "v": [f"{tag}{k}@{t}" for k, t in zip(keys, times, strict=True)]}
+    )
+
+
+def add(buffer: JoinBuffer, rows: pa.RecordBatch, stamps: list[int] | None = None) -> None:
+    rows = buffer.conform(rows)
+    s = None if stamps is None else np.array(stamps, np.int64)
+    buffer.add(buffer.sorted_run(rows, buffer.times_of(rows), s))
+
+
+def live(buffer: JoinBuffer) -> list[tuple[Any, ...]]:
+    """The buffer's live rows (with their stamps, with a TTL), sorted."""
+    out = []
+    for run in buffer.runs:
+        alive = buffer._alive(run)
+        for i, row in enumerate(run.rows.to_pylist()):
+            if alive[i]:
+                stamp = () if run.stamps is None else (int(run.stamps[i]),)
+                out.append((*row.values(), *stamp))
+    return sorted(out)
+
+
+def attach(backend: Any, *, time_field: str | None = "ts", stamps: bool = False) -> Any:
+    buffer = JoinBuffer("k", time_field, "test", with_stamps=stamps)
+    state = Recording(backend.get_value_state(NAME))
+    return buffer, BufferCheckpoint(buffer, cast(Any, state), backend), state
+
+
+def snapshot_all(backends: list[Any], root: Path, cid: int, savepoint: bool = False) -> Any:
+    target = str(root / "job" / f"chk-{cid}")
+    kind = CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT
+    handles: list[StateHandle] = []
+    for i, b in enumerate(backends):
+        snap = b.snapshot(cid, BarrierOptions(kind=kind, target_location=target))
+        handles += snap.write(os.path.join(target, f"v-{i}-1", "v/keyed"))
+        snap.release()
+    return handles
+
+
+def stored(backend: Any) -> dict[Any, Any]:
+    return dict(backend.entries(NAME))
+
+
+def rows_of(value: Any) -> list[Any]:
+    return sorted(r["v"] for r in value[0].to_pylist())
+
+
+def kg(key: int) -> int:
+    return key_group_for_key(key, MAXP)
+
+
+def test_a_checkpoint_writes_only_the_rows_added_since_the_last(backends: Backends) -> None:
+    backend = backends.make()
+    buffer, checkpoint, state = attach(backend)
+    keys = list(range(200))
+    add(buffer, batch(keys, [0] * 200))
+    checkpoint.save()
+    (first,) = state.writes
+    groups = {kg(k) for k in keys}
+    assert set(first) == {(g, 0) for g in groups}
+    assert sum(v[0].num_rows for v in first.values()) == 200
+    for (g, _), (rows, stamps) in first.items():
+        assert stamps is None and {kg(k) for k in rows.column("k").to_pylist()} == {g}
+    assert kg(1) != kg(2)
+    add(buffer, batch([1, 2], [1, 1], "new"))
+    checkpoint.save()
+    assert {k: rows_of(v) for k, v in state.writes[1].items()} == {
+        (kg(1), 1): ["new1@1"],
+        (kg(2), 1): ["new2@1"],
+    }
+    checkpoint.save()  # nothing changed: nothing written
+    assert len(state.writes) == 2
+    assert len(stored(backend)) == len(groups) + 2
+
+
+def test_expiry_writes_thresholds_then_compacts_a_quarter(backends: Backends) -> None:
+    backend = backends.make()
+    buffer, checkpoint, state = attach(backend)
+    g = kg(7)
+    add(buffer, batch([7] * 100, list(range(100))))
+    checkpoint.save()
+    buffer.expire(9)  # 10 of 100 expired: below a quarter, the chunk stays
+    checkpoint.save()
+    assert state.writes[-1] == {(g, THRESHOLDS): {0: 9}}
+    buffer.expire(9)
+    checkpoint.save()
+    assert len(state.writes) == 2  # no new expiry: nothing written
+    buffer.expire(23)  # 24 expired: thresholds only
+    checkpoint.save()
+    assert state.writes[-1] == {(g, THRESHOLDS): {0: 23}}
+    buffer.expire(24)  # 25 of 100: a quarter, the group is rewritten
+    checkpoint.save()
+    last = state.writes[-1]
+    assert set(last) == {(g, 0), (g, 1), (g, THRESHOLDS)}
+    assert last[(g, 0)] is None and last[(g, THRESHOLDS)] is None
+    assert rows_of(last[(g, 1)]) == sorted(f"7@{t}" for t in range(25, 100))
+    assert set(stored(backend)) == {(g, 1)}
+    buffer.expire(1000)  # every row expired: every entry deleted
+    checkpoint.save()
+    assert state.writes[-1] == {(g, 1): None}
+    assert stored(backend) == {}
+
+
+def test_rows_added_and_expired_between_checkpoints_are_never_written(
+    backends: Backends,
+) -> None:
+    backend = backends.make()
+    buffer, checkpoint, state = attach(backend)
+    add(buffer, batch([7] * 10, list(range(10))))
+    buffer.expire(4)
+    add(buffer, batch([7], [2], "at"))  # arrives at/below the threshold: stays until the next
+    checkpoint.save()
+    (write,) = state.writes
+    assert rows_of(write[(kg(7), 0)]) == ["7@5", "7@6", "7@7", "7@8", "7@9", "at7@2"]
+    assert (kg(7), THRESHOLDS) not in write
+
+
+def test_a_restore_buffers_exactly_the_live_rows_and_numbers_on(
+    backends: Backends, tmp_path: Path
+) -> None:
+    backend = backends.make()
+    buffer, checkpoint, _ = attach(backend)
+    g = kg(7)
+    add(buffer, batch([7] * 20 + [8] * 4, list(range(20)) + [0, 1, 2, 3]))
+    checkpoint.save()
+    buffer.expire(2)  # 3 of 7's 20 rows and 3 of 8's 4 rows: 8's group is compacted
+    add(buffer, batch([7], [1], "at"))  # at/below the threshold: live
+    checkpoint.save()
+    assert stored(backend)[(g, THRESHOLDS)] == {0: 2}
+    handles = snapshot_all([backend], tmp_path / "a", 1)
+    expected = live(buffer)
+    values = [r[2] for r in expected]
+    assert "at7@1" in values and "7@2" not in values and "8@3" in values
+
+    again = backends.make()
+    again.restore(handles)
+    buffer2, checkpoint2, state2 = attach(again)
+    checkpoint2.load(NAME)
+    assert live(buffer2) == expected
+    assert buffer2.unsaved == []
+    checkpoint2.save()
+    assert state2.writes == []  # restored as it was saved: nothing to write
+    add(buffer2, batch([7], [50], "new"))
+    buffer2.expire(3)  # applies to every restored row: 7@3, at7@1 and 8@3
+    checkpoint2.save()
+    assert state2.writes[0].pop((kg(8), 1)) is None  # 8's last row expired: entry deleted
+    assert {k: (rows_of(v) if k[1] != THRESHOLDS else v) for k, v in state2.writes[0].items()} == {
+        (g, 2): ["new7@50"],
+        (g, THRESHOLDS): {0: 3, 1: 1},
+    }
+    values = [r[2] for r in live(buffer2)]
+    assert "at7@1" not in values and "7@3" not in values and "7@4" in values
+
+
+def test_a_ttl_keeps_the_arrival_stamps(backends: Backends, tmp_path: Path) -> None:
+    backend = backends.make()
+    buffer, checkpoint, _ = attach(backend, time_field=None, stamps=True)
+    add(buffer, batch([1, 2, 3], [0, 0, 0]), [100, 100, 100])
+    add(buffer, batch([1, 4], [0, 0]), [200, 200])
+    checkpoint.save()
+    buffer.expire(150)
+    checkpoint.save()
+    expected = live(buffer)
+    assert [r[-1] for r in expected] == [200, 200]
+    again = backends.make()
+    again.restore(snapshot_all([backend], tmp_path / "a", 1))
+    buffer2, checkpoint2, _ = attach(again, time_field=None, stamps=True)
+    checkpoint2.load(NAME)
+    assert live(buffer2) == expected
+
+
+def test_clear_deletes_every_entry(backends: Backends) -> None:
+    backend = backends.make()
+    buffer, checkpoint, _ = attach(backend)
+    add(buffer, batch(list(range(50)), [5] * 50))
+    checkpoint.save()
+    buffer.expire(1)
+    add(buffer, batch([1, 2], [6, 6]))
+    buffer.clear()
+    checkpoint.save()
+    assert stored(backend) == {}
+
+
+def test_a_join_without_expiry_merges_chunks_beyond_the_cap(
+    backends: Backends, tmp_path: Path
+) -> None:
+    backend = backends.make()
+    buffer, checkpoint, _ = attach(backend, time_field=None)
+    for i in range(BufferCheckpoint.MAX_CHUNKS + 9):
+        add(buffer, batch([3], [0], f"r{i:02}-"))
+        checkpoint.save()
+    entries = stored(backend)
+    assert len(entries) == BufferCheckpoint.MAX_CHUNKS
+    assert sum(v[0].num_rows for v in entries.values()) == BufferCheckpoint.MAX_CHUNKS + 9
+    again = backends.make()
+    again.restore(snapshot_all([backend], tmp_path / "a", 1))
+    buffer2, checkpoint2, _ = attach(again, time_field=None)
+    checkpoint2.load(NAME)
+    assert live(buffer2) == live(buffer)
+
+
+def _fill(buffers: list[Any], backends_: list[Any], keys: list[int], times: list[int]) -> None:
+    for (buffer, _, _), b in zip(buffers, backends_, strict=True):
+        mine = [i for i, k in enumerate(keys) if kg(k) in b.key_group_range]
+        if mine:
+            add(buffer, batch([keys[i] for i in mine], [times[i] for i in mine]))
+
+
+@pytest.mark.parametrize("savepoint", [False, True], ids=["checkpoint", "savepoint"])
+def test_rescale_splits_and_merges_key_groups(
+    backends: Backends, tmp_path: Path, savepoint: bool
+) -> None:
+    keys = list(range(300))
+    two = [backends.make(2, i) for i in range(2)]
+    bufs = [attach(b) for b in two]
+    _fill(bufs, two, keys, [k % 40 for k in keys])
+    for buffer, checkpoint, _ in bufs:
+        checkpoint.save()
+    _fill(bufs, two, keys[:100], [50] * 100)
+    for i, ((buffer, checkpoint, _), b) in enumerate(zip(bufs, two, strict=True)):
+        buffer.expire(10 + 5 * i)  # the subtasks' thresholds differ
+        mine = next(k for k in keys if kg(k) in b.key_group_range)
+        add(buffer, batch([mine], [3], "at"))  # at/below the threshold: live
+        checkpoint.save()
+    expected = sorted(r for buffer, _, _ in bufs for r in live(buffer))
+    handles = snapshot_all(two, tmp_path / "a", 1, savepoint)
+
+    three = [backends.make(3, i) for i in range(3)]
+    for b in three:
+        b.restore(handles)
+    bufs3 = [attach(b) for b in three]
+    for (buffer, checkpoint, _), b in zip(bufs3, three, strict=True):
+        checkpoint.load(NAME)
+        assert all(kg(r[0]) in b.key_group_range for r in live(buffer))
+    assert sorted(r for buffer, _, _ in bufs3 for r in live(buffer)) == expected
+    _fill(bufs3, three, [5, 6, 7], [60, 60, 60])
+    for _, checkpoint, _ in bufs3:
+        checkpoint.save()
+    handles = snapshot_all(three, tmp_path / "b", 2, savepoint)
+
+    # back to one subtask, on the other backend when the snapshot is a savepoint
+    other = ("heap" if backends.kind == "rocksdb" else "rocksdb") if savepoint else None
+    one = backends.make(kind=other)
+    one.restore(handles)
+    buffer1, checkpoint1, state1 = attach(one)
+    checkpoint1.load(NAME)
+    assert live(buffer1) == sorted(r for buffer, _, _ in bufs3 for r in live(buffer))
+    add(buffer1, batch([5], [70], "n"))
+    checkpoint1.save()
+    (write,) = state1.writes
+    numbers = [n for g, n in stored(one) if g == kg(5) and n != THRESHOLDS]
+    assert list(write) == [(kg(5), max(numbers))]  # a new chunk number, no entry overwritten
+    assert len(numbers) == len(set(numbers)) > 1
+
+
+def test_a_snapshot_of_the_earlier_layout_is_refused_clearly(tmp_path: Path) -> None:
+    backend = KeyedStateBackend(MAXP, (0, MAXP - 1))
+    backend.get_value_state("j/left").update_many([kg(1)], [(batch([1], [1]), None)], [kg(1)])
+    handles = snapshot_all([backend], tmp_path, 1)
+    restored = KeyedStateBackend(MAXP, (0, MAXP - 1))
+    restored.restore(handles)
+    op = IntervalJoinOperator("k", "k", "ts", "ts", -1, 1)
+    with pytest.raises(IncompatibleStateError, match="earlier version"):
+        op.open(OperatorContext(operator_id="j", keyed_state=restored, restored_checkpoint_id=1))
+
+
+def test_on_rocksdb_a_few_new_rows_upload_a_small_fraction(tmp_path: Path) -> None:
+    """The point of the chunks: after a first checkpoint of a large buffer, a checkpoint after
+    a few more rows uploads about those rows, not the whole buffer again."""
+    backend = RocksDBKeyedStateBackend(MAXP, (0, MAXP - 1), name="v/keyed", local_dir=str(tmp_path))
+    try:
+        buffer, checkpoint, _ = attach(backend)
+        n = 100_000
+        rng = np.random.default_rng(3)
+        add(buffer, batch(rng.integers(0, 10_000, n).tolist(), rng.integers(0, 1000, n).tolist()))
+        checkpoint.save()
+
+        def upload(cid: int) -> int:
+            handles = snapshot_all([backend], tmp_path / "cp", cid)
+            backend.notify_checkpoint_complete(cid)
+            return sum(h.size_bytes for h in handles if h.kind == SHARED_NEW)
+
+        first = upload(1)
+        add(buffer, batch(list(range(100)), [2000] * 100))
+        buffer.expire(10)  # about 1 % expired: thresholds entries, no rewrite
+        checkpoint.save()
+        second = upload(2)
+        assert first > 1_000_000
+        assert 0 < second < first / 20
+    finally:
+        backend.dispose()
