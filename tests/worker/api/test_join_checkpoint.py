@@ -198,7 +198,7 @@ def test_a_restore_buffers_exactly_the_live_rows_and_numbers_on(
     backend = backends.make()
     buffer, checkpoint, _ = attach(backend)
     g = kg(7)
-    add(buffer, batch([7] * 20 + [8] * 4, list(range(20)) + [0, 1, 2, 3]))
+    add(buffer, batch([7] * 20 + [8] * 4, [*range(20), 0, 1, 2, 3]))
     checkpoint.save()
     buffer.expire(2)  # 3 of 7's 20 rows and 3 of 8's 4 rows: 8's group is compacted
     add(buffer, batch([7], [1], "at"))  # at/below the threshold: live
@@ -291,7 +291,7 @@ def test_rescale_splits_and_merges_key_groups(
     two = [backends.make(2, i) for i in range(2)]
     bufs = [attach(b) for b in two]
     _fill(bufs, two, keys, [k % 40 for k in keys])
-    for buffer, checkpoint, _ in bufs:
+    for _, checkpoint, _ in bufs:
         checkpoint.save()
     _fill(bufs, two, keys[:100], [50] * 100)
     for i, ((buffer, checkpoint, _), b) in enumerate(zip(bufs, two, strict=True)):
