@@ -215,7 +215,7 @@ def _measure(spark: Any, tmp: Path, name: str, console: Console) -> dict[str, An
     started = time.monotonic()
     query = load_query(name)
     check = compare_fingerprints(
-        fingerprint_output(query, run), fingerprint_batch(spark, query, events, CONFIG)
+        query, fingerprint_output(query, run), fingerprint_batch(spark, query, events, CONFIG)
     )
     shutil.rmtree(run.directory.parent, ignore_errors=True)
     measured["output_rows"] = check.streaming_rows

@@ -8,7 +8,8 @@
 An updating result, as Flink's (which retracts the previous last bid): each batch emits, per
 (bidder, auction) it touched, its newest bid if no newer one was emitted before; the final row
 of a pair is its newest (``VERSION``: ``dateTime``; of two bids in the same millisecond the
-later one wins, where ROW_NUMBER would pick either).
+later one wins, where ROW_NUMBER would pick either, so the comparison with batch SQL is on
+``auction``, ``bidder`` and ``dateTime``: ``COMPARE``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ NAME = "q18"
 INPUTS = ("bid",)
 RESULT_KEY = ("bidder", "auction")
 VERSION = "dateTime"
+COMPARE = ["auction", "bidder", "dateTime"]
 COLUMNS = ["auction", "bidder", "price", "channel", "url", "dateTime", "extra"]
 SPARK_SQL = """
 SELECT auction, bidder, price, channel, url, unix_millis(dateTime) AS dateTime, extra

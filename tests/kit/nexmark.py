@@ -293,9 +293,14 @@ def fingerprint_batch(
     return acc
 
 
-def compare_fingerprints(streaming: dict[str, Any], batch: dict[str, Any]) -> Comparison:
-    """Equal over the batch result's columns (as :func:`compare`: a streaming result may
-    carry more, e.g. an updating result's version)."""
-    same = {k: streaming.get(k) for k in batch} == batch
+def compare_fingerprints(
+    query: ModuleType, streaming: dict[str, Any], batch: dict[str, Any]
+) -> Comparison:
+    """Equal over the row count and ``query.COMPARE`` (default: the batch result's columns),
+    as :func:`compare`: a streaming result may carry more (e.g. an updating result's
+    version), and a query whose SQL picks either of tied rows compares what ties decide."""
+    columns = ["rows", *(getattr(query, "COMPARE", None) or [k for k in batch if k != "rows"])]
+    batch = {k: batch.get(k) for k in columns}
+    same = {k: streaming.get(k) for k in columns} == batch
     detail = "" if same else f"streaming {streaming} != batch {batch}"[:2000]
     return Comparison(same, int(streaming["rows"]), int(batch["rows"]), detail)
