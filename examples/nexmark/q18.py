@@ -6,10 +6,10 @@
     WHERE rank_number <= 1
 
 An updating result, as Flink's (which retracts the previous last bid): each batch emits, per
-(bidder, auction) it touched, its newest bid if no newer one was emitted before; the final row
-of a pair is its newest (``VERSION``: ``dateTime``; of two bids in the same millisecond the
-later one wins, where ROW_NUMBER would pick either, so the comparison with batch SQL is on
-``auction``, ``bidder`` and ``dateTime``: ``COMPARE``).
+(bidder, auction) it touched, its newest bid if no newer one was emitted before, with the
+pair's bids so far (``bids_seen``, the ``VERSION``: a pair's final row is its last one). Of two
+bids in the same millisecond the later one wins, where ROW_NUMBER would pick either, so the
+comparison with batch SQL is on ``auction``, ``bidder`` and ``dateTime`` (``COMPARE``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -25,7 +26,7 @@ from snapflow import KeyedBatchContext, KeyedBatchFunction, Stream, nexmark_main
 NAME = "q18"
 INPUTS = ("bid",)
 RESULT_KEY = ("bidder", "auction")
-VERSION = "dateTime"
+VERSION = "bids_seen"
 COMPARE = ["auction", "bidder", "dateTime"]
 COLUMNS = ["auction", "bidder", "price", "channel", "url", "dateTime", "extra"]
 SPARK_SQL = """
@@ -42,7 +43,7 @@ def with_pair(b: pa.RecordBatch) -> pa.RecordBatch:
 
 
 class LastBid(KeyedBatchFunction):
-    """Per pair, the time of the newest bid emitted (value state)."""
+    """Per pair, ``(time of the newest bid emitted, bids seen)`` (value state)."""
 
     def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> Any:
         if batch.num_rows == 0:
@@ -52,16 +53,26 @@ class LastBid(KeyedBatchFunction):
         t = t.sort_by([("pair", "ascending"), ("dateTime", "ascending"), ("row", "ascending")])
         pair = t["pair"].combine_chunks()
         last = pc.not_equal(pair.slice(0, len(pair) - 1), pair.slice(1))
-        newest = t.filter(pa.concat_arrays([last, pa.array([True])]))
+        ends = pa.concat_arrays([last, pa.array([True])])
+        # A pair's bids in the batch: the distance between the ends of consecutive runs.
+        at = np.flatnonzero(ends.to_numpy(zero_copy_only=False))
+        counts = np.diff(at, prepend=-1).tolist()
+        newest = t.filter(ends)
         state = ctx.get_value_state("newest")
         keys = newest["pair"].combine_chunks()
         times = newest["dateTime"].to_pylist()
-        seen = state.get_many(keys)
-        keep = [old is None or time >= old for old, time in zip(seen, times, strict=True)]
+        olds = [o if o is not None else (None, 0) for o in state.get_many(keys)]
+        keep = [o is None or time >= o for (o, _), time in zip(olds, times, strict=True)]
+        seen = [n + c for (_, n), c in zip(olds, counts, strict=True)]
         state.update_many(
-            keys, [max(t, o) if o is not None else t for t, o in zip(times, seen, strict=True)]
+            keys,
+            [
+                (time if o is None else max(time, o), n)
+                for (o, _), time, n in zip(olds, times, seen, strict=True)
+            ],
         )
-        return newest.filter(pa.array(keep, pa.bool_())).select(COLUMNS)
+        rows = newest.select(COLUMNS).append_column("bids_seen", pa.array(seen, pa.int64()))
+        return rows.filter(pa.array(keep, pa.bool_()))
 
 
 def query(bid: Stream) -> Stream:
