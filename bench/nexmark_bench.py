@@ -1,8 +1,9 @@
 """Nexmark benchmark: each query of ``examples/nexmark`` as a Snapflow job on local Spark,
 measured and checked against the same query in batch Spark SQL.
 
-Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark; the keyed
-state backend is heap unless ``BACKEND=rocksdb`` sets it for every query of the run):
+Per query (``QUERIES=q0,q5`` selects; default: every query of examples/nexmark; keyed state
+in RocksDB with incremental checkpoints, as Flink's Nexmark setup keeps it, unless
+``BACKEND=heap`` sets the heap backend for every query of the run):
 
 1. a calibration run (``CALIBRATION_EVENTS`` events) giving the events/s that size the next;
 2. the measured run, sized to last about ``TARGET_RUN_S`` (at least ``MIN_CHECKPOINTS``
@@ -61,7 +62,7 @@ from snapflow.coordinator.embedded import EmbeddedCoordinator
 from snapflow.logging import configure_logging
 from snapflow.spark_bridge.coordinator_client import CoordinatorClient
 from snapflow.spark_bridge.session import local_session
-from snapflow.state_backend_options import HEAP, parse_state_backend
+from snapflow.state_backend_options import ROCKSDB, parse_state_backend
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.worker.connectors.nexmark_model import generate, split_count, split_ordinals
@@ -80,8 +81,8 @@ CONFIG = NexmarkConfig()  # Nexmark's benchmark defaults: 10 M events per second
 
 
 def _backend(name: str) -> str:
-    """The run's keyed state backend: ``BACKEND`` from the environment, else heap."""
-    return parse_state_backend(os.environ.get("BACKEND") or HEAP)
+    """The run's keyed state backend: ``BACKEND`` from the environment, else rocksdb."""
+    return parse_state_backend(os.environ.get("BACKEND") or ROCKSDB)
 
 
 def _run(spark: Any, tmp: Path, name: str, num_events: int, keep: bool = False) -> dict[str, Any]:
