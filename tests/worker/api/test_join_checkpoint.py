@@ -5,7 +5,6 @@ the backends, and the point of it all: a small upload for a few new rows on rock
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -13,8 +12,9 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 import pytest
+from kit.keyed_snapshots import snapshot_backends
 
-from snapflow.checkpointing import SHARED_NEW, BarrierOptions, CheckpointKind, StateHandle
+from snapflow.checkpointing import SHARED_NEW
 from snapflow.worker.api.interval_join import IntervalJoinOperator
 from snapflow.worker.api.join_buffer import JoinBuffer
 from snapflow.worker.api.join_checkpoint import THRESHOLDS, BufferCheckpoint
@@ -101,17 +101,6 @@ def attach(backend: Any, *, time_field: str | None = "ts", stamps: bool = False)
     buffer = JoinBuffer("k", time_field, "test", with_stamps=stamps)
     state = Recording(backend.get_value_state(NAME))
     return buffer, BufferCheckpoint(buffer, cast(Any, state), backend), state
-
-
-def snapshot_all(backends: list[Any], root: Path, cid: int, savepoint: bool = False) -> Any:
-    target = str(root / "job" / f"chk-{cid}")
-    kind = CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT
-    handles: list[StateHandle] = []
-    for i, b in enumerate(backends):
-        snap = b.snapshot(cid, BarrierOptions(kind=kind, target_location=target))
-        handles += snap.write(os.path.join(target, f"v-{i}-1", "v/keyed"))
-        snap.release()
-    return handles
 
 
 def stored(backend: Any) -> dict[Any, Any]:
@@ -204,7 +193,7 @@ def test_a_restore_buffers_exactly_the_live_rows_and_numbers_on(
     add(buffer, batch([7], [1], "at"))  # at/below the threshold: live
     checkpoint.save()
     assert stored(backend)[(g, THRESHOLDS)] == {0: 2}
-    handles = snapshot_all([backend], tmp_path / "a", 1)
+    handles = snapshot_backends([backend], tmp_path / "a", 1)
     expected = live(buffer)
     values = [r[2] for r in expected]
     assert "at7@1" in values and "7@2" not in values and "8@3" in values
@@ -240,7 +229,7 @@ def test_a_ttl_keeps_the_arrival_stamps(backends: Backends, tmp_path: Path) -> N
     expected = live(buffer)
     assert [r[-1] for r in expected] == [200, 200]
     again = backends.make()
-    again.restore(snapshot_all([backend], tmp_path / "a", 1))
+    again.restore(snapshot_backends([backend], tmp_path / "a", 1))
     buffer2, checkpoint2, _ = attach(again, time_field=None, stamps=True)
     checkpoint2.load(NAME)
     assert live(buffer2) == expected
@@ -270,7 +259,7 @@ def test_a_join_without_expiry_merges_chunks_beyond_the_cap(
     assert len(entries) == BufferCheckpoint.MAX_CHUNKS
     assert sum(v[0].num_rows for v in entries.values()) == BufferCheckpoint.MAX_CHUNKS + 9
     again = backends.make()
-    again.restore(snapshot_all([backend], tmp_path / "a", 1))
+    again.restore(snapshot_backends([backend], tmp_path / "a", 1))
     buffer2, checkpoint2, _ = attach(again, time_field=None)
     checkpoint2.load(NAME)
     assert live(buffer2) == live(buffer)
@@ -300,7 +289,7 @@ def test_rescale_splits_and_merges_key_groups(
         add(buffer, batch([mine], [3], "at"))  # at/below the threshold: live
         checkpoint.save()
     expected = sorted(r for buffer, _, _ in bufs for r in live(buffer))
-    handles = snapshot_all(two, tmp_path / "a", 1, savepoint)
+    handles = snapshot_backends(two, tmp_path / "a", 1, savepoint)
 
     three = [backends.make(3, i) for i in range(3)]
     for b in three:
@@ -313,7 +302,7 @@ def test_rescale_splits_and_merges_key_groups(
     _fill(bufs3, three, [5, 6, 7], [60, 60, 60])
     for _, checkpoint, _ in bufs3:
         checkpoint.save()
-    handles = snapshot_all(three, tmp_path / "b", 2, savepoint)
+    handles = snapshot_backends(three, tmp_path / "b", 2, savepoint)
 
     # back to one subtask, on the other backend when the snapshot is a savepoint
     other = ("heap" if backends.kind == "rocksdb" else "rocksdb") if savepoint else None
@@ -333,7 +322,7 @@ def test_rescale_splits_and_merges_key_groups(
 def test_a_snapshot_of_the_earlier_layout_is_refused_clearly(tmp_path: Path) -> None:
     backend = KeyedStateBackend(MAXP, (0, MAXP - 1))
     backend.get_value_state("j/left").update_many([kg(1)], [(batch([1], [1]), None)], [kg(1)])
-    handles = snapshot_all([backend], tmp_path, 1)
+    handles = snapshot_backends([backend], tmp_path, 1)
     restored = KeyedStateBackend(MAXP, (0, MAXP - 1))
     restored.restore(handles)
     op = IntervalJoinOperator("k", "k", "ts", "ts", -1, 1)
@@ -353,7 +342,7 @@ def test_on_rocksdb_a_few_new_rows_upload_a_small_fraction(tmp_path: Path) -> No
         checkpoint.save()
 
         def upload(cid: int) -> int:
-            handles = snapshot_all([backend], tmp_path / "cp", cid)
+            handles = snapshot_backends([backend], tmp_path / "cp", cid)
             backend.notify_checkpoint_complete(cid)
             return sum(h.size_bytes for h in handles if h.kind == SHARED_NEW)
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from kit.keyed_snapshots import snapshot_backends
 
 from snapflow.checkpointing import (
     INCREMENTAL,
     SHARED,
     SHARED_NEW,
     BarrierOptions,
-    CheckpointKind,
     StateHandle,
 )
 from snapflow.coordinator import shared_state as coordinator_shared
@@ -220,19 +220,6 @@ def _subtask_backends(tmp_path: Path, parallelism: int) -> list[RocksDBKeyedStat
     ]
 
 
-def _checkpoint_all(
-    backends: list[Any], root: Path, cid: int, savepoint: bool = False
-) -> list[StateHandle]:
-    target = str(root / "job" / f"chk-{cid}")
-    kind = CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT
-    handles: list[StateHandle] = []
-    for i, b in enumerate(backends):
-        snap = b.snapshot(cid, BarrierOptions(kind=kind, target_location=target))
-        handles += snap.write(os.path.join(target, f"v-{i}-1", "v/keyed"))
-        snap.release()
-    return handles
-
-
 @pytest.mark.parametrize("savepoints", [False, True], ids=["incremental", "savepoint"])
 def test_rescale_2_3_1_keeps_every_key_exactly_once(tmp_path: Path, savepoints: bool) -> None:
     keys = [f"key-{i}" for i in range(3000)]
@@ -245,11 +232,11 @@ def test_rescale_2_3_1_keeps_every_key_exactly_once(tmp_path: Path, savepoints: 
         for k in mine[:50]:
             b.set_current_key(k)
             b.get_map_state("seen").put("first", k)
-    handles = _checkpoint_all(two, tmp_path / "a", 1, savepoints)
+    handles = snapshot_backends(two, tmp_path / "a", 1, savepoints)
     three = _subtask_backends(tmp_path, 3)
     for b in three:
         b.restore(handles)
-    handles = _checkpoint_all(three, tmp_path / "b", 2, savepoints)
+    handles = snapshot_backends(three, tmp_path / "b", 2, savepoints)
     one = _subtask_backends(tmp_path, 1)
     one[0].restore(handles)
     try:
@@ -278,11 +265,11 @@ def test_savepoints_move_between_heap_and_disk_at_another_parallelism(tmp_path: 
             b.get_list_state("l").add_all([k, k])
             b.get_map_state("m").put_all({"a": k})
             b.timer_service.register_event_time_timer(k)
-    heap_handles = _checkpoint_all(heaps, tmp_path / "h", 1, savepoint=True)
+    heap_handles = snapshot_backends(heaps, tmp_path / "h", 1, savepoint=True)
     disks = _subtask_backends(tmp_path, 3)
     for b in disks:
         b.restore(heap_handles)
-    disk_handles = _checkpoint_all(disks, tmp_path / "d", 2, savepoint=True)
+    disk_handles = snapshot_backends(disks, tmp_path / "d", 2, savepoint=True)
     assert {h.kind for h in disk_handles} == {"keyed", "timers"}  # canonical, self-contained
     back = KeyedStateBackend(MAXP, (0, MAXP - 1))
     back.restore(disk_handles)
@@ -327,7 +314,7 @@ def test_a_missing_or_corrupt_shared_file_is_named(
     rocks: RocksDBKeyedStateBackend, tmp_path: Path, damage: str
 ) -> None:
     rocks.get_reducing_state("count", operator.add).add_many(range(500), [1] * 500)
-    handles = _checkpoint_all([rocks], tmp_path / "cp", 1)
+    handles = snapshot_backends([rocks], tmp_path / "cp", 1)
     victim = next(h.path for h in handles if h.kind == SHARED_NEW)
     if damage == "missing":
         os.unlink(victim)
@@ -347,7 +334,7 @@ def test_a_missing_or_corrupt_shared_file_is_named(
 def test_restore_refuses_a_kind_change_and_overlapping_snapshots(tmp_path: Path) -> None:
     source = RocksDBKeyedStateBackend(MAXP, (0, MAXP - 1), local_dir=str(tmp_path))
     source.get_value_state("s").update_many(range(10), range(10))
-    handles = _checkpoint_all([source], tmp_path / "cp", 1)
+    handles = snapshot_backends([source], tmp_path / "cp", 1)
     target = RocksDBKeyedStateBackend(MAXP, (0, MAXP - 1), local_dir=str(tmp_path))
     twice = RocksDBKeyedStateBackend(MAXP, (0, MAXP - 1), local_dir=str(tmp_path))
     try:
@@ -414,7 +401,7 @@ def test_each_compaction_style_checkpoints_incrementally(tmp_path: Path, style: 
             keys = rng.sample(range(20_000), 4_000)
             state.update_many(keys, [k * cid for k in keys])
             values.update({k: k * cid for k in keys})
-            handles = _checkpoint_all([backend], tmp_path / "cp", cid)
+            handles = snapshot_backends([backend], tmp_path / "cp", cid)
             backend.notify_checkpoint_complete(cid)
             kinds.append({h.kind for h in handles})
             paths.append({h.path for h in handles if h.kind in (SHARED, SHARED_NEW)})
