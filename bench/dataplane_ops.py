@@ -101,6 +101,9 @@ class DiscardingSink(Operator):
         self.key_field = key_field
         self.count_field = count_field
 
+    def runs_on_loop(self) -> bool:
+        return True  # a dict update per batch: a measuring device, not the user code measured
+
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
         self._rows = 0
@@ -156,6 +159,9 @@ class ThrottledSink(DiscardingSink):
         super().__init__(stats_dir, **kwargs)
         self.sleep_s = sleep_s
         self.subtasks = subtasks
+
+    def runs_on_loop(self) -> bool:
+        return False  # it blocks: user code as the placement must treat it
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)

@@ -165,6 +165,9 @@ class MeasuringSink(Operator):
         self.stats_dir = stats_dir
         self.num_keys = num_keys
 
+    def runs_on_loop(self) -> bool:
+        return True  # one numpy call per batch: a measuring device, not the code measured
+
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
         self._meter = _Meter()

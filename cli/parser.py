@@ -254,6 +254,14 @@ def _add_worker(sub: Any) -> None:
         "for user code (the default); --no-task-thread: on the agent's event loop, in steps",
     )
     dataplane.add_argument(
+        "--no-builtins-on-loop",
+        dest="builtins_on_loop",
+        action="store_false",
+        help="with task threads: run every subtask on its task thread (by default a subtask of "
+        "built-in vectorised operators only, such as a generator source or a keyed count on the "
+        "heap backend, runs on the agent's loop)",
+    )
+    dataplane.add_argument(
         "--no-adaptive-task-thread",
         dest="adaptive_task_thread",
         action="store_false",

@@ -84,6 +84,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     target = args.debloat_target_ms
     dataplane = DataplaneSettings(
         task_thread=args.task_thread,
+        builtins_on_loop=args.builtins_on_loop,
         adaptive_task_thread=args.adaptive_task_thread,
         **({} if target is None else {"debloat_target_ms": target}),
     )

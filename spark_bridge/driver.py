@@ -374,6 +374,7 @@ class JobHandle:
             security=agent_security(self._client.security),
             debloat_target_ms=o.debloat_target_ms,
             task_thread=o.task_thread,
+            builtins_on_loop=o.builtins_on_loop,
             adaptive_task_thread=o.adaptive_task_thread,
             launch=self._stage_attempts,
         )

@@ -39,6 +39,8 @@ class SlotConfig:
     """The agents' buffer-debloat target (``DataplaneSettings``); None: the agent's default."""
     task_thread: bool = True
     """Operators on a task thread of their own (``DataplaneSettings.task_thread``)."""
+    builtins_on_loop: bool = True
+    """Subtasks of built-in operators only stay on the loop (``DataplaneSettings``)."""
     adaptive_task_thread: bool = True
     """Operators that block move to a task thread (``DataplaneSettings.adaptive_task_thread``)."""
     launch: int = 0
@@ -59,7 +61,9 @@ def _agent(config: SlotConfig, slot: int, host: str) -> Agent:
     from snapflow.worker.runtime.dataplane_settings import DataplaneSettings
 
     dataplane = DataplaneSettings(
-        task_thread=config.task_thread, adaptive_task_thread=config.adaptive_task_thread
+        task_thread=config.task_thread,
+        builtins_on_loop=config.builtins_on_loop,
+        adaptive_task_thread=config.adaptive_task_thread,
     )
     if config.debloat_target_ms is not None:
         dataplane = dataclasses.replace(dataplane, debloat_target_ms=config.debloat_target_ms)

@@ -91,6 +91,10 @@ class RunOptions:
     """Run every subtask's operators on a task thread of its own (the default), so checkpoints
     never wait for user code; False: on the agent's loop, in steps (docs/worker.md, "Where
     user code runs")."""
+    builtins_on_loop: bool = True
+    """With ``task_thread``: a subtask of built-in vectorised operators only (a generator
+    source, a keyed count on the heap backend) runs on the agent's loop, where it is faster;
+    False: every subtask on its task thread (``DataplaneSettings.builtins_on_loop``)."""
     adaptive_task_thread: bool = True
     """Without ``task_thread``: a subtask's operators move from the agent's loop to a task
     thread once their calls are found to block (``DataplaneSettings.adaptive_task_thread``)."""
@@ -98,6 +102,10 @@ class RunOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.task_thread, bool):
             raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
+        if not isinstance(self.builtins_on_loop, bool):
+            raise InvalidArgumentError(
+                f"builtins_on_loop must be a bool, got {self.builtins_on_loop!r}"
+            )
         if not isinstance(self.adaptive_task_thread, bool):
             raise InvalidArgumentError(
                 f"adaptive_task_thread must be a bool, got {self.adaptive_task_thread!r}"

@@ -129,6 +129,9 @@ class KeyedCount(Operator):
 
     _runtime_fields: tuple[str, ...] = ("_state", "_backend", "_state_name")
 
+    def runs_on_loop(self) -> bool:
+        return True  # Arrow's hash aggregation, then one state access per distinct key
+
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
         self._backend = ctx.require_keyed_state(self.name)
@@ -202,6 +205,9 @@ class KeyedReduce(Operator):
         self.key_field = key_field
         self.value_field = value_field
         self.agg = agg
+
+    def runs_on_loop(self) -> bool:
+        return isinstance(self.agg, str)  # vectorised; a callable is user code, row by row
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)

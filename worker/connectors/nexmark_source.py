@@ -53,6 +53,9 @@ class NexmarkSource(SplitSource):
     second on the wall clock (None: as fast as possible); event time is the model's
     (``config.first_event_rate``)."""
 
+    def runs_on_loop(self) -> bool:
+        return True  # vectorised generation (numpy), bounded by the batch size
+
     def __init__(
         self,
         kind: str = BID,

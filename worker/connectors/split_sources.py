@@ -270,6 +270,9 @@ class GeneratorSource(SplitSource):
 
     output_schema = GENERATOR_SCHEMA
 
+    def runs_on_loop(self) -> bool:
+        return True  # a batch is a few vectorised Arrow kernels; the rate limit never sleeps
+
     def __init__(
         self,
         total_records: int | None = None,
@@ -372,6 +375,9 @@ class SequenceSource(SplitSource):
     """The integers ``start .. end - 1`` in one int64 column ``field``, bounded. Split ``s`` of
     the initial ``p`` covers a contiguous range; record ``i`` of a split is its ``i``-th number.
     No event time: the watermark stays ``MIN_WATERMARK`` until the subtask is finished."""
+
+    def runs_on_loop(self) -> bool:
+        return True  # a batch is one Arrow range
 
     def __init__(
         self,

@@ -446,6 +446,7 @@ class Agent:
                 periodic_checkpoints=info.checkpoint_config.interval_ms > 0,
                 state_backend=self._state_backend,
                 task_thread=self.dataplane.task_thread,
+                builtins_on_loop=self.dataplane.builtins_on_loop,
                 placement=PlacementSettings() if self.dataplane.adaptive_task_thread else None,
                 # Also without periodic checkpoints: an ended source asks for the final
                 # checkpoint, so the job never finishes with uncommitted sink output (Flink

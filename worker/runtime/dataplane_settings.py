@@ -14,7 +14,8 @@ __all__ = ["DataplaneSettings"]
 class DataplaneSettings:
     """How an agent runs its subtasks' data plane (docs/worker.md, "Keeping checkpoints fast
     under load"). ``snapflow worker --debloat-target-ms/--no-task-thread/
-    --no-adaptive-task-thread``; the Spark bridge's run options of the same names."""
+    --no-builtins-on-loop/--no-adaptive-task-thread``; the Spark bridge's run options of the
+    same names."""
 
     debloat_target_ms: int = DEFAULT_TARGET_MS
     """Buffer debloating: the data every output channel holds (queued at the producer and
@@ -26,6 +27,13 @@ class DataplaneSettings:
     Flink's model), so triggers, barriers, credits and heartbeats never wait for user code.
     False: operators run on the agent's loop, in steps (docs/worker.md, "Where user code
     runs")."""
+    builtins_on_loop: bool = True
+    """With ``task_thread``: a subtask whose operators all promise short calls that never block
+    (``Operator.runs_on_loop``: the vectorised built-ins, such as the generator sources and the
+    keyed count, on the heap backend) runs them on the agent's loop, in steps, rather than on a
+    thread: no user code to guard the loop from, and the hand-offs between two threads cost
+    such a subtask about 14 % of its throughput on a machine with no spare core. False: every
+    subtask on its task thread."""
     adaptive_task_thread: bool = True
     """Without ``task_thread``: operators start on the loop, and a subtask's operators move to
     a task thread of their own once their calls are found to block (wall time well above CPU
@@ -40,6 +48,10 @@ class DataplaneSettings:
             )
         if not isinstance(self.task_thread, bool):
             raise InvalidArgumentError(f"task_thread must be a bool, got {self.task_thread!r}")
+        if not isinstance(self.builtins_on_loop, bool):
+            raise InvalidArgumentError(
+                f"builtins_on_loop must be a bool, got {self.builtins_on_loop!r}"
+            )
         if not isinstance(self.adaptive_task_thread, bool):
             raise InvalidArgumentError(
                 f"adaptive_task_thread must be a bool, got {self.adaptive_task_thread!r}"

@@ -128,6 +128,15 @@ class Operator:
     def name(self) -> str:
         return type(self).__name__
 
+    def runs_on_loop(self) -> bool:
+        """Whether every call of this operator is short and never blocks: vectorised work
+        bounded per batch, no I/O, no user function. A subtask whose operators all say so runs
+        them on its agent's loop, in steps, rather than on a task thread: the hand-offs between
+        the two threads cost such operators more than they save
+        (``DataplaneSettings.builtins_on_loop``; docs/worker.md, "Where user code runs").
+        Built-in operators that keep the promise return True; a user's operator may too."""
+        return False
+
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
 

@@ -25,9 +25,24 @@ its wall time as CPU (50 % off it, against the 75 % that moves).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from snapflow.errors import InvalidArgumentError
+
+
+class _MayRunOnLoop(Protocol):
+    def runs_on_loop(self) -> bool: ...
+
+
+def builtins_only(operators: Sequence[_MayRunOnLoop], *, keyed_state_on_disk: bool) -> bool:
+    """Whether a subtask's operators may run on its agent's loop although user code runs on task
+    threads (``DataplaneSettings.builtins_on_loop``): every one promises short calls that never
+    block (``Operator.runs_on_loop``), and its keyed state, if any, is on the heap. A disk
+    backend's reads and writes (RocksDB) take as long as the state is cold, which no promise of
+    the operator's bounds."""
+    return bool(operators) and not keyed_state_on_disk and all(o.runs_on_loop() for o in operators)
 
 
 @dataclass(frozen=True)

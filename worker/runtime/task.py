@@ -28,6 +28,7 @@ import structlog
 
 from snapflow.checkpointing import CHANNEL_OUTPUT, BarrierOptions, CheckpointMode
 from snapflow.event_time import MIN_WATERMARK
+from snapflow.state_backend_options import HEAP
 from snapflow.task_metrics import TaskMetrics
 from snapflow.worker.runtime import barriers as b
 from snapflow.worker.runtime.busy_time import BusyTimeMeter
@@ -37,7 +38,7 @@ from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.input_loop import InputLoop
 from snapflow.worker.runtime.operator import Operator, SourceOperator
 from snapflow.worker.runtime.operator_runner import OperatorRunner
-from snapflow.worker.runtime.placement import PlacementSettings
+from snapflow.worker.runtime.placement import PlacementSettings, builtins_only
 from snapflow.worker.runtime.snapshot_writer import read_channel_state
 from snapflow.worker.runtime.source_loop import SOURCE_BATCH_RECORDS, SourceLoop
 from snapflow.worker.runtime.subtask_checkpoints import AckFn, DeclineFn
@@ -88,6 +89,7 @@ class Subtask:
         task_thread: bool = False,
         placement: PlacementSettings | None = None,
         state_backend: StateBackendConfig | str | None = None,
+        builtins_on_loop: bool = False,
     ) -> None:
         """``periodic_checkpoints`` false: the job has no periodic checkpoints, so a source
         whose input ended does not wait for a final checkpoint (nothing would trigger it) and
@@ -96,7 +98,9 @@ class Subtask:
         run on a task thread of their own (agents pass ``DataplaneSettings.task_thread``, on by
         default); else on the loop, moving to a thread once their calls block when
         ``placement`` is given. ``state_backend``: the keyed state backend (heap or rocksdb,
-        ``snapflow.worker.state.factory``)."""
+        ``snapflow.worker.state.factory``). ``builtins_on_loop``: with ``task_thread``, operators
+        that all run on the loop (``placement.builtins_only``) stay on the loop (agents pass
+        ``DataplaneSettings.builtins_on_loop``, on by default)."""
         self.job_id = job_id
         self.vertex_id = vertex_id
         self.subtask_index = subtask_index
@@ -134,6 +138,12 @@ class Subtask:
         )
         self.meter = BusyTimeMeter()
         """Busy and backpressured time, sampled by the agent's heartbeats (``metrics``)."""
+        if task_thread and builtins_on_loop:
+            keyed = any(k is not None for k in key_fields)
+            task_thread = not builtins_only(
+                self.operators,
+                keyed_state_on_disk=keyed and self.state.backend.kind != HEAP,
+            )
         self.runner = OperatorRunner(
             self.name,
             self._log,

@@ -39,6 +39,7 @@ def _source() -> GeneratorSource:
     "settings",
     [
         DataplaneSettings(debloat_target_ms=40),
+        DataplaneSettings(builtins_on_loop=False),
         DataplaneSettings(task_thread=False),
         DataplaneSettings(task_thread=False, adaptive_task_thread=False),
     ],
@@ -94,10 +95,13 @@ def test_settings_reach_every_subtask_and_output_channel(
     asyncio.run(main())
     assert len(seen) == 4
     # where each subtask starts (read right after deployment): on a thread with task_thread,
-    # else on the loop, adaptive unless turned off
-    assert {where for where, _ in seen.values()} == {
-        (settings.task_thread, settings.adaptive_task_thread and not settings.task_thread)
-    }
+    # unless all its operators are built-ins that run on the loop (the generator source; the
+    # count's chain ends in the file sink, which does I/O); on the loop, adaptive unless
+    # turned off
+    for name, (where, _) in seen.items():
+        builtins = name.startswith("source")
+        on_thread = settings.task_thread and not (settings.builtins_on_loop and builtins)
+        assert where == (on_thread, settings.adaptive_task_thread and not on_thread), name
     outputs = [ch for name, (_, chs) in seen.items() if name.startswith("source") for ch in chs]
     # each source subtask feeds the count subtask in its own agent and the one in the other
     assert sorted(kind for kind, _ in outputs) == sorted(
@@ -117,6 +121,9 @@ def test_defaults_and_bad_values() -> None:
             DataplaneSettings(debloat_target_ms=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="task_thread must be a bool"):
         DataplaneSettings(task_thread=1)  # type: ignore[arg-type]
+    assert DataplaneSettings().builtins_on_loop
+    with pytest.raises(InvalidArgumentError, match="builtins_on_loop must be a bool"):
+        DataplaneSettings(builtins_on_loop=0)  # type: ignore[arg-type]
     assert DataplaneSettings().adaptive_task_thread
     with pytest.raises(InvalidArgumentError, match="adaptive_task_thread must be a bool"):
         DataplaneSettings(adaptive_task_thread="no")  # type: ignore[arg-type]
@@ -130,8 +137,11 @@ def test_worker_flags() -> None:
     args = parser.parse_args(["worker", "--job", "j", "--debloat-target-ms", "0", "--task-thread"])
     assert args.debloat_target_ms == 0 and args.task_thread is True
     assert args.adaptive_task_thread is True
+    assert args.builtins_on_loop is DataplaneSettings().builtins_on_loop is True
     args = parser.parse_args(["worker", "--job", "j", "--no-task-thread"])
     assert args.task_thread is False
+    args = parser.parse_args(["worker", "--job", "j", "--no-builtins-on-loop"])
+    assert args.builtins_on_loop is False
     args = parser.parse_args(["worker", "--job", "j", "--no-adaptive-task-thread"])
     assert args.adaptive_task_thread is False
     with pytest.raises(SystemExit):
@@ -150,11 +160,12 @@ def test_spark_run_options_reach_the_slot_agents() -> None:
         startup_barrier=False,
         debloat_target_ms=25,
         task_thread=False,
+        builtins_on_loop=False,
         adaptive_task_thread=False,
     )
     agent = _agent(config, 1, "127.0.0.1")
     assert agent.dataplane == DataplaneSettings(
-        debloat_target_ms=25, task_thread=False, adaptive_task_thread=False
+        debloat_target_ms=25, task_thread=False, builtins_on_loop=False, adaptive_task_thread=False
     )
     default = _agent(SlotConfig("127.0.0.1:1", "0" * 32, 2, None, 1024, "warning", False), 0, "h")
     assert default.dataplane == DataplaneSettings()
@@ -163,6 +174,9 @@ def test_spark_run_options_reach_the_slot_agents() -> None:
         RunOptions(debloat_target_ms=-1)
     with pytest.raises(InvalidArgumentError, match="task_thread"):
         RunOptions(task_thread="yes")  # type: ignore[arg-type]
+    assert RunOptions().builtins_on_loop is True
+    with pytest.raises(InvalidArgumentError, match="builtins_on_loop"):
+        RunOptions(builtins_on_loop=1)  # type: ignore[arg-type]
     assert RunOptions().adaptive_task_thread is True
     with pytest.raises(InvalidArgumentError, match="adaptive_task_thread"):
         RunOptions(adaptive_task_thread=None)  # type: ignore[arg-type]

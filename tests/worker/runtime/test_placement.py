@@ -14,7 +14,12 @@ from kit.subtasks import batch, harness
 from snapflow.errors import InvalidArgumentError
 from snapflow.worker.runtime.frames import DataFrame
 from snapflow.worker.runtime.operator import Operator
-from snapflow.worker.runtime.placement import MoveToTaskThread, Placement, PlacementSettings
+from snapflow.worker.runtime.placement import (
+    MoveToTaskThread,
+    Placement,
+    PlacementSettings,
+    builtins_only,
+)
 
 MS = 1_000_000
 
@@ -170,3 +175,19 @@ def test_a_cpu_bound_subtask_stays_on_the_loop() -> None:
     assert not on_thread
     assert set(op.threads) == {threading.main_thread().name}
     assert keys == list(range(6))
+
+
+class _Op(Operator):
+    def __init__(self, on_loop: bool) -> None:
+        self.on_loop = on_loop
+
+    def runs_on_loop(self) -> bool:
+        return self.on_loop
+
+
+def test_only_a_chain_of_built_ins_with_its_keyed_state_on_the_heap_stays_on_the_loop() -> None:
+    assert builtins_only([_Op(True), _Op(True)], keyed_state_on_disk=False)
+    assert not builtins_only([_Op(True), _Op(False)], keyed_state_on_disk=False)  # user code
+    assert not builtins_only([_Op(True)], keyed_state_on_disk=True)  # RocksDB reads: unbounded
+    assert not builtins_only([], keyed_state_on_disk=False)
+    assert not Operator().runs_on_loop()  # operators are user code unless they promise
