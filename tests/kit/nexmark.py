@@ -87,10 +87,12 @@ def run_streaming(
     timeout_s: float = 240.0,
     coordinator_address: str | None = None,
     state_backend: str = HEAP,
+    compression: str | None = None,
 ) -> StreamingRun:
     """The query as a Snapflow job over the first ``num_events`` events: sources of its input
-    kinds -> ``query(...)`` -> ``TransactionalFileSink``, aligned checkpoints every
-    ``interval_ms``, keyed state in ``state_backend`` (``"heap"`` or ``"rocksdb"``)."""
+    kinds -> ``query(...)`` -> ``TransactionalFileSink`` (files compressed with
+    ``compression``), aligned checkpoints every ``interval_ms``, keyed state in
+    ``state_backend`` (``"heap"`` or ``"rocksdb"``)."""
     out = base / "out"
     p = Pipeline(f"nexmark-{query.NAME}", parallelism=parallelism)
     inputs = {
@@ -99,7 +101,7 @@ def run_streaming(
         )
         for kind in query.INPUTS
     }
-    query.query(**inputs).sink(TransactionalFileSink(str(out)))
+    query.query(**inputs).sink(TransactionalFileSink(str(out), compression=compression))
     p.checkpointing(interval_ms=interval_ms, storage=base / "cp")
     p.state_backend(state_backend)
     p.restart_strategy(NoRestart())  # a failure is a finding here, not something to ride out

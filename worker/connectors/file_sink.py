@@ -15,6 +15,10 @@ TransactionalFileSink
     A transaction whose pre-commit failed has lost its open file: later writes to it and its
     pre-commit raise :class:`~snapflow.errors.StateError`, so the task fails over and its rows
     are replayed from the last completed checkpoint instead of being silently dropped.
+
+    ``compression="lz4"`` or ``"zstd"`` compresses the files' buffers (Arrow IPC's own buffer
+    compression: every Arrow reader, :func:`read_committed` and Spark's among them, decompresses
+    them as it reads); None (the default) writes them uncompressed.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ class FileTransaction:
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.]+")
 
+IPC_COMPRESSIONS = (None, "lz4", "zstd")
+"""The buffer compressions of Arrow IPC files (None: uncompressed)."""
+
 
 _PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)(?:-([0-9a-f]+))?\.arrow$")
 
@@ -73,8 +80,16 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
         "_area",
     )
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, compression: str | None = None
+    ) -> None:
+        if compression not in IPC_COMPRESSIONS:
+            raise InvalidArgumentError(
+                f"compression must be one of {', '.join(map(str, IPC_COMPRESSIONS))}, "
+                f"got {compression!r}"
+            )
         self.directory = os.fspath(directory)
+        self.compression = compression
 
     def initialize(self, ctx: OperatorContext) -> None:
         try:
@@ -97,7 +112,9 @@ class TransactionalFileSink(TwoPhaseCommitSink[FileTransaction]):
     file_suffix = ".arrow"
 
     def _open_writer(self, f: IO[bytes], schema: pa.Schema) -> Any:
-        return pa.ipc.new_file(f, schema)
+        return pa.ipc.new_file(
+            f, schema, options=pa.ipc.IpcWriteOptions(compression=self.compression)
+        )
 
     def _write_batch(self, writer: Any, batch: pa.RecordBatch) -> None:
         writer.write_batch(batch)

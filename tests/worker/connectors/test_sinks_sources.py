@@ -281,6 +281,27 @@ def test_file_sink_errors_and_idempotent_commit(tmp_path: Path) -> None:
     assert read_committed(tmp_path / "missing", schema).schema == schema
 
 
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_file_sink_compresses_its_files_and_readers_decompress_them(
+    tmp_path: Path, compression: str
+) -> None:
+    rows = [i % 100 for i in range(100_000)]  # compressible: 800 KB of int64 raw
+    sizes = {}
+    for name, codec in (("plain", None), (compression, compression)):
+        sink = TransactionalFileSink(tmp_path / name, compression=codec)
+        sink.open(sink_ctx(OperatorStateBackend()))
+        sink.process_batch(kb(rows))
+        sink.snapshot_state(1)
+        sink.notify_checkpoint_complete(1)
+        sink.close()
+        assert committed(tmp_path / name) == rows
+        (part,) = [p for p in (tmp_path / name).iterdir() if p.name.startswith("part-")]
+        sizes[name] = part.stat().st_size
+    assert sizes[compression] < sizes["plain"] / 2, sizes
+    with pytest.raises(InvalidArgumentError, match="compression must be one of None, lz4, zstd"):
+        TransactionalFileSink(tmp_path, compression="gzip")
+
+
 def test_transaction_state_is_serialised_at_snapshot_time(tmp_path: Path) -> None:
     backend = OperatorStateBackend()
     sink = TransactionalFileSink(tmp_path)
