@@ -151,6 +151,7 @@ BP_RUNS = (  # key, mode, aligned timeout ms, sink sleep per batch, sleeping sin
 )
 PLACEMENT_FLAGS = {
     "thread": [],
+    "threads": ["--no-builtins-on-loop"],
     "adaptive": ["--no-task-thread"],
     "loop": ["--no-task-thread", "--no-adaptive-task-thread"],
 }
