@@ -96,6 +96,8 @@ class RocksStore(KeyContext, Protocol):
 
     def cached_get_many(self, keys: Sequence[bytes]) -> list[Any]: ...
 
+    def cached_pop_many(self, keys: Sequence[bytes]) -> list[Any]: ...
+
     def cached_put(self, key: bytes, value: Any) -> None: ...
 
     def cached_put_many(self, keys: Sequence[bytes], values: Sequence[Any]) -> None: ...
@@ -178,6 +180,12 @@ class RocksReducingState(_RocksStateMixin, ReducingState[Any]):
         return [
             None if v is ABSENT else v
             for v in self._rocks.cached_get_many(self._rocks.db_keys(self._table, keys, key_groups))
+        ]
+
+    def pop_many(self, keys: Any, key_groups: Any = None) -> list[Any]:
+        return [
+            None if v is ABSENT else v
+            for v in self._rocks.cached_pop_many(self._rocks.db_keys(self._table, keys, key_groups))
         ]
 
     def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:

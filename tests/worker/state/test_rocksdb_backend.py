@@ -165,6 +165,34 @@ def test_bulk_api_matches_the_heap_backend_at_every_cache_size(
         rocks.dispose()
 
 
+@pytest.mark.parametrize("cache_entries", [0, 7, 100_000])
+def test_pop_many_reads_and_clears_as_the_heap_backend_at_every_cache_size(
+    tmp_path: Path, cache_entries: int
+) -> None:
+    # a fired window's aggregate: (key, window) composites, read and cleared in bulk
+    rocks = RocksDBKeyedStateBackend(
+        MAXP, (0, MAXP - 1), local_dir=str(tmp_path), cache_entries=cache_entries
+    )
+    heap = KeyedStateBackend(MAXP, (0, MAXP - 1))
+    try:
+        rng = random.Random(cache_entries)
+        for _ in range(20):
+            keys = [(rng.randrange(50), rng.randrange(3) * 10) for _ in range(100)]
+            popped = [(rng.randrange(60), rng.randrange(3) * 10) for _ in range(40)]
+            popped += popped[:5]  # a repeated key: None after its first
+            results = []
+            for b in (heap, rocks):
+                count = b.get_reducing_state("count", operator.add)
+                count.add_many(keys, [1] * len(keys))
+                results.append(count.pop_many(popped))
+                assert count.get_many(popped) == [None] * len(popped)
+            assert results[0] == results[1]
+            assert any(v is not None for v in results[0]) and results[0][-5:] == [None] * 5
+            assert _everything(rocks) == _everything(heap)
+    finally:
+        rocks.dispose()
+
+
 def test_checkpoints_are_incremental_and_restore_whole(
     rocks: RocksDBKeyedStateBackend, tmp_path: Path
 ) -> None:
