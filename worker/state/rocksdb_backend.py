@@ -341,8 +341,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if missing:
             loads = pickle.loads
             raws = cast(list[bytes | None], self.db.get(cast(Any, missing)))
-            fetched = {k: ABSENT if r is None else loads(r) for k, r in zip(missing, raws, strict=True)}
-        out = []
+            fetched = {
+                k: ABSENT if r is None else loads(r) for k, r in zip(missing, raws, strict=True)
+            }
+        out: list[Any] = []
         append, absent = out.append, ABSENT
         for k in keys:
             v = cache.get(k, MISS)

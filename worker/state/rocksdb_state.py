@@ -291,6 +291,27 @@ class RocksListState(_RocksStateMixin, ListState[Any]):
         else:
             self._rocks.db.delete(key)
 
+    def pop_many(self, keys: Any, key_groups: Any = None) -> list[list[Any]]:
+        """One multi-get and one write batch of deletions for every key."""
+        dbkeys = self._rocks.db_keys(self._table, keys, key_groups)
+        if not dbkeys:
+            return []
+        db = self._rocks.db
+        raws = cast(list[bytes | None], db.get(cast(Any, dbkeys)))
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        out: list[list[Any]] = []
+        seen: set[bytes] = set()
+        for key, raw in zip(dbkeys, raws, strict=True):
+            if raw is None or key in seen:
+                out.append([])
+                continue
+            seen.add(key)
+            out.append(list(pickle.loads(raw)))
+            batch.delete(key)
+        if seen:
+            db.write(batch)
+        return out
+
 
 class RocksMapState(_RocksStateMixin, MapState):
     """One database entry per user key, under the key's own prefix."""

@@ -169,7 +169,7 @@ def test_bulk_api_matches_the_heap_backend_at_every_cache_size(
 def test_pop_many_reads_and_clears_as_the_heap_backend_at_every_cache_size(
     tmp_path: Path, cache_entries: int
 ) -> None:
-    # a fired window's aggregate: (key, window) composites, read and cleared in bulk
+    # a fired window's aggregate and rows: (key, window) composites, read and cleared in bulk
     rocks = RocksDBKeyedStateBackend(
         MAXP, (0, MAXP - 1), local_dir=str(tmp_path), cache_entries=cache_entries
     )
@@ -183,11 +183,18 @@ def test_pop_many_reads_and_clears_as_the_heap_backend_at_every_cache_size(
             results = []
             for b in (heap, rocks):
                 count = b.get_reducing_state("count", operator.add)
+                rows = b.get_list_state("rows")
                 count.add_many(keys, [1] * len(keys))
-                results.append(count.pop_many(popped))
+                for i, key in enumerate(keys):
+                    b.set_current_key(key)
+                    rows.add(i)
+                results.append((count.pop_many(popped), rows.pop_many(popped)))
                 assert count.get_many(popped) == [None] * len(popped)
+                assert rows.pop_many(popped) == [[]] * len(popped)
             assert results[0] == results[1]
-            assert any(v is not None for v in results[0]) and results[0][-5:] == [None] * 5
+            counts, lists = results[0]
+            assert any(v is not None for v in counts) and counts[-5:] == [None] * 5
+            assert [len(v) for v in lists] == [v or 0 for v in counts]
             assert _everything(rocks) == _everything(heap)
     finally:
         rocks.dispose()
