@@ -53,11 +53,14 @@ class NewSellers(CoGroupFunction):
     def co_group(self, first: pa.RecordBatch, second: pa.RecordBatch, ctx: WindowContext) -> Any:
         if first.num_rows == 0 or second.num_rows == 0:
             return None
-        people = pa.table(first).group_by(["id", "name"], use_threads=False).aggregate([])
-        start = pa.array([ctx.window.start] * people.num_rows, pa.int64())
-        return pa.RecordBatch.from_arrays(
-            [people["id"].combine_chunks(), people["name"].combine_chunks(), start], schema=OUTPUT
-        )
+        if first.num_rows == 1:  # the usual case (a person registers once): nothing to dedupe,
+            # and no hash aggregation, which costs ~20 times the rest of a call
+            ids, names = first.column("id"), first.column("name")
+        else:
+            people = pa.table(first).group_by(["id", "name"], use_threads=False).aggregate([])
+            ids, names = people["id"].combine_chunks(), people["name"].combine_chunks()
+        start = pa.array([ctx.window.start] * len(ids), pa.int64())
+        return pa.RecordBatch.from_arrays([ids, names, start], schema=OUTPUT)
 
 
 def query(person: Stream, auction: Stream) -> Stream:

@@ -160,21 +160,12 @@ class BuiltinAggContents(WindowContents):
         self._state.add_many(composites, grouped.column(grouped.num_columns - 1), key_groups)
 
     def results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
-        set_key, get = self._backend.set_current_key, self._state.get
-        out = []
-        for composite, group in zip(composites, key_groups, strict=True):
-            set_key(composite, group)
-            out.append(get())
-        return out
+        return self._state.get_many(list(composites), key_groups=key_groups)
 
     def take_results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
-        set_key, get, clear = self._backend.set_current_key, self._state.get, self._state.clear
-        out = []
-        for composite, group in zip(composites, key_groups, strict=True):
-            set_key(composite, group)
-            out.append(get())
-            clear()
-        return out
+        # one bulk read-and-clear (on RocksDB one multi-get): a watermark may fire hundreds of
+        # thousands of windows, and a barrier waits behind their firing
+        return self._state.pop_many(list(composites), key_groups=key_groups)
 
     def move(self, source: Any, target: Any, key_group: int) -> None:
         backend, state = self._backend, self._state
@@ -311,6 +302,13 @@ class RowsContents(WindowContents):
             self._backend.set_current_key(composite, group)
             out.append(self._rows())
         return out
+
+    def take_results(self, composites: Iterable[Any], key_groups: Sequence[int]) -> list[Any]:
+        # one bulk read-and-clear (on RocksDB one multi-get and one write batch)
+        return [
+            None if not pieces else pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+            for pieces in self._state.pop_many(list(composites), key_groups=key_groups)
+        ]
 
     def move(self, source: Any, target: Any, key_group: int) -> None:
         backend, state = self._backend, self._state

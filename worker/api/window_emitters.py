@@ -144,9 +144,8 @@ class ProcessWindow(WindowEmitter):
         return self.output.batches(batches, rows)
 
 
-def _side(result: Any, schema: pa.Schema | None) -> pa.RecordBatch:
-    if result is not None:
-        return result
+def _empty(schema: pa.Schema | None) -> pa.RecordBatch:
+    """The rows of a side that has none in a window (one batch for every such window)."""
     if schema is None:
         return pa.RecordBatch.from_pylist([])
     return pa.RecordBatch.from_pylist([], schema=schema)
@@ -176,12 +175,22 @@ class CoGroupWindow(WindowEmitter):
         fn = self.function
         call = fn.co_group if isinstance(fn, CoGroupFunction) else fn
         wctx, batches, rows = self._wctx, [], []  # type: ignore[var-annotated]
-        first_schema, second_schema = fired.schemas[0], fired.schemas[1]
-        for j, (key, window) in enumerate(zip(fired.keys, fired.windows, strict=True)):
+        collect = self.output.collect
+        # Arrow batches are immutable: every window without rows of a side shares one
+        empty_first, empty_second = _empty(fired.schemas[0]), _empty(fired.schemas[1])
+        for key, window, first, second in zip(
+            fired.keys, fired.windows, fired.results[0], fired.results[1], strict=True
+        ):
             wctx.key, wctx.window = key, window
-            first = _side(fired.results[0][j], first_schema)
-            second = _side(fired.results[1][j], second_schema)
-            self.output.collect(call(first, second, wctx), batches, rows)
+            collect(
+                call(
+                    empty_first if first is None else first,
+                    empty_second if second is None else second,
+                    wctx,
+                ),
+                batches,
+                rows,
+            )
         return self.output.batches(batches, rows)
 
 

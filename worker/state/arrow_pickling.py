@@ -4,7 +4,8 @@ pyarrow pickles an array, a record batch or a table with the whole buffers under
 slice of a large batch (a key group's rows, a partitioner's part, a window's rows) pickles as
 the entire parent: a snapshot of many small slices of one batch would write that batch once
 per slice. :func:`dumps` pickles Arrow objects through the Arrow IPC stream format instead,
-which writes only the rows a slice covers; everything else pickles as usual (protocol 5).
+which writes only the rows a slice covers; everything else pickles as usual (protocol 5), a
+small Arrow object as a nested pickle of its own.
 :func:`pickle.loads` reads the result back with no special reader.
 """
 
@@ -26,11 +27,25 @@ def dumps(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+_SMALL = 4096
+"""Buffer bytes under which an Arrow object cannot hold more than its own rows, by the
+measure of :func:`_holds_more`."""
+
+
 class _CompactArrowPickler(pickle.Pickler):
     # reducer_override is not consulted for exact ints, strings, dicts, lists and the like, so
     # ordinary keyed state pickles at the C pickler's speed.
     def reducer_override(self, obj: Any) -> Any:
-        if not isinstance(obj, pa.RecordBatch | pa.Table | pa.Array) or not _holds_more(obj):
+        if not isinstance(obj, pa.RecordBatch | pa.Table | pa.Array):
+            return NotImplemented
+        total = obj.get_total_buffer_size()
+        if total <= _SMALL:
+            # pyarrow's own pickling, by the C pickler as one nested pickle: what a small
+            # object holds (a batch's schema, fields, types, arrays and buffers, two dozen
+            # objects) would otherwise each come through this method, which costs more than
+            # the pickling itself (a window's rows are many batches of a few rows)
+            return pickle.loads, (pickle.dumps(obj, protocol=5),)
+        if not _holds_more(obj, total):
             return NotImplemented  # pyarrow's own pickling is the faster one then
         if isinstance(obj, pa.RecordBatch):
             return _batch_from_ipc, (_ipc(obj.schema, [obj]),)
@@ -42,9 +57,10 @@ class _CompactArrowPickler(pickle.Pickler):
         return NotImplemented
 
 
-def _holds_more(obj: pa.RecordBatch | pa.Table | pa.Array) -> bool:
-    """Whether the buffers under ``obj`` are much larger than its own rows (a slice)."""
-    return bool(obj.get_total_buffer_size() > 2 * obj.nbytes + 4096)
+def _holds_more(obj: pa.RecordBatch | pa.Table | pa.Array, total: int) -> bool:
+    """Whether the buffers under ``obj`` (``total`` bytes) are much larger than its own rows
+    (a slice)."""
+    return bool(total > 2 * obj.nbytes + 4096)
 
 
 def _ipc(schema: pa.Schema, batches: list[pa.RecordBatch]) -> bytes:

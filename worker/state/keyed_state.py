@@ -258,6 +258,16 @@ class ListState(_KeyedState, Generic[T]):
         else:
             lst.extend(new)
 
+    def pop_many(self, keys: Any, key_groups: Any = None) -> list[list[T]]:
+        """The lists of ``keys`` (empty if none), each key cleared (a repeated key: empty after
+        its first): a fired window's rows read and dropped in one pass."""
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        t = self._table
+        maps, out = t.maps, []
+        for k, i in zip(pykeys, idxs, strict=True):
+            out.append(list(t.writable(i).pop(k)) if k in maps[i] else [])
+        return out
+
     def update(self, values: Iterable[T]) -> None:
         """Replace the current key's list (an empty ``values`` clears it)."""
         key, idx = self._current()
@@ -368,6 +378,16 @@ class ReducingState(_KeyedState, Generic[T]):
         pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
         maps = self._table.maps
         return [maps[i].get(k) for k, i in zip(pykeys, idxs, strict=True)]
+
+    def pop_many(self, keys: Any, key_groups: Any = None) -> list[T | None]:
+        """The values of ``keys``, each key cleared (a repeated key: None after its first):
+        a fired window's aggregate read and dropped in one pass."""
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        t = self._table
+        maps, out = t.maps, []
+        for k, i in zip(pykeys, idxs, strict=True):
+            out.append(t.writable(i).pop(k) if k in maps[i] else None)
+        return out
 
     def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
         """Fold ``values[i]`` into the state of ``keys[i]``, in order. With distinct keys (e.g.

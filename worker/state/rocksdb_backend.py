@@ -331,6 +331,29 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.maybe_evict()
         return out
 
+    def cached_pop_many(self, keys: Sequence[bytes]) -> list[Any]:
+        """The cached values of ``keys`` (``ABSENT``: none), each then deleted (a repeated key
+        reads ``ABSENT`` after its first). The misses are read with one multi-get and not
+        cached: their deletion is what the cache keeps."""
+        cache = self.cache
+        missing = [k for k in dict.fromkeys(keys) if k not in cache]
+        fetched: dict[bytes, Any] = {}
+        if missing:
+            loads = pickle.loads
+            raws = cast(list[bytes | None], self.db.get(cast(Any, missing)))
+            fetched = {
+                k: ABSENT if r is None else loads(r) for k, r in zip(missing, raws, strict=True)
+            }
+        out: list[Any] = []
+        append, absent = out.append, ABSENT
+        for k in keys:
+            v = cache.get(k, MISS)
+            append(fetched[k] if v is MISS else v)
+            cache[k] = absent
+        self.dirty.update(keys)
+        self.maybe_evict()
+        return out
+
     def cached_put(self, key: bytes, value: Any) -> None:
         self.cache[key] = value
         self.dirty.add(key)

@@ -96,6 +96,8 @@ class RocksStore(KeyContext, Protocol):
 
     def cached_get_many(self, keys: Sequence[bytes]) -> list[Any]: ...
 
+    def cached_pop_many(self, keys: Sequence[bytes]) -> list[Any]: ...
+
     def cached_put(self, key: bytes, value: Any) -> None: ...
 
     def cached_put_many(self, keys: Sequence[bytes], values: Sequence[Any]) -> None: ...
@@ -178,6 +180,12 @@ class RocksReducingState(_RocksStateMixin, ReducingState[Any]):
         return [
             None if v is ABSENT else v
             for v in self._rocks.cached_get_many(self._rocks.db_keys(self._table, keys, key_groups))
+        ]
+
+    def pop_many(self, keys: Any, key_groups: Any = None) -> list[Any]:
+        return [
+            None if v is ABSENT else v
+            for v in self._rocks.cached_pop_many(self._rocks.db_keys(self._table, keys, key_groups))
         ]
 
     def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
@@ -282,6 +290,27 @@ class RocksListState(_RocksStateMixin, ListState[Any]):
             self._rocks.db.put(key, encode_value(new))
         else:
             self._rocks.db.delete(key)
+
+    def pop_many(self, keys: Any, key_groups: Any = None) -> list[list[Any]]:
+        """One multi-get and one write batch of deletions for every key."""
+        dbkeys = self._rocks.db_keys(self._table, keys, key_groups)
+        if not dbkeys:
+            return []
+        db = self._rocks.db
+        raws = cast(list[bytes | None], db.get(cast(Any, dbkeys)))
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        out: list[list[Any]] = []
+        seen: set[bytes] = set()
+        for key, raw in zip(dbkeys, raws, strict=True):
+            if raw is None or key in seen:
+                out.append([])
+                continue
+            seen.add(key)
+            out.append(list(pickle.loads(raw)))
+            batch.delete(key)
+        if seen:
+            db.write(batch)
+        return out
 
 
 class RocksMapState(_RocksStateMixin, MapState):

@@ -19,6 +19,10 @@ from snapflow.worker.state.keyed_state import KeyContext
 __all__ = ["Timer", "TimerService"]
 
 
+_POPS = 4096
+"""Due timers popped one by one before the rest are taken in one pass and sorted."""
+
+
 class Timer(NamedTuple):
     """An event-time timer: fires once the watermark reaches ``timestamp``."""
 
@@ -99,8 +103,18 @@ class TimerService:
             self._watermark = watermark
         fired: list[Timer] = []
         heap, sets, start = self._heap, self._sets, self._backend.key_group_range.start
+        due: list[tuple[int, int, int, Any, Any]] = []
         while heap and heap[0][0] <= watermark:
-            ts, _, idx, key, namespace = heapq.heappop(heap)
+            if len(due) == _POPS:
+                # Many due (a watermark past a whole window's timers): one pass and one sort
+                # instead of a pop each, in the same (timestamp, sequence) order.
+                due += [e for e in heap if e[0] <= watermark]
+                heap = self._heap = [e for e in heap if e[0] > watermark]
+                heapq.heapify(heap)
+                due.sort()
+                break
+            due.append(heapq.heappop(heap))
+        for ts, _, idx, key, namespace in due:
             entry = (ts, key, namespace)
             if entry in sets[idx]:
                 self._writable(idx).discard(entry)

@@ -50,3 +50,22 @@ def test_a_keyed_snapshot_of_slices_holds_each_row_once(tmp_path: Path) -> None:
     restored.restore(handles)
     rows = dict(restored.entries("op/rows"))
     assert sorted(rows) == keys and all(rows[i].equals(slices[i]) for i in keys)
+
+
+def test_small_objects_round_trip_at_pyarrows_own_size() -> None:
+    # a window's rows: many batches of a few rows, each compact (a take)
+    piece = BIG.take(pa.array([3, 70_000, 5]))
+    objects = {
+        "batch": piece,
+        "table": pa.table(piece),
+        "array": piece.column(1),
+        "empty": piece.slice(0, 0),
+        "pieces": [piece, piece.slice(1, 1)],
+    }
+    out = pickle.loads(dumps(objects))
+    assert out["batch"].equals(piece) and out["batch"].schema == BIG.schema
+    assert out["table"].equals(pa.table(piece))
+    assert out["array"].to_pylist() == ["3", "70000", "5"]
+    assert out["empty"].num_rows == 0 and out["empty"].schema == BIG.schema
+    assert [p.to_pylist() for p in out["pieces"]] == [piece.to_pylist(), piece.to_pylist()[1:2]]
+    assert len(dumps(piece)) <= len(pickle.dumps(piece, protocol=5)) + 64

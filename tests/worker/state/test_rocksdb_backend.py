@@ -165,6 +165,41 @@ def test_bulk_api_matches_the_heap_backend_at_every_cache_size(
         rocks.dispose()
 
 
+@pytest.mark.parametrize("cache_entries", [0, 7, 100_000])
+def test_pop_many_reads_and_clears_as_the_heap_backend_at_every_cache_size(
+    tmp_path: Path, cache_entries: int
+) -> None:
+    # a fired window's aggregate and rows: (key, window) composites, read and cleared in bulk
+    rocks = RocksDBKeyedStateBackend(
+        MAXP, (0, MAXP - 1), local_dir=str(tmp_path), cache_entries=cache_entries
+    )
+    heap = KeyedStateBackend(MAXP, (0, MAXP - 1))
+    try:
+        rng = random.Random(cache_entries)
+        for _ in range(20):
+            keys = [(rng.randrange(50), rng.randrange(3) * 10) for _ in range(100)]
+            popped = [(rng.randrange(60), rng.randrange(3) * 10) for _ in range(40)]
+            popped += popped[:5]  # a repeated key: None after its first
+            results = []
+            for b in (heap, rocks):
+                count = b.get_reducing_state("count", operator.add)
+                rows = b.get_list_state("rows")
+                count.add_many(keys, [1] * len(keys))
+                for i, key in enumerate(keys):
+                    b.set_current_key(key)
+                    rows.add(i)
+                results.append((count.pop_many(popped), rows.pop_many(popped)))
+                assert count.get_many(popped) == [None] * len(popped)
+                assert rows.pop_many(popped) == [[]] * len(popped)
+            assert results[0] == results[1]
+            counts, lists = results[0]
+            assert any(v is not None for v in counts) and counts[-5:] == [None] * 5
+            assert [len(v) for v in lists] == [v or 0 for v in counts]
+            assert _everything(rocks) == _everything(heap)
+    finally:
+        rocks.dispose()
+
+
 def test_checkpoints_are_incremental_and_restore_whole(
     rocks: RocksDBKeyedStateBackend, tmp_path: Path
 ) -> None:

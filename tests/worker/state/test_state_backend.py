@@ -281,6 +281,36 @@ def test_timers_fire_in_timestamp_order() -> None:
     assert ts.advance_watermark(300) == [Timer(200, "x", None, key_group_for_key("x", MAX_P))]
 
 
+def test_a_watermark_past_many_timers_fires_them_in_order_and_keeps_the_rest() -> None:
+    # more due timers than advance_watermark pops one by one: the rest are taken in one pass
+    b = full_backend()
+    ts = b.timer_service
+    rng = random.Random(7)
+    live: dict[tuple[int, str], int] = {}  # (timestamp, key) -> registration order
+    for i in range(20_000):
+        key, t = f"k{rng.randrange(5_000)}", rng.randrange(1_000)
+        b.set_current_key(key)
+        if (t, key) in live and rng.random() < 0.3:
+            ts.delete_event_time_timer(t)
+            del live[(t, key)]
+        else:
+            ts.register_event_time_timer(t)
+            live.setdefault((t, key), i)
+    order = sorted(live, key=lambda e: (e[0], live[e]))
+    due = [e for e in order if e[0] <= 600]
+    assert len(due) > 8_192
+    fired = ts.advance_watermark(600)
+    assert [(t.timestamp, t.key) for t in fired] == due
+    assert all(t.key_group == key_group_for_key(t.key, MAX_P) for t in fired)
+    assert ts.num_timers() == len(order) - len(due)
+    assert ts.next_timer_timestamp() == order[len(due)][0]
+    b.set_current_key("late")
+    ts.register_event_time_timer(5)  # below the watermark: fires first on the next advance
+    rest = [(t.timestamp, t.key) for t in ts.advance_watermark(10**6)]
+    assert rest == [(5, "late"), *order[len(due) :]]
+    assert ts.num_timers() == 0 and ts.next_timer_timestamp() is None
+
+
 def test_timers_are_snapshotted_and_redistributed(tmp_path: Path) -> None:
     old = [KeyedStateBackend.for_subtask(MAX_P, 2, i) for i in range(2)]
     keys = [f"k{i}" for i in range(200)]
