@@ -4,6 +4,7 @@ files."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import random
@@ -135,15 +136,25 @@ def test_random_operations_match_the_heap_backend_with_snapshots_between(
         assert len(rocks_states[name]) == len(heap_states[name]), name
 
 
+@contextlib.contextmanager
+def _rocks_and_heap(
+    tmp_path: Path, cache_entries: int
+) -> Iterator[tuple[RocksDBKeyedStateBackend, KeyedStateBackend]]:
+    """A RocksDB backend with ``cache_entries`` and a heap backend over every key group."""
+    rocks = RocksDBKeyedStateBackend(
+        MAXP, (0, MAXP - 1), local_dir=str(tmp_path), cache_entries=cache_entries
+    )
+    try:
+        yield rocks, KeyedStateBackend(MAXP, (0, MAXP - 1))
+    finally:
+        rocks.dispose()
+
+
 @pytest.mark.parametrize("cache_entries", [0, 7, 100_000])
 def test_bulk_api_matches_the_heap_backend_at_every_cache_size(
     tmp_path: Path, cache_entries: int
 ) -> None:
-    rocks = RocksDBKeyedStateBackend(
-        MAXP, (0, MAXP - 1), local_dir=str(tmp_path), cache_entries=cache_entries
-    )
-    heap = KeyedStateBackend(MAXP, (0, MAXP - 1))
-    try:
+    with _rocks_and_heap(tmp_path, cache_entries) as (rocks, heap):
         rng = random.Random(cache_entries)
         for b in (heap, rocks):
             b.get_reducing_state("count", operator.add)
@@ -161,8 +172,6 @@ def test_bulk_api_matches_the_heap_backend_at_every_cache_size(
                 assert count.add_batch(keys) == len(set(keys.to_pylist()))
             assert results[0] == results[1]
         assert _everything(rocks) == _everything(heap)
-    finally:
-        rocks.dispose()
 
 
 @pytest.mark.parametrize("cache_entries", [0, 7, 100_000])
@@ -170,11 +179,7 @@ def test_pop_many_reads_and_clears_as_the_heap_backend_at_every_cache_size(
     tmp_path: Path, cache_entries: int
 ) -> None:
     # a fired window's aggregate and rows: (key, window) composites, read and cleared in bulk
-    rocks = RocksDBKeyedStateBackend(
-        MAXP, (0, MAXP - 1), local_dir=str(tmp_path), cache_entries=cache_entries
-    )
-    heap = KeyedStateBackend(MAXP, (0, MAXP - 1))
-    try:
+    with _rocks_and_heap(tmp_path, cache_entries) as (rocks, heap):
         rng = random.Random(cache_entries)
         for _ in range(20):
             keys = [(rng.randrange(50), rng.randrange(3) * 10) for _ in range(100)]
@@ -196,8 +201,6 @@ def test_pop_many_reads_and_clears_as_the_heap_backend_at_every_cache_size(
             assert any(v is not None for v in counts) and counts[-5:] == [None] * 5
             assert [len(v) for v in lists] == [v or 0 for v in counts]
             assert _everything(rocks) == _everything(heap)
-    finally:
-        rocks.dispose()
 
 
 def test_checkpoints_are_incremental_and_restore_whole(
