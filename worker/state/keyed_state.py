@@ -164,6 +164,17 @@ class _KeyedState:
     def __len__(self) -> int:
         return len(self._table)
 
+    def _pop_many(self, keys: Any, key_groups: Any) -> list[Any]:
+        """Each key's entry, removed (None for a key without one, so for a repeated key after
+        its first): the bulk read-and-clear of a firing."""
+        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
+        t = self._table
+        maps = t.maps
+        return [
+            t.writable(i).pop(k) if k in maps[i] else None
+            for k, i in zip(pykeys, idxs, strict=True)
+        ]
+
 
 class ValueState(_KeyedState, Generic[T]):
     """One value per key (Flink's ``ValueState``)."""
@@ -261,12 +272,7 @@ class ListState(_KeyedState, Generic[T]):
     def pop_many(self, keys: Any, key_groups: Any = None) -> list[list[T]]:
         """The lists of ``keys`` (empty if none), each key cleared (a repeated key: empty after
         its first): a fired window's rows read and dropped in one pass."""
-        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
-        t = self._table
-        maps, out = t.maps, []
-        for k, i in zip(pykeys, idxs, strict=True):
-            out.append(list(t.writable(i).pop(k)) if k in maps[i] else [])
-        return out
+        return [[] if v is None else list(v) for v in self._pop_many(keys, key_groups)]
 
     def update(self, values: Iterable[T]) -> None:
         """Replace the current key's list (an empty ``values`` clears it)."""
@@ -382,12 +388,7 @@ class ReducingState(_KeyedState, Generic[T]):
     def pop_many(self, keys: Any, key_groups: Any = None) -> list[T | None]:
         """The values of ``keys``, each key cleared (a repeated key: None after its first):
         a fired window's aggregate read and dropped in one pass."""
-        pykeys, idxs = self._backend.resolve_keys(keys, key_groups)
-        t = self._table
-        maps, out = t.maps, []
-        for k, i in zip(pykeys, idxs, strict=True):
-            out.append(t.writable(i).pop(k) if k in maps[i] else None)
-        return out
+        return self._pop_many(keys, key_groups)
 
     def add_many(self, keys: Any, values: Any, key_groups: Any = None) -> None:
         """Fold ``values[i]`` into the state of ``keys[i]``, in order. With distinct keys (e.g.
