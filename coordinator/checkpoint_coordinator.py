@@ -25,6 +25,12 @@ Recovery contract (what the shell relies on):
   the final checkpoint answers the held ones (``RequestCovered``), a failover or shutdown
   refuses them as it refuses the queue. Which sources ended is not persisted: after a
   coordinator restart the sources, still waiting for their final checkpoint, ask again.
+* Once every source reported the end of its data and some task has not yet
+  (``on_task_data_ended``), no checkpoint is triggered: its barrier would only wait behind
+  that task's end of input (the timers the maximum watermark fires, ``end_input``). Periodic
+  requests are refused (``TASKS_ENDING_INPUT``), the others wait in the queue; when the last
+  task reports, the final checkpoint is triggered at once. A report that never comes (a lost
+  RPC) holds them for at most the checkpoint timeout.
 
 Where this differs from Flink on purpose, and which Flink version it follows:
 ``docs/flink-differences.md``.
@@ -71,6 +77,10 @@ class TaskView(Protocol):
     def current_attempts(self) -> list[ExecutionAttempt]: ...
 
     def source_attempts(self) -> list[ExecutionAttempt]: ...
+
+    def every_source_data_ended(self) -> bool: ...
+
+    def all_data_ended(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -300,6 +310,11 @@ class CheckpointCoordinator:
         self.held: dict[ExecutionAttempt, TriggerRequest] = {}
         """Their requests while some source still runs: one checkpoint, triggered once every
         source ended, answers them all (``RequestCovered``)."""
+        self.ending_since_ms: int | None = None
+        """Since when every source ended its data while some task has not yet: checkpoints
+        wait (at most the checkpoint timeout from then)."""
+        self.data_ended = False
+        """Every task of the running deployment ended its data."""
 
     # --- recovery --------------------------------------------------------------------------
 
@@ -386,6 +401,8 @@ class CheckpointCoordinator:
             deadlines.append(self.next_periodic_ms)
         if self.triggering_deadline_ms is not None:
             deadlines.append(self.triggering_deadline_ms)
+        if self.ending_since_ms is not None and self.queue:
+            deadlines.append(self.ending_since_ms + self.config.timeout_ms)
         return min(deadlines) if deadlines else None
 
     def is_triggering(self, request: TriggerRequest) -> bool:
@@ -430,6 +447,7 @@ class CheckpointCoordinator:
         assert all(r.input_ended is None for r in self.queue) or self._every_source_ended(), (
             "final-checkpoint request queued while a source still runs"
         )
+        assert self.ending_since_ms is None or not self.data_ended, "ending and ended at once"
 
     # --- triggering ------------------------------------------------------------------------
 
@@ -520,6 +538,10 @@ class CheckpointCoordinator:
             refusal = None
             if not self.tasks.all_running():
                 refusal = TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING
+            elif self._waits_for_end_of_data(request, now_ms):
+                if not request.periodic:
+                    break  # stays queued until every task ended its data (on_task_data_ended)
+                refusal = TriggerRefusal.TASKS_ENDING_INPUT
             elif len(self.pending) >= self.config.max_concurrent and not self.is_forced(request):
                 break  # stays queued until a pending checkpoint ends
             elif request.periodic and self._in_min_pause(now_ms):
@@ -535,6 +557,31 @@ class CheckpointCoordinator:
             self.triggering_deadline_ms = now_ms + self.config.timeout_ms
             actions.append(AllocateCheckpointId(request))
         return actions
+
+    def _waits_for_end_of_data(self, request: TriggerRequest, now_ms: int) -> bool:
+        """Every source ended and some task is still ending its input: a checkpoint now would
+        only wait behind it. Savepoints are not held (a user asked for exactly this point)."""
+        return (
+            self.ending_since_ms is not None
+            and not request.kind.is_savepoint
+            and now_ms < self.ending_since_ms + self.config.timeout_ms
+        )
+
+    def on_task_data_ended(self, now_ms: int) -> list[Action]:
+        """A task of the running deployment reported the end of its data (FLIP-147's end of
+        input: its ``end_input`` output and end of data went downstream)."""
+        if self.data_ended or not self.tasks.every_source_data_ended():
+            return []
+        if not self.tasks.all_data_ended():
+            if self.ending_since_ms is None:
+                self.ending_since_ms = now_ms
+            return []
+        self.ending_since_ms = None
+        self.data_ended = True
+        if self.next_periodic_ms is not None:
+            # The final checkpoint now: nothing is left to wait for, and the job ends sooner.
+            self.next_periodic_ms = min(self.next_periodic_ms, now_ms)
+        return self.on_tick(now_ms)
 
     def _in_min_pause(self, now_ms: int) -> bool:
         return (
@@ -693,6 +740,8 @@ class CheckpointCoordinator:
                 actions.extend(self._abort(p, AbortReason.TASK_FAILURE, message, now_ms))
         actions.extend(self._refuse_waiting(TriggerRefusal.NOT_ALL_REQUIRED_TASKS_RUNNING))
         self.ended_sources.clear()  # the next deployment's sources ask again as their input ends
+        self.ending_since_ms = None
+        self.data_ended = False
         if self.stopping_with_savepoint and not any(
             p.kind.is_synchronous for p in self.pending.values()
         ):

@@ -35,6 +35,8 @@ class TaskRecord:
     state: TaskState
     address: str
     failure: str = ""
+    data_ended: bool = False
+    """Its input ended and its end of data went downstream (reported while RUNNING)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,20 @@ class JobExecution:
     def all_running(self) -> bool:
         return len(self.tasks) == len(self._all_keys) and all(
             t.state is TaskState.RUNNING for t in self.tasks.values()
+        )
+
+    def every_source_data_ended(self) -> bool:
+        """Every source subtask of the current deployment reported the end of its data."""
+        return self._data_ended(self._source_keys)
+
+    def all_data_ended(self) -> bool:
+        """Every subtask of the current deployment ended its data (or finished)."""
+        return self._data_ended(self._all_keys)
+
+    def _data_ended(self, keys: frozenset[TaskKey]) -> bool:
+        records = [self.tasks.get(k) for k in keys]
+        return bool(keys) and all(
+            r is not None and (r.data_ended or r.state is TaskState.FINISHED) for r in records
         )
 
     def may_hold_uncommitted_output(self) -> tuple[str, ...]:
@@ -220,8 +236,18 @@ class JobExecution:
         return Registration(attempt=attempt, new_deployment=new_deployment)
 
     def update(
-        self, attempt: ExecutionAttempt, state: TaskState, failure: str = ""
+        self,
+        attempt: ExecutionAttempt,
+        state: TaskState,
+        failure: str = "",
+        *,
+        data_ended: bool = False,
     ) -> TaskTransition:
+        """``attempt`` is now in ``state``; ``data_ended`` (RUNNING only): its input ended."""
+        if data_ended and state is not TaskState.RUNNING:
+            raise InvalidArgumentError(
+                f"data_ended is reported with state RUNNING, not {state.value}"
+            )
         record = self.require_current(attempt)
         before = self.state
         if record.state.is_terminal and record.state is not state:
@@ -230,6 +256,7 @@ class JobExecution:
             )
         record.state = state
         record.failure = failure
+        record.data_ended = record.data_ended or data_ended
         if state in (TaskState.FAILED, TaskState.CANCELED) and not self.state.is_terminal:
             self.state = JobState.RESTARTING
             self._next_registration_redeploys = True

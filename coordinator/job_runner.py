@@ -349,14 +349,17 @@ class JobRunner:
                 assert_never(decision)
 
     async def update_task_state(
-        self, attempt: ExecutionAttempt, state: TaskState, failure: str
+        self, attempt: ExecutionAttempt, state: TaskState, failure: str, data_ended: bool = False
     ) -> None:
         self.manager.check_not_fenced()
         before = self.execution.state
-        transition = self.execution.update(attempt, state, failure)
+        transition = self.execution.update(attempt, state, failure, data_ended=data_ended)
         if before.is_terminal:
             return  # tasks confirming a cancel of a job that already ended
         now = self.manager.clock()
+        if data_ended and transition.job_state_after is JobState.RUNNING:
+            self._log.debug("task.data_ended", task=str(attempt))
+            self._process(self.core.on_task_data_ended(now))
         to_cancel: list[ExecutionAttempt] = []
         if state in (TaskState.FAILED, TaskState.CANCELED):
             # The first failure of a deployment fails it over; later reports (tasks confirming

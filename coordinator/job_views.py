@@ -79,6 +79,7 @@ class JobViews:
                 state=wire.TASK_STATE.to_pb(t.state),
                 address=t.address,
                 failure=t.failure,
+                data_ended=t.data_ended,
             )
             reported = self.task_metrics.latest(t.attempt)
             if reported is not None:

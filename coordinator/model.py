@@ -50,6 +50,10 @@ class TriggerRefusal(enum.Enum):
         "earlier attempt, or not a source)"
     )
     ASKED_AGAIN = "the same source subtask asked for the final checkpoint again"
+    TASKS_ENDING_INPUT = (
+        "every source ended its input and some task is still ending its own (firing its last "
+        "timers, running end_input): the final checkpoint is triggered once every task ended"
+    )
 
 
 class AbortReason(enum.Enum):

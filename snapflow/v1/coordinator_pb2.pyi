@@ -102,20 +102,22 @@ class CancelJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("attempt", "state", "address", "failure", "metrics", "metrics_timestamp_ms")
+    __slots__ = ("attempt", "state", "address", "failure", "metrics", "metrics_timestamp_ms", "data_ended")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     METRICS_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ENDED_FIELD_NUMBER: _ClassVar[int]
     attempt: _common_pb2.TaskAttempt
     state: _common_pb2.TaskState
     address: str
     failure: str
     metrics: TaskMetrics
     metrics_timestamp_ms: int
-    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., address: _Optional[str] = ..., failure: _Optional[str] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., metrics_timestamp_ms: _Optional[int] = ...) -> None: ...
+    data_ended: bool
+    def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., address: _Optional[str] = ..., failure: _Optional[str] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., metrics_timestamp_ms: _Optional[int] = ..., data_ended: _Optional[bool] = ...) -> None: ...
 
 class TaskMetrics(_message.Message):
     __slots__ = ("busy_ms_per_second", "backpressured_ms_per_second", "has_watermark", "watermark_ms", "period_ms")
@@ -256,16 +258,18 @@ class RegisterTaskResponse(_message.Message):
     def __init__(self, attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., coordinator_epoch: _Optional[int] = ..., restore: _Optional[_Union[TaskRestore, _Mapping]] = ..., checkpoint_config: _Optional[_Union[_common_pb2.CheckpointConfig, _Mapping]] = ..., checkpoint_storage_uri: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class UpdateTaskStateRequest(_message.Message):
-    __slots__ = ("job_id", "attempt", "state", "failure")
+    __slots__ = ("job_id", "attempt", "state", "failure", "data_ended")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    DATA_ENDED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: _common_pb2.TaskAttempt
     state: _common_pb2.TaskState
     failure: str
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., failure: _Optional[str] = ...) -> None: ...
+    data_ended: bool
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., failure: _Optional[str] = ..., data_ended: _Optional[bool] = ...) -> None: ...
 
 class UpdateTaskStateResponse(_message.Message):
     __slots__ = ()

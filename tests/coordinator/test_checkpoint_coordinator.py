@@ -66,6 +66,7 @@ GRAPH = JobGraph(
 @dataclass
 class FakeTasks:
     running: bool = True
+    data_ended: frozenset[ExecutionAttempt] = frozenset()
 
     def all_running(self) -> bool:
         return self.running
@@ -75,6 +76,12 @@ class FakeTasks:
 
     def source_attempts(self) -> list[ExecutionAttempt]:
         return [SRC0, SRC1]
+
+    def every_source_data_ended(self) -> bool:
+        return {SRC0, SRC1} <= self.data_ended
+
+    def all_data_ended(self) -> bool:
+        return set(ALL) <= self.data_ended
 
 
 class Harness:
@@ -1249,4 +1256,105 @@ def test_only_a_checkpoint_that_ends_the_tasks_commits_the_end() -> None:
         CheckpointCompleted(cp4, actions[0].request, ()),
         EndCommitted(4, ALL),
         NotifyComplete(4, ALL, final=True),
+    ]
+
+
+# --- the end of input: no checkpoint waits behind it -------------------------------------------
+
+
+def _data_ended(h: Harness, attempt: ExecutionAttempt, now: int) -> list:
+    h.tasks.data_ended = h.tasks.data_ended | {attempt}
+    return h.step(h.cc.on_task_data_ended(now))
+
+
+def test_periodic_checkpoints_wait_while_a_task_ends_its_input_and_the_final_one_follows_at_once() -> (
+    None
+):
+    """Every source ended, the sink still fires its last timers: a checkpoint now would only
+    wait behind them (q4 and q9 of Nexmark: 10 s). Periodic requests are refused with a named
+    reason; the sink's report triggers the final checkpoint at once, not at the next period."""
+    h = Harness(interval_ms=100, timeout_ms=60_000)
+    h.step(h.cc.on_tasks_running(0))
+    first = h.cc.next_periodic_ms
+    assert first is not None
+    assert _data_ended(h, SRC0, now=first - 5) == []  # one source still runs: nothing changes
+    assert h.cc.ending_since_ms is None
+    assert _data_ended(h, SRC1, now=first - 1) == []
+    assert h.cc.ending_since_ms == first - 1
+    periodic = TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True)
+    for k in range(3):
+        assert h.step(h.cc.on_tick(first + 100 * k)) == [
+            RequestRefused(periodic, TriggerRefusal.TASKS_ENDING_INPUT)
+        ]
+    assert not h.cc.pending and h.cc.triggering is None
+    actions = _data_ended(h, SINK0, now=first + 250)
+    assert actions == [AllocateCheckpointId(periodic)]
+    assert h.cc.ending_since_ms is None and h.cc.data_ended
+    assert h.cc.next_periodic_ms == first + 350  # the period goes on from the final trigger
+    # Later reports change nothing (the final checkpoint is under way).
+    assert _data_ended(h, SINK0, now=first + 260) == []
+
+
+def test_a_manual_request_waits_in_the_queue_until_every_task_ended_its_data() -> None:
+    h = Harness(timeout_ms=60_000)
+    _data_ended(h, SRC0, now=1)
+    _data_ended(h, SRC1, now=2)
+    req, actions = h.manual(10)
+    assert actions == [] and list(h.cc.queue) == [req]
+    assert h.cc.next_deadline_ms() == 2 + 60_000
+    assert _data_ended(h, SINK0, now=20) == [AllocateCheckpointId(req)]
+    assert not h.cc.queue
+
+
+def test_the_final_checkpoint_request_of_ended_sources_waits_for_the_other_tasks() -> None:
+    """Without periodic checkpoints the ended sources ask for the final checkpoint; it too is
+    held until every task ended its data."""
+    h = Harness(timeout_ms=60_000)
+    _data_ended(h, SRC0, now=1)
+    first, _ = _source_ended(h, SRC0, now=2)
+    _data_ended(h, SRC1, now=3)
+    last, actions = _source_ended(h, SRC1, now=4)
+    assert actions == [] and list(h.cc.queue) == [last] and h.cc.held == {SRC0: first}
+    assert _data_ended(h, SINK0, now=50) == [AllocateCheckpointId(last)]
+    h.allocate(last, 1, now=51)
+    cp, actions = _complete_final(h, 1, now=60)
+    assert actions[-1] == RequestCovered(first, cp)
+
+
+def test_a_task_that_never_reports_holds_checkpoints_for_at_most_the_timeout() -> None:
+    """A lost report must not keep the job from ending: after the checkpoint timeout the
+    checkpoints go ahead as before."""
+    h = Harness(timeout_ms=1000)
+    _data_ended(h, SRC0, now=0)
+    _data_ended(h, SRC1, now=10)
+    req, actions = h.manual(20)
+    assert actions == []
+    assert h.cc.next_deadline_ms() == 1010
+    assert h.step(h.cc.on_tick(1009)) == []
+    assert h.step(h.cc.on_tick(1010)) == [AllocateCheckpointId(req)]
+
+
+def test_savepoints_are_not_held_by_the_end_of_input() -> None:
+    h = Harness(timeout_ms=60_000)
+    _data_ended(h, SRC0, now=0)
+    _data_ended(h, SRC1, now=1)
+    req, actions = h.manual(5, kind=CheckpointKind.SAVEPOINT)
+    assert actions == [AllocateCheckpointId(req)]
+
+
+def test_a_failover_forgets_which_tasks_ended_their_data() -> None:
+    h = Harness(interval_ms=100, timeout_ms=60_000)
+    h.step(h.cc.on_tasks_running(0))
+    _data_ended(h, SRC0, now=1)
+    _data_ended(h, SRC1, now=2)
+    assert h.cc.ending_since_ms == 2
+    h.tasks.running = False
+    h.step(h.cc.on_tasks_not_running(5, "task failed"))
+    assert h.cc.ending_since_ms is None and not h.cc.data_ended
+    h.tasks.running, h.tasks.data_ended = True, frozenset()
+    h.step(h.cc.on_tasks_running(10))
+    assert h.cc.next_periodic_ms is not None
+    actions = h.step(h.cc.on_tick(h.cc.next_periodic_ms))
+    assert actions == [
+        AllocateCheckpointId(TriggerRequest(0, CheckpointKind.CHECKPOINT, periodic=True))
     ]

@@ -313,3 +313,24 @@ def test_a_job_without_uncommitted_output_finishes_without_a_final_checkpoint() 
         is JobState.FINISHED
     )
     ex.check_invariants()
+
+
+def test_the_end_of_data_of_sources_and_of_all_tasks_per_deployment() -> None:
+    h = Harness()
+    h.deploy_all()
+    assert not h.ex.every_source_data_ended() and not h.ex.all_data_ended()
+    for key in (SRC0, SRC1):
+        h.ex.update(attempt(key, 1), TaskState.RUNNING, data_ended=True)
+        h.ex.check_invariants()
+    assert h.ex.every_source_data_ended() and not h.ex.all_data_ended()
+    # A plain RUNNING report later (a re-registration, say) does not take it back.
+    h.update(SRC0, TaskState.RUNNING)
+    assert h.ex.every_source_data_ended()
+    h.ex.update(attempt(SINK0, 1), TaskState.RUNNING, data_ended=True)
+    assert h.ex.all_data_ended()
+    with pytest.raises(InvalidArgumentError, match="data_ended is reported with state RUNNING"):
+        h.ex.update(attempt(SINK0, 1), TaskState.FINISHED, data_ended=True)
+    # The next deployment starts with nothing ended.
+    h.update(SRC1, TaskState.FAILED, "boom")
+    h.register(SRC0)
+    assert not h.ex.every_source_data_ended() and not h.ex.all_data_ended()

@@ -161,6 +161,12 @@ class Tasks:
     def source_attempts(self) -> list[ExecutionAttempt]:
         return [SRC]
 
+    def every_source_data_ended(self) -> bool:
+        return False
+
+    def all_data_ended(self) -> bool:
+        return False
+
 
 def core(**config: object) -> CheckpointCoordinator:
     cfg = CheckpointConfig(**{"timeout_ms": 1000, **config})  # type: ignore[arg-type]

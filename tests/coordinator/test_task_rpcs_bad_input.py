@@ -158,6 +158,12 @@ UPDATE_CASES = [
         "state must be RUNNING, FINISHED, FAILED or CANCELED",
         id="state-99",
     ),
+    pytest.param(
+        {"data_ended": True},
+        Code.INVALID_ARGUMENT,
+        "data_ended is reported with state RUNNING, not failed",
+        id="data-ended-with-failed",
+    ),
 ]
 
 

@@ -128,7 +128,11 @@ class SimulatedAgent:
             await self.set_state(wire.TASK_STATE.to_pb(TaskState.RUNNING))
 
     async def set_state(
-        self, state: int, failure: str = "", only: tuple[str, int] | None = None
+        self,
+        state: int,
+        failure: str = "",
+        only: tuple[str, int] | None = None,
+        data_ended: bool = False,
     ) -> None:
         for key, attempt in self.attempts.items():
             if only is None or key == only:
@@ -138,6 +142,7 @@ class SimulatedAgent:
                         attempt=attempt,
                         state=state,  # type: ignore[arg-type]
                         failure=failure,
+                        data_ended=data_ended,
                     ),
                     timeout=10,
                 )

@@ -100,6 +100,9 @@ RPC_TIMEOUT_S = 10.0
 # The call waits while other sources still run (the coordinator holds it until all ended); a
 # deadline only bounds how long one call waits before it is made again.
 FINAL_CHECKPOINT_REQUEST_S = 600.0
+DATA_ENDED_REPORT_TRIES = 3
+"""How often a subtask's end of data is reported before giving up (the coordinator then
+triggers its final checkpoint after its checkpoint timeout)."""
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _DEFAULT_DATAPLANE = DataplaneSettings()
 
@@ -454,6 +457,7 @@ class Agent:
                 request_final_checkpoint=functools.partial(
                     self._request_final_checkpoint, hosted.attempt
                 ),
+                report_data_ended=functools.partial(self._report_data_ended, hosted.attempt),
             )
             await task.open_where_it_runs()
             hosted.task = task
@@ -670,16 +674,35 @@ class Agent:
             raise
         await self._report(hosted.attempt, wire.TASK_STATE.to_pb(TaskState.FINISHED))
 
-    async def _report(self, attempt: pb.TaskAttempt, state: int, failure: str = "") -> None:
+    async def _report(
+        self, attempt: pb.TaskAttempt, state: int, failure: str = "", data_ended: bool = False
+    ) -> None:
         await self.stub.UpdateTaskState(
             cpb.UpdateTaskStateRequest(
                 job_id=self.job_id,
                 attempt=attempt,
                 state=state,  # type: ignore[arg-type]
                 failure=failure,
+                data_ended=data_ended,
             ),
             timeout=RPC_TIMEOUT_S,
         )
+
+    async def _report_data_ended(self, attempt: pb.TaskAttempt) -> None:
+        """The subtask ``attempt`` sent its end of data downstream: tell the coordinator, which
+        holds the final checkpoint until every task did. Tried a few times; if it never
+        arrives, the coordinator triggers after its checkpoint timeout."""
+        for attempt_no in range(DATA_ENDED_REPORT_TRIES):
+            try:
+                await self._report(
+                    attempt, wire.TASK_STATE.to_pb(TaskState.RUNNING), data_ended=True
+                )
+                return
+            except grpc.RpcError as e:
+                self._log.info(
+                    "agent.data_ended_report_failed", try_no=attempt_no + 1, error=str(e)[:300]
+                )
+            await asyncio.sleep(0.5)
 
     # --- checkpoint messages to the coordinator ------------------------------------------------
 

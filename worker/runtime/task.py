@@ -86,6 +86,7 @@ class Subtask:
         source_batch_records: int = SOURCE_BATCH_RECORDS,
         periodic_checkpoints: bool = True,
         request_final_checkpoint: Callable[[], Awaitable[None]] | None = None,
+        report_data_ended: Callable[[], Awaitable[None]] | None = None,
         task_thread: bool = False,
         placement: PlacementSettings | None = None,
         state_backend: StateBackendConfig | str | None = None,
@@ -94,7 +95,9 @@ class Subtask:
         """``periodic_checkpoints`` false: the job has no periodic checkpoints, so a source
         whose input ended does not wait for a final checkpoint (nothing would trigger it) and
         its sinks commit nothing more, unless ``request_final_checkpoint`` is given: then it
-        asks the coordinator for one and waits for it as with them. ``task_thread``: operators
+        asks the coordinator for one and waits for it as with them. ``report_data_ended``: tells
+        the coordinator that this subtask's end of data went downstream (so that it triggers
+        no checkpoint whose barrier would wait behind the end of input). ``task_thread``: operators
         run on a task thread of their own (agents pass ``DataplaneSettings.task_thread``, on by
         default); else on the loop, moving to a thread once their calls block when
         ``placement`` is given. ``state_backend``: the keyed state backend (heap or rocksdb,
@@ -166,6 +169,7 @@ class Subtask:
             ack=ack,
             decline=decline,
             request_final_checkpoint=request_final_checkpoint,
+            report_data_ended=report_data_ended,
         )
         self.source_loop: SourceLoop | None = None
         self.input_loop: InputLoop | None = None

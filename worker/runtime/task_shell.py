@@ -62,6 +62,7 @@ class TaskShell:
         ack: AckFn,
         decline: DeclineFn,
         request_final_checkpoint: Callable[[], Awaitable[None]] | None,
+        report_data_ended: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self.log = log
@@ -86,6 +87,8 @@ class TaskShell:
         )
         self._request_final_checkpoint = request_final_checkpoint
         self._requester: asyncio.Future[None] | None = None
+        self._report_data_ended = report_data_ended
+        self._data_ended_report: asyncio.Future[None] | None = None
         self.changed = asyncio.Event()
         self.records_in = 0
         self.watermark = MIN_WATERMARK
@@ -146,9 +149,12 @@ class TaskShell:
         return False
 
     def stop_requesting(self) -> None:
-        """The final checkpoint came (or the task ends): stop asking for it."""
+        """The final checkpoint came (or the task ends): stop asking for it, and stop
+        reporting the end of data."""
         if self._requester is not None:
             self._requester.cancel()
+        if self._data_ended_report is not None:
+            self._data_ended_report.cancel()
 
     async def wait_changed(self, *also: asyncio.Future[Any]) -> None:
         """Wait until the next event (``changed`` must have been cleared before the caller
@@ -190,6 +196,10 @@ class TaskShell:
         await self.runner.call(self.state.record_end_of_data)
         await self.output.broadcast(EndOfDataFrame())
         await self.handle(DataEnded(now_ms()))
+        if self._report_data_ended is not None:
+            # Not awaited: the report must not hold up the task (a lost one only makes the
+            # coordinator trigger its final checkpoint as if it had not been sent).
+            self._data_ended_report = asyncio.ensure_future(self._report_data_ended())
 
 
 def _notify_complete(operators: list[Operator], checkpoint_id: int) -> None:

@@ -416,6 +416,11 @@ def test_bounded_job_commits_exactly_the_final_counts(
             await run_agents(c.address, job.job_id, source_batch_records=4096)
             info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job.job_id), timeout=5)
             assert info.state == pb.JOB_STATE_FINISHED
+            # Every task told the coordinator when its data ended (it holds the final
+            # checkpoint until then: tests/coordinator/test_final_checkpoint_after_end_of_data.py).
+            tasks = await c.stub.ListTasks(cpb.ListTasksRequest(job_id=job.job_id), timeout=5)
+            assert len(tasks.tasks) == (6 if sink_vertex else 4)
+            assert all(t.data_ended for t in tasks.tasks), tasks
 
     asyncio.run(main())
     table = read_committed(out)
