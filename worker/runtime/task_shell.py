@@ -9,6 +9,7 @@ completed checkpoint, a settled snapshot) clears it, checks, and waits on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -42,6 +43,10 @@ from snapflow.worker.runtime.task_lifecycle import (
 )
 from snapflow.worker.runtime.task_output import TaskOutput
 from snapflow.worker.runtime.task_state import TaskState, close_and_dispose
+
+SOURCE_REPORT_WAIT_S = 1.0
+"""How long an ended source waits for its end-of-data report to reach the coordinator before
+it emits the maximum watermark anyway."""
 
 
 class TaskShell:
@@ -192,14 +197,25 @@ class TaskShell:
         if run_end_input:
             await self.output.emit(await self.runner.call(self.chain.end_input))
         if self.lifecycle.is_source and self.watermark < MAX_WATERMARK:
+            # A source reports before the maximum watermark leaves: the timers it makes due
+            # downstream may take seconds, and a checkpoint the coordinator triggers before it
+            # knows would wait behind them. The report is short; it is not waited for long.
+            report = self._start_data_ended_report()
+            if report is not None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(report), SOURCE_REPORT_WAIT_S)
             await self.advance_watermark(MAX_WATERMARK)
         await self.runner.call(self.state.record_end_of_data)
         await self.output.broadcast(EndOfDataFrame())
         await self.handle(DataEnded(now_ms()))
-        if self._report_data_ended is not None:
-            # Not awaited: the report must not hold up the task (a lost one only makes the
-            # coordinator trigger its final checkpoint as if it had not been sent).
+        self._start_data_ended_report()
+
+    def _start_data_ended_report(self) -> asyncio.Future[None] | None:
+        """Tell the coordinator that this task's data ended, once (not awaited by the task: a
+        lost report only makes the coordinator trigger as if it had not been sent)."""
+        if self._report_data_ended is not None and self._data_ended_report is None:
             self._data_ended_report = asyncio.ensure_future(self._report_data_ended())
+        return self._data_ended_report
 
 
 def _notify_complete(operators: list[Operator], checkpoint_id: int) -> None:
