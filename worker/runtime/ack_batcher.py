@@ -17,11 +17,14 @@ import asyncio
 from dataclasses import dataclass
 
 import grpc
+import structlog
 
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.worker.runtime.ack_hold import MAX_HOLD_S, AckHold, SubtaskKey
+
+log = structlog.get_logger("snapflow.worker")
 
 DEFAULT_LINGER_S = 0.001
 DEFAULT_MAX_BATCH = 256
@@ -119,7 +122,15 @@ class AckBatcher:
     def _expire(self, deadline: float) -> None:
         # The loop runs a timer up to its clock resolution early: the deadline has come.
         self._expiry = None
-        self._send_now(self._hold.expire(max(deadline, asyncio.get_running_loop().time())))
+        expired = self._hold.expire(max(deadline, asyncio.get_running_loop().time()))
+        if expired:
+            # A subtask that never answered: the hold rule guessed wrong (docs/worker.md).
+            log.info(
+                "checkpoint.ack_hold_expired",
+                checkpoint_ids=sorted({a.request.checkpoint_id for a in expired}),
+                acks=len(expired),
+            )
+        self._send_now(expired)
 
     def _flush(self) -> None:
         if self._flush_handle is not None:
