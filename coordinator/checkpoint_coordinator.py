@@ -769,7 +769,11 @@ class CheckpointCoordinator:
         metrics: SubtaskMetrics,
         now_ms: int,
         input_ended: bool = False,
+        held_ms: int = 0,
     ) -> tuple[AckResult, list[Action]]:
+        """``held_ms``: how long the agent held the ack (for its other subtasks' acks); the
+        ack's time is its arrival minus that, never before the trigger. Completion is at
+        ``now_ms``, when the last ack arrived."""
         paths = [h.path for s in operator_states for h in s.handles]
         pending = self.pending.get(checkpoint_id)
         if pending is None:
@@ -796,7 +800,8 @@ class CheckpointCoordinator:
             )
         if attempt not in pending.not_yet_acknowledged:
             return AckResult.UNKNOWN, self._discard(paths, f"ack from unexpected attempt {attempt}")
-        ack = SubtaskAck(attempt, now_ms, operator_states, metrics, input_ended)
+        acked_ms = max(pending.trigger_timestamp_ms, now_ms - held_ms)
+        ack = SubtaskAck(attempt, acked_ms, operator_states, metrics, input_ended)
         pending.not_yet_acknowledged.discard(attempt)
         pending.acknowledged[attempt] = ack
         actions: list[Action] = [SubtaskAcknowledged(checkpoint_id, ack)]

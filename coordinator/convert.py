@@ -106,6 +106,14 @@ def checkpoint_id_from_pb(value: int) -> int:
     return value
 
 
+def held_ms_from_pb(value: int) -> int:
+    """How long an agent held an ack (``AcknowledgeCheckpointRequest.held_ms``): refused when
+    negative, like the ack's metrics, or above the longest duration the coordinator takes."""
+    if value < 0:
+        raise InvalidArgumentError(f"held_ms must be >= 0, got {value}")
+    return limits.check_duration_ms(value, "held_ms")
+
+
 # --- job graph ------------------------------------------------------------------------
 
 

@@ -456,11 +456,13 @@ class JobRunner:
         states: tuple[OperatorSubtaskState, ...],
         metrics: SubtaskMetrics,
         input_ended: bool = False,
+        held_ms: int = 0,
     ) -> AckResult:
+        """``held_ms``: how long the agent held the ack before sending it (validated >= 0)."""
         self.manager.check_not_fenced()
         self._validate_paths(states)
         result, actions = self.core.on_ack(
-            attempt, checkpoint_id, states, metrics, self.manager.clock(), input_ended
+            attempt, checkpoint_id, states, metrics, self.manager.clock(), input_ended, held_ms
         )
         self.manager.metrics.record_ack(result)
         if result is not AckResult.SUCCESS:

@@ -198,6 +198,8 @@ class SubtaskAck:
 
     attempt: ExecutionAttempt
     ack_timestamp_ms: int
+    """When the subtask acked: the ack's arrival minus the time its agent held it (``held_ms``),
+    never before the checkpoint's trigger."""
     operator_states: tuple[OperatorSubtaskState, ...] = ()
     metrics: SubtaskMetrics = field(default_factory=SubtaskMetrics)
     input_ended: bool = False

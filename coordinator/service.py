@@ -201,7 +201,10 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         checkpoint_id = convert.checkpoint_id_from_pb(request.checkpoint_id)
         states = convert.operator_states_from_pb(request.operator_states)
         metrics = convert.metrics_from_pb(request.metrics)
-        result = runner.acknowledge(attempt, checkpoint_id, states, metrics, request.input_ended)
+        held_ms = convert.held_ms_from_pb(request.held_ms)
+        result = runner.acknowledge(
+            attempt, checkpoint_id, states, metrics, request.input_ended, held_ms
+        )
         return cpb.AcknowledgeCheckpointResponse(result=convert.ACK_RESULT.to_pb(result))
 
     @grpc_errors
@@ -222,6 +225,7 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
                     convert.operator_states_from_pb(ack.operator_states),
                     convert.metrics_from_pb(ack.metrics),
                     ack.input_ended,
+                    convert.held_ms_from_pb(ack.held_ms),
                 )
             except SnapflowError as error:
                 code, message = status_for(error)

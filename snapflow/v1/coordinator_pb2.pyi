@@ -312,20 +312,22 @@ class ListTasksResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...
 
 class AcknowledgeCheckpointRequest(_message.Message):
-    __slots__ = ("job_id", "attempt", "checkpoint_id", "operator_states", "metrics", "input_ended")
+    __slots__ = ("job_id", "attempt", "checkpoint_id", "operator_states", "metrics", "input_ended", "held_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_STATES_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     INPUT_ENDED_FIELD_NUMBER: _ClassVar[int]
+    HELD_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: _common_pb2.TaskAttempt
     checkpoint_id: int
     operator_states: _containers.RepeatedCompositeFieldContainer[_common_pb2.OperatorSubtaskState]
     metrics: _common_pb2.SubtaskCheckpointMetrics
     input_ended: bool
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., checkpoint_id: _Optional[int] = ..., operator_states: _Optional[_Iterable[_Union[_common_pb2.OperatorSubtaskState, _Mapping]]] = ..., metrics: _Optional[_Union[_common_pb2.SubtaskCheckpointMetrics, _Mapping]] = ..., input_ended: _Optional[bool] = ...) -> None: ...
+    held_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[_Union[_common_pb2.TaskAttempt, _Mapping]] = ..., checkpoint_id: _Optional[int] = ..., operator_states: _Optional[_Iterable[_Union[_common_pb2.OperatorSubtaskState, _Mapping]]] = ..., metrics: _Optional[_Union[_common_pb2.SubtaskCheckpointMetrics, _Mapping]] = ..., input_ended: _Optional[bool] = ..., held_ms: _Optional[int] = ...) -> None: ...
 
 class AcknowledgeCheckpointResponse(_message.Message):
     __slots__ = ("result",)

@@ -183,6 +183,8 @@ ACK_FIELD_CASES = [
     ),
     pytest.param({"size_bytes": -1}, "size_bytes must be >= 0", id="negative-handle-size"),
     pytest.param({"attempt": attempt("src", 0, 0)}, "attempt.attempt must be >= 1", id="attempt-0"),
+    pytest.param({"held_ms": -1}, "held_ms must be >= 0, got -1", id="negative-held-ms"),
+    pytest.param({"held_ms": 2**40}, "held_ms 1099511627776 is above", id="absurd-held-ms"),
 ]
 
 
@@ -204,6 +206,7 @@ def test_ack_with_invalid_fields_is_invalid_argument(
                     metrics=override.get("metrics"),
                     size_bytes=override.get("size_bytes", 5),
                 )
+                request.held_ms = override.get("held_ms", 0)
                 keys_before = await asyncio.to_thread(env.job_keys, job.id)
                 await expect_error(
                     env.stub.AcknowledgeCheckpoint(request, timeout=T),
@@ -396,6 +399,8 @@ def test_batched_acks_are_judged_one_by_one(env: Env, tmp_path: Path) -> None:
                 unknown_state = write_file(job.dir / "taskowned" / "batched-unknown.state")
                 src = job.task("src", 0)
                 bad_metrics = pb.SubtaskCheckpointMetrics(start_delay_ms=-1)
+                negative_held = ack_request(job.id, src, checkpoint_id)
+                negative_held.held_ms = -5
                 cases = [
                     (ack_request(job.id, src, checkpoint_id, str(good)), "ACK_RESULT_SUCCESS", ""),
                     (ack_request(uuid.uuid4().hex, src, checkpoint_id), "NOT_FOUND", "not exist"),
@@ -416,6 +421,7 @@ def test_batched_acks_are_judged_one_by_one(env: Env, tmp_path: Path) -> None:
                         "INVALID_ARGUMENT",
                         "attempt.attempt must be >= 1",
                     ),
+                    (negative_held, "INVALID_ARGUMENT", "held_ms must be >= 0"),
                     (ack_request(job.id, src, 999, str(unknown_state)), "ACK_RESULT_UNKNOWN", ""),
                     (
                         ack_request(job.id, src, checkpoint_id, str(good)),

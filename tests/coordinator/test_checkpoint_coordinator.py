@@ -7,6 +7,7 @@ test of pure logic.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pytest
@@ -171,6 +172,29 @@ def test_happy_path_exact_sequence() -> None:
     assert actions == [CheckpointCompleted(cp, req, ()), NotifyComplete(1, ALL)]
     assert h.cc.latest_completed() == cp
     assert h.cc.pending == {}
+
+
+def acknowledged(actions: Sequence[object]) -> list[SubtaskAcknowledged]:
+    assert all(isinstance(a, SubtaskAcknowledged) for a in actions), actions
+    return [a for a in actions if isinstance(a, SubtaskAcknowledged)]
+
+
+def test_a_held_ack_is_timed_when_the_agent_had_it_and_completion_when_it_arrived() -> None:
+    h = Harness()
+    h.trigger(1, now=100)
+    metrics = SubtaskMetrics(sync_duration_ms=1)
+    # The agent held the sources' acks for its sink's (held_ms); the sink's came at once.
+    _, actions = h.cc.on_ack(SRC0, 1, (), metrics, 160, held_ms=50)
+    assert [(a.checkpoint_id, a.ack.ack_timestamp_ms) for a in acknowledged(actions)] == [(1, 110)]
+    # A held time longer than the checkpoint has existed is clamped to its trigger.
+    _, actions = h.cc.on_ack(SRC1, 1, (), metrics, 160, held_ms=10_000)
+    assert [(a.checkpoint_id, a.ack.ack_timestamp_ms) for a in acknowledged(actions)] == [(1, 100)]
+    _, actions = h.cc.on_ack(SINK0, 1, (), metrics, 160, held_ms=0)
+    h.cc.check_invariants()
+    assert isinstance(actions[0], SubtaskAcknowledged) and actions[0].ack.ack_timestamp_ms == 160
+    assert isinstance(actions[1], FinalizeCheckpoint)
+    assert actions[1].checkpoint.completion_timestamp_ms == 160
+    assert [a.ack_timestamp_ms for a in actions[1].checkpoint.subtask_states] == [160, 110, 100]
 
 
 def test_triggers_go_only_to_source_tasks() -> None:

@@ -4,7 +4,8 @@ An agent is a process (``snapflow worker``) or an object embedded in another pro
 bridge embeds one per Spark task). It serves ``WorkerControlService`` (triggers for its
 sources, completion and abort notices, cancel; ``agent_service.py``) and ``DataExchangeService``
 (its subtasks' input channels), and talks to the coordinator: it registers its subtasks,
-reports their states and acknowledges checkpoints (acks coalesced by ``AckBatcher``).
+reports their states and acknowledges checkpoints (acks coalesced by ``AckBatcher``, one call
+per checkpoint in the common case).
 
 Placement is round-robin by subtask index: with ``num_slots`` agents, agent ``slot`` hosts
 subtask ``i`` of every vertex where ``i % num_slots == slot``. With as many agents as the largest
@@ -463,10 +464,13 @@ class Agent:
             hosted.task = task
         for hosted in self.hosted.values():
             await self._report(hosted.attempt, wire.TASK_STATE.to_pb(TaskState.RUNNING))
+        assert self._batcher is not None
         for hosted in self.hosted.values():
             hosted.runner = asyncio.create_task(
                 self._run_task(hosted), name=f"task-{hosted.task.name if hosted.task else ''}"
             )
+            # Its peers' acks wait for its own while it runs (one ack call per checkpoint).
+            self._batcher.track(self.job_id, hosted.attempt, hosted.runner)
         self._log.info(
             "agent.deployed", attempt=attempt, tasks=len(self.hosted), address=self.address
         )
@@ -758,6 +762,8 @@ class Agent:
 
     def _decline_fn(self, attempt: pb.TaskAttempt) -> DeclineFn:
         async def decline(checkpoint_id: int, reason: DeclineReason, message: str) -> None:
+            if self._batcher is not None:  # its peers' held acks of the checkpoint go now
+                self._batcher.declined(self.job_id, attempt, checkpoint_id)
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.stub.DeclineCheckpoint(
                     cpb.DeclineCheckpointRequest(

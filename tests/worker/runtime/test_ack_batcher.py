@@ -2,7 +2,9 @@
 
 The server answers ``AcknowledgeCheckpoints`` from a table keyed by checkpoint id and records
 every call. Batches are cut by ``max_batch`` or by ``close()``; the linger timer is set far
-beyond any test, so no test depends on timing."""
+beyond any test, so no test depends on timing. The held acks of tracked subtasks (the hold rule
+itself: tests/worker/runtime/test_ack_hold.py) go with a zero linger; only lower bounds of
+``held_ms`` are asserted."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import grpc.aio
 import pytest
 from kit.channels import run
 
+from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.worker.runtime.ack_batcher import AckBatcher, AckRejected
@@ -28,6 +31,8 @@ class FakeCoordinator:
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
         """Checkpoint ids of the acks of every call, in order."""
+        self.held_ms: list[list[int]] = []
+        """``held_ms`` of the acks of every call, in order."""
         self.outcomes: dict[int, cpb.AckOutcome] = {}
         self.fail_with: grpc.StatusCode | None = None
 
@@ -35,6 +40,7 @@ class FakeCoordinator:
         self, request: cpb.AcknowledgeCheckpointsRequest, context: grpc.aio.ServicerContext
     ) -> cpb.AcknowledgeCheckpointsResponse:
         self.calls.append([a.checkpoint_id for a in request.acks])
+        self.held_ms.append([a.held_ms for a in request.acks])
         if self.fail_with is not None:
             await context.abort(self.fail_with, "coordinator down")
         default = cpb.AckOutcome(result=cpb.ACK_RESULT_SUCCESS)
@@ -45,7 +51,11 @@ class FakeCoordinator:
 
 @asynccontextmanager
 async def served(
-    fake: FakeCoordinator, *, linger_s: float = NEVER_S, max_batch: int = 256
+    fake: FakeCoordinator,
+    *,
+    linger_s: float = NEVER_S,
+    max_batch: int = 256,
+    max_hold_s: float = NEVER_S,
 ) -> AsyncIterator[AckBatcher]:
     server = grpc.aio.server()
     handler = grpc.unary_unary_rpc_method_handler(
@@ -64,14 +74,43 @@ async def served(
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield AckBatcher(cgrpc.CoordinatorServiceStub(channel), linger_s, max_batch)
+        yield AckBatcher(
+            cgrpc.CoordinatorServiceStub(channel), linger_s, max_batch, max_hold_s=max_hold_s
+        )
     finally:
         await channel.close(grace=None)
         await server.stop(None)
 
 
-def ack(checkpoint_id: int) -> cpb.AcknowledgeCheckpointRequest:
-    return cpb.AcknowledgeCheckpointRequest(job_id="j" * 32, checkpoint_id=checkpoint_id)
+JOB = "j" * 32
+
+
+def ack(checkpoint_id: int, task: pb.TaskAttempt | None = None) -> cpb.AcknowledgeCheckpointRequest:
+    return cpb.AcknowledgeCheckpointRequest(job_id=JOB, checkpoint_id=checkpoint_id, attempt=task)
+
+
+SRC = pb.TaskAttempt(vertex_id="src", subtask_index=0, attempt=1)
+SINK = pb.TaskAttempt(vertex_id="sink", subtask_index=0, attempt=1)
+
+
+def running(batcher: AckBatcher, *tasks: pb.TaskAttempt) -> list[asyncio.Task[None]]:
+    """Track ``tasks`` as running subtasks; their runners end when cancelled."""
+
+    async def run_until_cancelled() -> None:
+        await asyncio.Event().wait()
+
+    runners = []
+    for task in tasks:
+        runner = asyncio.ensure_future(run_until_cancelled())
+        batcher.track(JOB, task, runner)
+        runners.append(runner)
+    return runners
+
+
+async def settle(turns: int = 20) -> None:
+    """Loop turns: enough for a queued ack to reach the server if it were sent (a zero linger)."""
+    for _ in range(turns):
+        await asyncio.sleep(0.001)
 
 
 def test_a_full_batch_is_one_call_and_each_caller_gets_its_own_result() -> None:
@@ -174,5 +213,96 @@ def test_the_linger_timer_sends_a_lone_ack() -> None:
         async with served(fake, linger_s=0.0) as batcher:
             assert await batcher.acknowledge(ack(5)) == cpb.ACK_RESULT_SUCCESS
         assert fake.calls == [[5]]
+
+    run(main())
+
+
+def test_an_ack_waits_for_its_running_peer_and_both_go_in_one_call() -> None:
+    async def main() -> None:
+        fake = FakeCoordinator()
+        async with served(fake, linger_s=0.0) as batcher:
+            runners = running(batcher, SRC, SINK)
+            first = asyncio.ensure_future(batcher.acknowledge(ack(1, SRC)))
+            await settle()
+            await asyncio.sleep(0.05)
+            assert fake.calls == [] and not first.done()
+            assert await batcher.acknowledge(ack(1, SINK)) == cpb.ACK_RESULT_SUCCESS
+            assert await first == cpb.ACK_RESULT_SUCCESS
+            for r in runners:
+                r.cancel()
+        assert fake.calls == [[1, 1]]
+        [[held_src, held_sink]] = fake.held_ms
+        assert held_src >= 50 and held_sink < held_src
+
+    run(main())
+
+
+def test_a_peer_whose_run_ends_releases_the_held_ack() -> None:
+    async def main() -> None:
+        fake = FakeCoordinator()
+        async with served(fake, linger_s=0.0) as batcher:
+            _, sink = running(batcher, SRC, SINK)
+            first = asyncio.ensure_future(batcher.acknowledge(ack(1, SRC)))
+            await settle()
+            assert fake.calls == []
+            sink.cancel()
+            assert await first == cpb.ACK_RESULT_SUCCESS
+        assert fake.calls == [[1]]
+
+    run(main())
+
+
+def test_a_decline_of_the_peer_releases_the_held_ack() -> None:
+    async def main() -> None:
+        fake = FakeCoordinator()
+        async with served(fake, linger_s=0.0) as batcher:
+            running(batcher, SRC, SINK)
+            first = asyncio.ensure_future(batcher.acknowledge(ack(1, SRC)))
+            await settle()
+            assert fake.calls == []
+            batcher.declined(JOB, SINK, 1)
+            assert await first == cpb.ACK_RESULT_SUCCESS
+        assert fake.calls == [[1]]
+
+    run(main())
+
+
+def test_the_bound_sends_a_held_ack_alone_and_says_how_long_it_was_held() -> None:
+    async def main() -> None:
+        fake = FakeCoordinator()
+        async with served(fake, linger_s=0.0, max_hold_s=0.05) as batcher:
+            running(batcher, SRC, SINK)
+            assert await batcher.acknowledge(ack(1, SRC)) == cpb.ACK_RESULT_SUCCESS
+        assert fake.calls == [[1]]
+        assert fake.held_ms[0][0] >= 50
+
+    run(main())
+
+
+def test_close_sends_held_acks_too() -> None:
+    async def main() -> None:
+        fake = FakeCoordinator()
+        async with served(fake, linger_s=0.0) as batcher:
+            running(batcher, SRC, SINK)
+            first = asyncio.ensure_future(batcher.acknowledge(ack(1, SRC)))
+            await settle()
+            assert fake.calls == []
+            await batcher.close()
+            assert fake.calls == [[1]]
+            assert await first == cpb.ACK_RESULT_SUCCESS
+
+    run(main())
+
+
+def test_a_held_ack_whose_caller_was_cancelled_is_still_sent() -> None:
+    async def main() -> None:
+        fake = FakeCoordinator()
+        async with served(fake, linger_s=0.0) as batcher:
+            running(batcher, SRC, SINK)
+            first = asyncio.ensure_future(batcher.acknowledge(ack(1, SRC)))
+            await settle()
+            first.cancel()  # the source's run ended and cancelled its asynchronous parts
+            assert await batcher.acknowledge(ack(1, SINK)) == cpb.ACK_RESULT_SUCCESS
+        assert fake.calls == [[1, 1]]
 
     run(main())
