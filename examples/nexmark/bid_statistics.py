@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import cloudpickle
 
-from snapflow import AggregateFunction, KeyedBatchContext, KeyedBatchFunction
+from snapflow import KeyedBatchContext, KeyedBatchFunction
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -41,87 +41,96 @@ def day_of(date_time: pa.Array) -> pa.Array:
 
 
 def new_stats() -> dict[str, Any]:
-    """A group's accumulator: bid counts (all, per rank), the latest time of day seen, and the
-    distinct bidders and auctions (all, per rank) as sets, mutated in place, which aggregating
-    state allows (it copies an accumulator before its first change after a checkpoint)."""
+    """A group's figures: bid counts (all, per rank), the latest time of day seen, and the
+    numbers of distinct bidders and auctions (all, per rank)."""
     return {
         "bids": [0, 0, 0, 0],
         "ms_of_day": -1,
-        "bidders": [set(), set(), set(), set()],
-        "auctions": [set(), set(), set(), set()],
+        "bidders": [0, 0, 0, 0],
+        "auctions": [0, 0, 0, 0],
     }
 
 
-def merge(part: dict[str, Any], acc: dict[str, Any]) -> dict[str, Any]:
-    for i in range(4):
-        acc["bids"][i] += part["bids"][i]
-        acc["bidders"][i].update(part["bidders"][i])
-        acc["auctions"][i].update(part["auctions"][i])
-    acc["ms_of_day"] = max(acc["ms_of_day"], part["ms_of_day"])
-    return acc
-
-
-STATS = AggregateFunction.of(new_stats, merge, lambda acc: acc)
-
-
-def partials(batch: pa.RecordBatch) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Per group of the batch: bid counts, distinct bidders and auctions per rank (0: all)."""
-    r1, r2, _ = ranks(batch["price"])
-    rank = pc.if_else(r1, 1, pc.if_else(r2, 2, 3))
-    t = pa.table(
-        {
-            "group": batch["group"],
-            "rank": rank,
-            "bidder": batch["bidder"],
-            "auction": batch["auction"],
-            "ms": pc.modulo(batch["dateTime"], 86_400_000),
-        }
-    )
-    parts: dict[Any, dict[str, Any]] = {}
-    counts = t.group_by(["group", "rank"], use_threads=False).aggregate(
-        [("bidder", "count"), ("ms", "max")]
-    )
-    for g, r, n, ms in zip(*(counts[c].to_pylist() for c in counts.column_names), strict=True):
-        part = parts.setdefault(
-            g,
-            {
-                "bids": [0, 0, 0, 0],
-                "ms_of_day": -1,
-                "bidders": [[], [], [], []],
-                "auctions": [[], [], [], []],
-            },
-        )
-        part["bids"][0] += n
-        part["bids"][r] += n
-        part["ms_of_day"] = max(part["ms_of_day"], ms)
-    for field in ("bidder", "auction"):
-        pairs = t.group_by(["group", "rank", field], use_threads=False).aggregate([])
-        for g, r, v in zip(*(pairs[c].to_pylist() for c in pairs.column_names), strict=True):
-            lists = parts[g][field + "s"]
-            lists[0].append(v)
-            lists[r].append(v)
-    return list(parts), list(parts.values())
+def ranks_seen(t: pa.Table, field: str) -> dict[Any, dict[Any, int]]:
+    """Per group of ``t``, the distinct values of ``field`` with the ranks each was seen in as
+    a bit mask (bit ``r`` for rank ``r``)."""
+    triples = t.group_by(["group", field, "rank"], use_threads=False).aggregate([])
+    out: dict[Any, dict[Any, int]] = {}
+    for g, v, r in zip(*(triples[c].to_pylist() for c in triples.column_names), strict=True):
+        masks = out.setdefault(g, {})
+        masks[v] = masks.get(v, 0) | (1 << r)
+    return out
 
 
 class DistinctCounts(KeyedBatchFunction):
     """The distinct-count aggregation, keyed by the batches' ``group`` column: each batch
-    updates its groups' accumulators (aggregating state ``stats``) and emits the rows that
-    :meth:`rows` makes of their new figures."""
+    updates its groups' figures and emits the rows that :meth:`rows` makes of them.
+
+    The distinct values are map state per group (value -> the ranks it was seen in), as
+    Flink's planner keeps a ``COUNT(DISTINCT)`` in a ``MapState``: a checkpoint writes only the
+    values new since the last one (with RocksDB), where a set in an accumulator was copied
+    and written whole every time. A batch looks its values up in one ``get_all`` per group
+    and field, and the counts move by the values and ranks it saw first."""
 
     def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> Any:
         if batch.num_rows == 0:
             return None
-        groups, parts = partials(batch)
-        state = ctx.get_aggregating_state("stats", STATS)
-        state.add_many(groups, parts)
-        return self.rows(groups, [acc for acc in state.get_many(groups) if acc is not None])
+        r1, r2, _ = ranks(batch["price"])
+        t = pa.table(
+            {
+                "group": batch["group"],
+                "rank": pc.if_else(r1, 1, pc.if_else(r2, 2, 3)),
+                "bidder": batch["bidder"],
+                "auction": batch["auction"],
+                "ms": pc.modulo(batch["dateTime"], 86_400_000),
+            }
+        )
+        counts = t.group_by(["group", "rank"], use_threads=False).aggregate(
+            [("bidder", "count"), ("ms", "max")]
+        )
+        per_group = list(dict.fromkeys(counts["group"].to_pylist()))
+        state = ctx.get_value_state("stats")
+        stats = {
+            g: (s if s is not None else new_stats())
+            for g, s in zip(per_group, state.get_many(per_group), strict=True)
+        }
+        # new dicts: the state may still hold the old ones for a snapshot in flight
+        stats = {
+            g: {k: (list(v) if isinstance(v, list) else v) for k, v in s.items()}
+            for g, s in stats.items()
+        }
+        for g, r, n, ms in zip(*(counts[c].to_pylist() for c in counts.column_names), strict=True):
+            s = stats[g]
+            s["bids"][0] += n
+            s["bids"][r] += n
+            s["ms_of_day"] = max(s["ms_of_day"], ms)
+        for field in ("bidder", "auction"):
+            seen = ctx.get_map_state(f"{field}_ranks")
+            for g, masks in ranks_seen(t, field).items():
+                ctx.set_current_key(g)
+                values = list(masks)
+                figures, changed = stats[g][field + "s"], {}
+                for v, new, old in zip(values, masks.values(), seen.get_all(values), strict=True):
+                    old = old or 0
+                    added = new & ~old
+                    if not added:
+                        continue
+                    changed[v] = old | new
+                    if not old:
+                        figures[0] += 1
+                    for r in (1, 2, 3):
+                        if added >> r & 1:
+                            figures[r] += 1
+                seen.put_all(changed)
+        state.update_many(per_group, [stats[g] for g in per_group])
+        return self.rows(per_group, [stats[g] for g in per_group])
 
     def rows(self, groups: list[Any], accs: list[dict[str, Any]]) -> pa.RecordBatch:
-        """The result rows of ``groups`` from their accumulators (see :func:`count_columns`)."""
+        """The result rows of ``groups`` from their figures (see :func:`count_columns`)."""
         raise NotImplementedError
 
 
 def count_columns(accs: list[dict[str, Any]]) -> list[pa.Array]:
     """The accumulators' figures as the int64 columns of :data:`COUNTS`."""
-    rows = [[*acc["bids"], *map(len, acc["bidders"]), *map(len, acc["auctions"])] for acc in accs]
+    rows = [[*acc["bids"], *acc["bidders"], *acc["auctions"]] for acc in accs]
     return [pa.array(c, pa.int64()) for c in zip(*rows, strict=True)]

@@ -324,6 +324,21 @@ class KeyedBatchContext(_KeyedStateAccess):
             keys if isinstance(keys, pa.Array) else pa.array(keys), self.max_parallelism
         )
 
+    def get_list_state(self, name: str) -> ListState[Any]:
+        """A list per key: the current key's (:meth:`set_current_key`)."""
+        return self._cached("list", name, self._backend.get_list_state)
+
+    def get_map_state(self, name: str) -> MapState:
+        """A map per key: the current key's (:meth:`set_current_key`); ``get_all`` looks up
+        many entries at once."""
+        return self._cached("map", name, self._backend.get_map_state)
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` (a key of the current batch) the current key of the per-key state
+        calls: ``MapState`` and ``ListState`` of one key, ``get``/``update``. The bulk calls
+        name their keys and do not need it."""
+        self._backend.set_current_key(key, self.key_groups_of([key])[0].as_py())
+
     def register_event_time_timers(self, keys: Any, timestamps: Any) -> None:
         """A timer at ``timestamps[i]`` for ``keys[i]``; ``on_timers`` gets it once the
         watermark reaches it (one timer per key and timestamp)."""

@@ -336,6 +336,17 @@ class RocksMapState(_RocksStateMixin, MapState):
     def contains(self, user_key: Any) -> bool:
         return self._rocks.db.get(self._map_prefix() + encode_key(user_key)) is not None
 
+    def get_all(self, user_keys: Sequence[Any]) -> list[Any]:
+        if not user_keys:
+            return []
+        prefix = self._map_prefix()
+        raws = cast(
+            list[bytes | None],
+            self._rocks.db.get(cast(Any, [prefix + encode_key(k) for k in user_keys])),
+        )
+        loads = pickle.loads
+        return [None if raw is None else loads(raw) for raw in raws]
+
     def put(self, user_key: Any, value: Any) -> None:
         self._rocks.db.put(self._map_prefix() + encode_key(user_key), encode_value(value))
 

@@ -32,7 +32,7 @@ canonical snapshot format is the same for both backends.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -496,6 +496,25 @@ class TtlMapState(_Ttl):
 
     def contains(self, user_key: Any) -> bool:
         return self.get(user_key, _MISSING) is not _MISSING
+
+    def get_all(self, user_keys: Sequence[Any]) -> list[Any]:
+        now = self._clock()
+        out: list[Any] = []
+        refreshed: dict[Any, Any] = {}
+        for user_key, raw in zip(user_keys, self._inner.get_all(user_keys), strict=True):
+            if raw is None:
+                out.append(None)
+            elif self._expired(raw[1], now):
+                self._inner.remove(user_key)
+                out.append(None)
+            else:
+                out.append(raw[0])
+                if self._on_read:
+                    refreshed[user_key] = (raw[0], now)
+        if refreshed:
+            self._inner.put_all(refreshed)
+        self._cleanup()
+        return out
 
     def put(self, user_key: Any, value: Any) -> None:
         self._inner.put(user_key, (value, self._clock()))

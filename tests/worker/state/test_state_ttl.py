@@ -165,3 +165,23 @@ def test_bad_ttl_settings_are_refused() -> None:
         StateTtlConfig(ttl_ms=0)
     with pytest.raises(StateError, match="cleanup_size"):
         StateTtlConfig(ttl_ms=1, cleanup_size=-1)
+
+
+def test_map_get_all_sees_live_entries_only_and_refreshes_on_read(
+    backend: KeyedStateBackend, clock: Clock
+) -> None:
+    backend.set_current_key("k")
+    plain = backend.get_map_state("plain", ttl=TTL)
+    plain.put_all({"a": 1, "b": 2})
+    clock.now += 60
+    plain.put("c", 3)
+    assert plain.get_all(["a", "b", "c", "z"]) == [1, 2, 3, None]
+    clock.now += 60  # a and b are 120 ms old, c 60
+    assert plain.get_all(["a", "c", "b"]) == [None, 3, None]
+    assert plain.keys() == ["c"]
+    on_read = backend.get_map_state("on_read", ttl=ON_READ)
+    on_read.put("x", 9)
+    clock.now += 60
+    assert on_read.get_all(["x"]) == [9]  # read: its time to live starts again
+    clock.now += 60
+    assert on_read.get_all(["x"]) == [9]
