@@ -48,23 +48,24 @@ class SourceLoop:
         self._batch_records = batch_records
         self._idleness = SourceIdleness(source.idle_timeout_ms)
         self._schema_checked = False
-        self._triggers: asyncio.Queue[tuple[int, int, BarrierOptions]] = asyncio.Queue()
+        self._triggers: asyncio.Queue[tuple[int, int, BarrierOptions, bool]] = asyncio.Queue()
         self._trigger_queued = asyncio.Event()
         """Set while a trigger is queued: waiting on it leaves the queue's order alone."""
         shell.output.serve_mailbox = self.serve_triggers
 
     def trigger(self, checkpoint_id: int, timestamp_ms: int, options: BarrierOptions) -> None:
         """A checkpoint trigger from the coordinator: taken at the next chance."""
-        self._triggers.put_nowait((checkpoint_id, timestamp_ms, options))
+        ending = self._shell.lifecycle.defers_triggers
+        self._triggers.put_nowait((checkpoint_id, timestamp_ms, options, ending))
         self._trigger_queued.set()
 
     async def serve_triggers(self) -> None:
         """Take the queued triggers (not while end of data is going out)."""
         lifecycle = self._shell.lifecycle
         while not lifecycle.defers_triggers and not self._triggers.empty():
-            checkpoint_id, timestamp_ms, options = self._triggers.get_nowait()
+            checkpoint_id, timestamp_ms, options, ending = self._triggers.get_nowait()
             await self._shell.handle(
-                TriggerAtSource(checkpoint_id, timestamp_ms, options, now_ms())
+                TriggerAtSource(checkpoint_id, timestamp_ms, options, now_ms(), ending)
             )
         if self._triggers.empty():
             self._trigger_queued.clear()

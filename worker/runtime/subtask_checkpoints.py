@@ -183,6 +183,10 @@ class SubtaskCheckpoints:
             channel.send_priority(marker)
         await self._decline(checkpoint_id, reason.decline_reason, f"{self.name}: {reason.value}")
 
+    async def decline_trigger(self, checkpoint_id: int, message: str) -> None:
+        """A source declines a trigger it takes no snapshot for (``TASK_NOT_READY``)."""
+        await self._decline(checkpoint_id, DeclineReason.TASK_NOT_READY, f"{self.name}: {message}")
+
     # --- taking a snapshot -------------------------------------------------------------------
 
     async def take_snapshot(self, take: TakeSnapshot, records_in: int) -> None:

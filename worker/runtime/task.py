@@ -130,6 +130,7 @@ class Subtask:
             is_source=source is not None,
             num_inputs=gate.num_inputs if source is None and gate is not None else 0,
             final_checkpoint=final,
+            declines_ending_triggers=report_data_ended is not None,
         )
         self.state = TaskState(
             SubtaskIdentity(

@@ -157,6 +157,8 @@ class TriggerAtSource:
     timestamp_ms: int
     options: BarrierOptions
     now_ms: int
+    arrived_while_ending: bool = False
+    """It arrived while the source's end of data was going out (``defers_triggers``)."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,14 @@ class TakeSnapshot:
 
 
 @dataclass(frozen=True)
+class DeclineTrigger:
+    """Decline a source's trigger without a snapshot (``TASK_NOT_READY``)."""
+
+    checkpoint_id: int
+    message: str
+
+
+@dataclass(frozen=True)
 class RequestFinalCheckpoint:
     """Ask the coordinator for the final checkpoint (no periodic checkpoints)."""
 
@@ -288,6 +298,7 @@ Action = (
     EndInput
     | EndData
     | TakeSnapshot
+    | DeclineTrigger
     | RequestFinalCheckpoint
     | NotifyComplete
     | NotifyAborted
@@ -320,6 +331,12 @@ class TaskLifecycle:
     """Logical inputs of a task with inputs (numbered from 0); 0 for a source."""
     final_checkpoint: FinalCheckpoint = FinalCheckpoint.WAIT
     """What an ended source does about the final checkpoint (ignored for other tasks)."""
+    declines_ending_triggers: bool = False
+    """The coordinator holds checkpoints while tasks end their input (this task reports the end
+    of its data): a source declines a trigger that arrived while its end of data was going out
+    (``TASK_NOT_READY``, not counted as a failure). The coordinator had sent it before it knew,
+    its barrier would follow the end of data and wait behind the downstream end of input, and
+    the final checkpoint is triggered once every task ended."""
 
     phase: Phase = Phase.CREATED
     last_snapshot_id: int = 0
@@ -490,6 +507,20 @@ class TaskLifecycle:
             return []  # finishing, stopped, failing or closing: nothing more to snapshot
         if event.checkpoint_id <= self.last_snapshot_id:
             return []
+        if (
+            event.arrived_while_ending
+            and self.declines_ending_triggers
+            and self.phase is Phase.DATA_ENDED
+            and not event.options.kind.is_savepoint
+        ):
+            return [
+                DeclineTrigger(
+                    event.checkpoint_id,
+                    "the trigger arrived while this source's end of data went out: its barrier "
+                    "would wait behind the end of input downstream; the final checkpoint "
+                    "follows once every task ended",
+                )
+            ]
         if event.options.kind is CheckpointKind.SAVEPOINT_TERMINATE and self.phase is Phase.RUNNING:
             # Drain, as Flink's: the maximum watermark (every event-time timer fires),
             # end_input and end of data go ahead of the savepoint's barrier.

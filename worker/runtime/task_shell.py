@@ -31,6 +31,7 @@ from snapflow.worker.runtime.task_lifecycle import (
     Action,
     CloseOperators,
     DataEnded,
+    DeclineTrigger,
     EndData,
     EndInput,
     Event,
@@ -127,6 +128,8 @@ class TaskShell:
                     await self._end_data(run_end_input)
                 case TakeSnapshot():
                     await self.checkpoints.take_snapshot(action, self.records_in)
+                case DeclineTrigger(checkpoint_id=cid, message=message):
+                    await self.checkpoints.decline_trigger(cid, message)
                 case RequestFinalCheckpoint():
                     if self._request_final_checkpoint is not None:
                         self._requester = asyncio.ensure_future(self._request_final_checkpoint())

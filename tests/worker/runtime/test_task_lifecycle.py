@@ -21,6 +21,7 @@ from snapflow.worker.runtime.task_lifecycle import (
     CheckpointCompleted,
     CloseOperators,
     DataEnded,
+    DeclineTrigger,
     Discard,
     EndData,
     EndInput,
@@ -195,6 +196,34 @@ def test_a_source_takes_no_trigger_while_its_data_ends() -> None:
     step(lc, SourceExhausted())
     with pytest.raises(InvalidTransitionError, match="defers triggers"):
         lc.handle(trigger(1))
+
+
+def test_a_trigger_that_arrived_while_the_data_ended_is_declined_when_the_coordinator_holds() -> (
+    None
+):
+    """The coordinator sent it before it knew this source ended: its barrier would follow the
+    end of data and wait behind the end of input downstream. Declined (not a failure); later
+    triggers and savepoints are taken as before; without the hold nothing changes."""
+    lc = TaskLifecycle(is_source=True, declines_ending_triggers=True)
+    step(lc, Opened())
+    step(lc, RunStarted())
+    step(lc, SourceExhausted())
+    step(lc, DataEnded())
+    late = TriggerAtSource(4, 1000, ALIGNED, now_ms=1007, arrived_while_ending=True)
+    actions = step(lc, late)
+    assert [type(a) for a in actions] == [DeclineTrigger]
+    assert isinstance(actions[0], DeclineTrigger) and actions[0].checkpoint_id == 4
+    assert lc.last_snapshot_id == 0 and not lc.in_flight
+    aligned = BarrierOptions(target_location="/chk", aligned_checkpoint_timeout_ms=0)
+    assert step(lc, trigger(5)) == [snap(5, aligned, input_ended=True)]
+    savepoint = BarrierOptions(CheckpointKind.SAVEPOINT, target_location="/sp")
+    assert step(
+        lc, TriggerAtSource(6, 1000, savepoint, now_ms=1007, arrived_while_ending=True)
+    ) == [snap(6, savepoint, input_ended=True)]
+    holds_not = running_source()
+    step(holds_not, SourceExhausted())
+    step(holds_not, DataEnded())
+    assert step(holds_not, late) == [snap(4, aligned, input_ended=True)]
 
 
 # --- stop-with-savepoint -------------------------------------------------------------------------
