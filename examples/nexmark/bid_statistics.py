@@ -51,14 +51,13 @@ def new_stats() -> dict[str, Any]:
     }
 
 
-def ranks_seen(t: pa.Table, field: str) -> dict[Any, dict[Any, int]]:
-    """Per group of ``t``, the distinct values of ``field`` with the ranks each was seen in as
-    a bit mask (bit ``r`` for rank ``r``)."""
+def ranks_seen(t: pa.Table, field: str) -> dict[tuple[Any, Any], int]:
+    """Per ``(group, value of field)`` of ``t``, the ranks the value was seen in as a bit mask
+    (bit ``r`` for rank ``r``)."""
     triples = t.group_by(["group", field, "rank"], use_threads=False).aggregate([])
-    out: dict[Any, dict[Any, int]] = {}
+    out: dict[tuple[Any, Any], int] = {}
     for g, v, r in zip(*(triples[c].to_pylist() for c in triples.column_names), strict=True):
-        masks = out.setdefault(g, {})
-        masks[v] = masks.get(v, 0) | (1 << r)
+        out[g, v] = out.get((g, v), 0) | (1 << r)
     return out
 
 
@@ -66,11 +65,13 @@ class DistinctCounts(KeyedBatchFunction):
     """The distinct-count aggregation, keyed by the batches' ``group`` column: each batch
     updates its groups' figures and emits the rows that :meth:`rows` makes of them.
 
-    The distinct values are map state per group (value -> the ranks it was seen in), as
-    Flink's planner keeps a ``COUNT(DISTINCT)`` in a ``MapState``: a checkpoint writes only the
-    values new since the last one (with RocksDB), where a set in an accumulator was copied
-    and written whole every time. A batch looks its values up in one ``get_all`` per group
-    and field, and the counts move by the values and ranks it saw first."""
+    The distinct values are keyed state of their own, one entry per ``(group, value)`` (the
+    ranks the value was seen in) in the group's key group, so it moves with the group when
+    rescaling: the bulk form of Flink's planner keeping a ``COUNT(DISTINCT)`` in a ``MapState``
+    under the group key. A checkpoint then writes only the values new since the last one (with
+    RocksDB), where a set in an accumulator was copied and written whole every time; a batch
+    looks all its values up in one ``get_many`` per field, and the counts move by the values
+    and ranks it saw first."""
 
     def process_batch(self, batch: pa.RecordBatch, ctx: KeyedBatchContext) -> Any:
         if batch.num_rows == 0:
@@ -88,16 +89,13 @@ class DistinctCounts(KeyedBatchFunction):
         counts = t.group_by(["group", "rank"], use_threads=False).aggregate(
             [("bidder", "count"), ("ms", "max")]
         )
-        per_group = list(dict.fromkeys(counts["group"].to_pylist()))
+        groups = list(dict.fromkeys(counts["group"].to_pylist()))
+        group_kg = dict(zip(groups, ctx.key_groups_of(groups).to_pylist(), strict=True))
         state = ctx.get_value_state("stats")
+        # fresh dicts and lists: the state may still hold the old ones for a snapshot in flight
         stats = {
-            g: (s if s is not None else new_stats())
-            for g, s in zip(per_group, state.get_many(per_group), strict=True)
-        }
-        # new dicts: the state may still hold the old ones for a snapshot in flight
-        stats = {
-            g: {k: (list(v) if isinstance(v, list) else v) for k, v in s.items()}
-            for g, s in stats.items()
+            g: {k: list(v) if isinstance(v, list) else v for k, v in (s or new_stats()).items()}
+            for g, s in zip(groups, state.get_many(groups), strict=True)
         }
         for g, r, n, ms in zip(*(counts[c].to_pylist() for c in counts.column_names), strict=True):
             s = stats[g]
@@ -105,25 +103,33 @@ class DistinctCounts(KeyedBatchFunction):
             s["bids"][r] += n
             s["ms_of_day"] = max(s["ms_of_day"], ms)
         for field in ("bidder", "auction"):
-            seen = ctx.get_map_state(f"{field}_ranks")
-            for g, masks in ranks_seen(t, field).items():
-                ctx.set_current_key(g)
-                values = list(masks)
-                figures, changed = stats[g][field + "s"], {}
-                for v, new, old in zip(values, masks.values(), seen.get_all(values), strict=True):
-                    old = old or 0
-                    added = new & ~old
-                    if not added:
-                        continue
-                    changed[v] = old | new
-                    if not old:
-                        figures[0] += 1
-                    for r in (1, 2, 3):
-                        if added >> r & 1:
-                            figures[r] += 1
-                seen.put_all(changed)
-        state.update_many(per_group, [stats[g] for g in per_group])
-        return self.rows(per_group, [stats[g] for g in per_group])
+            masks = ranks_seen(t, field)
+            keys = list(masks)
+            key_groups = [group_kg[g] for g, _ in keys]
+            seen = ctx.get_value_state(f"{field}_ranks")
+            changed: list[int] = []
+            merged: list[int] = []
+            for i, ((g, _), new, old) in enumerate(
+                zip(keys, masks.values(), seen.get_many(keys, key_groups), strict=True)
+            ):
+                old = old or 0
+                added = new & ~old
+                if not added:
+                    continue
+                changed.append(i)
+                merged.append(old | new)
+                figures = stats[g][field + "s"]
+                if not old:
+                    figures[0] += 1
+                for r in (1, 2, 3):
+                    if added >> r & 1:
+                        figures[r] += 1
+            if changed:
+                seen.update_many(
+                    [keys[i] for i in changed], merged, [key_groups[i] for i in changed]
+                )
+        state.update_many(groups, [stats[g] for g in groups])
+        return self.rows(groups, [stats[g] for g in groups])
 
     def rows(self, groups: list[Any], accs: list[dict[str, Any]]) -> pa.RecordBatch:
         """The result rows of ``groups`` from their figures (see :func:`count_columns`)."""
