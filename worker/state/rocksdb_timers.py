@@ -81,7 +81,8 @@ class RocksDBTimerMirror:
         self._count = 0
         # key group -> the highest watermark that fired timers of it since the last flush
         self._fired: dict[int, int] = {}
-        self._flush_at = flush_at
+        self.flush_at = flush_at
+        """Pending changes that trigger a flush."""
 
     @property
     def pending(self) -> int:
@@ -106,7 +107,7 @@ class RocksDBTimerMirror:
             group[entry] = _PUT
         else:
             self._count += 1
-            if self._count >= self._flush_at:
+            if self._count >= self.flush_at:
                 self.flush()
 
     def timer_deleted(self, key_group: int, entry: tuple[int, Any, Any]) -> None:
@@ -118,7 +119,7 @@ class RocksDBTimerMirror:
             group[entry] = _DELETE
             if change is None:
                 self._count += 1
-                if self._count >= self._flush_at:
+                if self._count >= self.flush_at:
                     self.flush()
 
     def timers_fired(self, watermark: int, timers: Sequence[Timer]) -> None:
