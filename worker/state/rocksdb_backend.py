@@ -40,8 +40,8 @@ Compaction
 
 Restore
     From canonical files (any backend's savepoint) the entries and timers of the backend's key
-    groups are written into the database. From incremental manifests: when one manifest covers exactly
-    this backend's key groups, its files are downloaded (``rocksdb_restore.py``) or linked
+    groups are written into the database. From incremental manifests: when one manifest covers
+    exactly this backend's key groups, its files are downloaded (``rocksdb_restore.py``) or linked
     from the local copy (``rocksdb_local_recovery.py``) and opened as the database; otherwise
     (rescaling) each overlapping manifest's database is downloaded to a temporary directory,
     the backend's key-group range is exported from it to an SST file and ingested. As with
@@ -160,9 +160,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     """Keyed state of one subtask in a local RocksDB instance (see the module docstring).
 
     The current key, the key-group math of the bulk API and the timer index are the heap
-    backend's (inherited); every state, and every timer, lives in RocksDB. ``tuning`` sets the instance
-    (``memory_budget_bytes`` is the short form of ``RocksDBTuning(memory_budget_bytes=...)``
-    and is ignored when ``tuning`` is given)."""
+    backend's (inherited); every state, and every timer, lives in RocksDB. ``tuning`` sets the
+    instance (``memory_budget_bytes`` is the short form of
+    ``RocksDBTuning(memory_budget_bytes=...)`` and is ignored when ``tuning`` is given)."""
 
     def __init__(
         self,

@@ -149,19 +149,16 @@ class RocksDBTimerMirror:
             prefix = prefixes[kg]
             after = timers_after(watermark)
             batch.delete_range(prefix, prefix_end(prefix) if after is None else prefix + after)
-        # Keys and namespaces recur (a key in several windows, a window for many keys).
-        keys: dict[Any, bytes] = {}
+        # A window's namespace recurs for many keys and is pickled once per flush (equal
+        # namespaces, one timer to the service, share the first one's encoding).
         namespaces: dict[Any, bytes] = {}
         for kg, group in pending.items():
             prefix = prefixes[kg]
             for (ts, key, ns), change in group.items():
-                encoded_key = keys.get(key)
-                if encoded_key is None:
-                    encoded_key = keys[key] = encode_key(key)
                 encoded_ns = namespaces.get(ns)
                 if encoded_ns is None:
                     encoded_ns = namespaces[ns] = encode_key(ns)
-                db_key = prefix + encode_timer(ts, encoded_key, encoded_ns)
+                db_key = prefix + encode_timer(ts, encode_key(key), encoded_ns)
                 if change == _DELETE:
                     batch.delete(db_key)
                 else:
