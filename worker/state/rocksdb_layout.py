@@ -110,14 +110,22 @@ def timers_after(watermark: int) -> bytes | None:
     return _U64.pack(max(watermark + 1 + _TS_OFFSET, 0))
 
 
-def decode_timer(rest: bytes) -> tuple[int, Any, Any]:
-    """``(timestamp, key, namespace)`` of the timer :func:`encode_timer` encoded as ``rest``."""
-    (length,) = LEN32.unpack_from(rest, 8)
-    return (
-        _U64.unpack_from(rest)[0] - _TS_OFFSET,
-        decode_key(rest[12 : 12 + length]),
-        decode_key(rest[12 + length :]),
-    )
+def decode_timer(data: bytes, offset: int, namespaces: dict[bytes, Any]) -> tuple[int, Any, Any]:
+    """``(timestamp, key, namespace)`` of the timer :func:`encode_timer` encoded in ``data``
+    from ``offset`` on. ``namespaces``: namespaces decoded so far by their encoding (a window's
+    recurs for many keys: it is unpickled once, and its timers share one object)."""
+    ts, length = _TIMER_HEAD.unpack_from(data, offset)
+    start = offset + 12
+    end = start + length
+    if length == 9 and data[start] == 0x69:  # b"i": an int64 key, the common case
+        key = _I64.unpack_from(data, start + 1)[0]
+    else:
+        key = decode_key(data[start:end])
+    encoded = data[end:]
+    namespace = namespaces.get(encoded, namespaces)
+    if namespace is namespaces:
+        namespace = namespaces[encoded] = decode_key(encoded)
+    return ts - _TS_OFFSET, key, namespace
 
 
 def encode_value(value: Any) -> bytes:

@@ -59,12 +59,17 @@ def timer_prefix(key_group: int) -> bytes:
     return KG.pack(key_group) + state_tag(TIMER_STATE)
 
 
-def read_timers(source: Any, key_group: int) -> list[tuple[int, Any, Any]]:
+def read_timers(
+    source: Any, key_group: int, namespaces: dict[bytes, Any] | None = None
+) -> list[tuple[int, Any, Any]]:
     """``(timestamp, key, namespace)`` of every timer of ``key_group`` in ``source`` (a
-    database, snapshot or checkpoint), in timestamp order: a canonical timers section."""
+    database, snapshot or checkpoint), in timestamp order: a canonical timers section.
+    ``namespaces``: the namespaces decoded so far (see ``decode_timer``), to share between
+    calls."""
     prefix = timer_prefix(key_group)
     n = len(prefix)
-    return [decode_timer(key[n:]) for key, _ in scan_range(source, prefix, prefix_end(prefix))]
+    memo: dict[bytes, Any] = {} if namespaces is None else namespaces
+    return [decode_timer(key, n, memo) for key, _ in scan_range(source, prefix, prefix_end(prefix))]
 
 
 class RocksDBTimerMirror:
@@ -172,7 +177,8 @@ class RocksDBTimerMirror:
         """``(key group, timers)`` of each of ``key_groups`` holding timers in the database."""
         self.flush()
         db = self._backend.db
+        namespaces: dict[bytes, Any] = {}
         for kg in key_groups:
-            timers = read_timers(db, kg)
+            timers = read_timers(db, kg, namespaces)
             if timers:
                 yield kg, timers
