@@ -40,7 +40,7 @@ from snapflow.worker.state.timers import Timer
 
 __all__ = ["DEFAULT_FLUSH_AT", "RocksDBTimerMirror", "read_timers", "timer_prefix"]
 
-DEFAULT_FLUSH_AT = 65_536
+DEFAULT_FLUSH_AT = 4_096
 """Pending timer changes that trigger a flush (bounds the buffer's memory and the work a
 snapshot's synchronous part finds left)."""
 
