@@ -8,9 +8,14 @@ Layout
     One RocksDB instance per backend (one keyed subtask), in a directory of its own under the
     worker's local state directory, deleted by :meth:`RocksDBKeyedStateBackend.dispose`, sized
     by its :class:`~snapflow.worker.state.rocksdb_tuning.RocksDBTuning`. Entries are keyed by
-    key group first (``rocksdb_layout.py``). Event-time timers stay on the heap (Flink's
-    ``state.backend.rocksdb.timer-service.factory: HEAP``) and are snapshotted as the heap's
-    are; their number grows with windows in flight, not with the keys held.
+    key group first (``rocksdb_layout.py``).
+
+Timers
+    Event-time timers are entries of the database too (a reserved state, ``rocksdb_timers.py``),
+    so incremental checkpoints carry them with the SST files and rescaling moves them with
+    their key groups; the heap's ``TimerService`` stays the index they fire from (all of them
+    in memory, unlike Flink's RocksDB timer service, which caches only each key group's
+    earliest). Changes reach the database in batches (one ``WriteBatch`` per flush).
 
 Cache
     Value, reducing and aggregating states read and write through a write-back cache of
@@ -23,8 +28,9 @@ Snapshots (same recovery contract as the heap backend, see ``keyed_backend.py``)
     Synchronous part: flush the cache, then for a checkpoint a RocksDB checkpoint
     (``Checkpoint.create_checkpoint``: the memtable is flushed, the live SST files are
     hard-linked, nothing is copied), for a savepoint (or a snapshot without barrier options) a
-    RocksDB snapshot; and a copy-on-write view of the timers. The asynchronous parts, an
-    incremental upload or a canonical ``keyed`` file, are ``rocksdb_snapshots.py``'s.
+    RocksDB snapshot. Both hold the timers (flushed with the cache), so nothing is frozen or
+    copied on write. The asynchronous parts, an incremental upload or canonical ``keyed`` and
+    ``timers`` files, are ``rocksdb_snapshots.py``'s.
 
 Compaction
     What a checkpoint uploads is the flushed memtable plus every file compactions wrote since
@@ -33,14 +39,16 @@ Compaction
     (``rocksdb_tuning.py``; measurements and the trade-off in docs/storage.md).
 
 Restore
-    From canonical files (any backend's savepoint) the entries of the backend's key groups are
-    written into the database. From incremental manifests: when one manifest covers exactly
-    this backend's key groups, its files are downloaded (``rocksdb_restore.py``) or linked
+    From canonical files (any backend's savepoint) the entries and timers of the backend's key
+    groups are written into the database. From incremental manifests: when one manifest covers
+    exactly this backend's key groups, its files are downloaded (``rocksdb_restore.py``) or linked
     from the local copy (``rocksdb_local_recovery.py``) and opened as the database; otherwise
     (rescaling) each overlapping manifest's database is downloaded to a temporary directory,
     the backend's key-group range is exported from it to an SST file and ingested. As with
     Flink's default restore mode (``NO_CLAIM``) the first checkpoint after a restore uploads
-    all its files; later ones are incremental again.
+    all its files; later ones are incremental again. The timer index is then rebuilt from the
+    database (a checkpoint of older versions, which wrote a ``timers`` file beside the
+    manifest, restores its timers from that file).
 
 Threading: as for the heap backend, the backend belongs to its task thread; only a snapshot's
 ``write`` runs on another thread (it reads the RocksDB checkpoint or snapshot, never the live
@@ -92,6 +100,7 @@ from snapflow.worker.state.rocksdb_layout import (
     LEN32,
     LIST_KINDS,
     MAP_KINDS,
+    TIMER_STATE,
     decode_key,
     encode_key,
     encode_value,
@@ -123,12 +132,13 @@ from snapflow.worker.state.rocksdb_state import (
     RocksTable,
     RocksValueState,
 )
+from snapflow.worker.state.rocksdb_timers import RocksDBTimerMirror
 from snapflow.worker.state.rocksdb_tuning import (
     DEFAULT_MEMORY_BUDGET_BYTES,
     RocksDBTuning,
     write_options,
 )
-from snapflow.worker.state.snapshots import KeyedSnapshotWriter, SnapshotInProgress
+from snapflow.worker.state.snapshots import SnapshotInProgress
 from snapflow.worker.state.state_files import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -136,6 +146,7 @@ from snapflow.worker.state.state_files import (
     StateFileReader,
     handle_fields,
 )
+from snapflow.worker.state.timers import TimerService
 from snapflow.worker.state.ttl import Clock
 
 __all__ = ["DEFAULT_CACHE_ENTRIES", "RocksDBKeyedStateBackend"]
@@ -148,10 +159,10 @@ log = structlog.get_logger("snapflow.worker")
 class RocksDBKeyedStateBackend(KeyedStateBackend):
     """Keyed state of one subtask in a local RocksDB instance (see the module docstring).
 
-    The current key, the key-group math of the bulk API and the event-time timers are the
-    heap backend's (inherited); every state lives in RocksDB. ``tuning`` sets the instance
-    (``memory_budget_bytes`` is the short form of ``RocksDBTuning(memory_budget_bytes=...)``
-    and is ignored when ``tuning`` is given)."""
+    The current key, the key-group math of the bulk API and the timer index are the heap
+    backend's (inherited); every state, and every timer, lives in RocksDB. ``tuning`` sets the
+    instance (``memory_budget_bytes`` is the short form of
+    ``RocksDBTuning(memory_budget_bytes=...)`` and is ignored when ``tuning`` is given)."""
 
     def __init__(
         self,
@@ -178,6 +189,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._db_path = os.path.join(self._dir, "db")
         self._tuning = tuning or RocksDBTuning(memory_budget_bytes=memory_budget_bytes)
         self.db = self._open(self._db_path)
+        self.timer_mirror = RocksDBTimerMirror(self, self.key_group_range)
+        self.timer_service = TimerService(self, self.timer_mirror)
         self._rtables: dict[str, RocksTable] = {}
         self._kinds: dict[str, str] = {}  # registered or restored: state name -> kind
         self._names: dict[bytes, str] = {}  # state name bytes -> name (snapshot decoding)
@@ -241,8 +254,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     # --- registration -----------------------------------------------------------------------
 
     def _rtable(self, name: str, kind: str) -> RocksTable:
-        if not isinstance(name, str) or not name:
-            raise StateError(f"state names are non-empty strings, got {name!r}")
+        if not isinstance(name, str) or not name or name == TIMER_STATE:
+            raise StateError(
+                f"state names are non-empty strings (not {TIMER_STATE!r}), got {name!r}"
+            )
         table = self._rtables.get(name)
         known = self._kinds.get(name)
         if known is not None and known != kind:
@@ -395,7 +410,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             )
 
     def _flush(self) -> None:
-        """Write the dirty cache entries to RocksDB (one write batch)."""
+        """Write the dirty cache entries, and the pending timer changes, to RocksDB (one write
+        batch each)."""
+        self.timer_mirror.flush()
         if not self.dirty:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -509,6 +526,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     f"the ingested files hold key group {KG.unpack_from(stray[0])[0]}, outside "
                     f"this backend's key groups {self.key_group_range}"
                 )
+        self._index_timers(", ".join(paths))
 
     def _ingest(self, paths: list[str]) -> None:
         opts = rocksdict.IngestExternalFileOptions()
@@ -516,6 +534,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._flush()
         self.cache.clear()  # cached values may predate the ingested entries
         self.db.ingest_external_file(paths, opts)
+
+    def _index_timers(self, path: str) -> int:
+        """Add the database's timers to the timer index (after a restore or an ingest put
+        them there); returns the number of key groups holding timers."""
+        groups = 0
+        for kg, timers in self.timer_mirror.scan(self.key_group_range):
+            self.timer_service.restore_group(kg - self._start, timers, path, to_sink=False)
+            groups += 1
+        return groups
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -562,20 +589,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def snapshot(
         self, checkpoint_id: int, options: BarrierOptions | None = None
     ) -> SnapshotInProgress:
-        """Synchronous part: flush the cache; then a RocksDB checkpoint (hard links) for a
-        checkpoint, a RocksDB snapshot for a savepoint (or without ``options``); and a
-        copy-on-write view of the timers."""
+        """Synchronous part: flush the cache and the timers; then a RocksDB checkpoint (hard
+        links) for a checkpoint, a RocksDB snapshot for a savepoint (or without ``options``).
+        Both hold the timers as of now: nothing is frozen."""
         start = time.perf_counter()
         self._snapshots.reap()
         self._flush()
-        timer_view = self.timer_service.freeze()
-        timers = KeyedSnapshotWriter(
-            checkpoint_id, self.max_parallelism, self.key_group_range, self.name, {}, timer_view
-        )
         kinds = dict(self._kinds)
         writer: Callable[[str, MergedStateObject | None], list[StateHandle]]
         if options is None or options.kind.is_savepoint or not options.target_location:
-            writer = CanonicalSnapshotWriter(self, checkpoint_id, self.db.snapshot(), kinds, timers)
+            writer = CanonicalSnapshotWriter(self, checkpoint_id, self.db.snapshot(), kinds)
         else:
             local = os.path.join(self._dir, f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}")
             rocksdict.Checkpoint(self.db).create_checkpoint(local)
@@ -585,7 +608,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 local,
                 shared_dir_for(options.target_location),
                 kinds,
-                timers,
                 dict(self._confirmed),
                 keep=self._recovery_dir is not None,
             )
@@ -594,11 +616,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         snap.sync_duration_s = time.perf_counter() - start
         return snap
 
-    def snapshot_meta(self, kind: str, checkpoint_id: int, kinds: dict[str, str]) -> dict[str, Any]:
-        """The metadata of a state file of kind ``kind`` (``keyed`` or ``incremental``) that a
-        snapshot writer (``rocksdb_snapshots.py``) writes for checkpoint ``checkpoint_id``,
-        with ``kinds`` (state name -> kind) as of the snapshot."""
-        return {
+    def snapshot_meta(
+        self, kind: str, checkpoint_id: int, kinds: dict[str, str] | None
+    ) -> dict[str, Any]:
+        """The metadata of a state file of kind ``kind`` (``keyed``, ``timers`` or
+        ``incremental``) that a snapshot writer (``rocksdb_snapshots.py``) writes for
+        checkpoint ``checkpoint_id``, with ``kinds`` (state name -> kind) as of the snapshot
+        (``None``: a timers file, which names no states)."""
+        meta = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "kind": kind,
@@ -607,8 +632,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             "key_group_start": self.key_group_range.start,
             "key_group_end": self.key_group_range.end,
             "key_hash": KEY_HASH_VERSION,
-            "states": kinds,
         }
+        if kinds is not None:
+            meta["states"] = kinds
+        return meta
 
     # --- restore ----------------------------------------------------------------------------
 
@@ -653,6 +680,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         whole = len(manifests) == 1 and not keyed and manifests[0][1] == self.key_group_range
         for handle, file_range in manifests:
             restored += self._restore_manifest(handle, file_range, whole=whole)
+        if manifests:  # after every ingest: the database holds the restored timers
+            self._index_timers(", ".join(h.path for h, _ in manifests))
         for handle, file_range in keyed:
             restored += self._restore_canonical(handle, file_range, claim)
         for handle, file_range in timers:

@@ -6,10 +6,13 @@ key range (scanned, exported to an SST file and ingested on restore and rescale)
 
     key group (u16 BE) | name length (u16 BE) | state name (UTF-8) | key
     map state:           ... | key length (u32 BE) | key | user key
+    timers (TIMER_STATE): ... | timestamp (u64 BE, offset by 2**63) | key length (u32 BE) | key
+                          | namespace
 
 Keys are encoded by type (``s`` + UTF-8 for ``str``, ``i`` + 8 bytes for an int64, ``b`` +
 bytes, ``p`` + pickle otherwise); values are pickles. A list is one value (the whole list), a
-map one entry per user key.
+map one entry per user key. An event-time timer is one entry with an empty value under the
+reserved state name :data:`TIMER_STATE`; its key sorts by timestamp within its key group.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ __all__ = [
     "LEN32",
     "LIST_KINDS",
     "MAP_KINDS",
+    "TIMER_STATE",
     "decode_key",
+    "decode_timer",
     "encode_key",
+    "encode_timer",
     "encode_value",
     "export_key_groups",
     "key_group_bounds",
@@ -44,6 +50,7 @@ __all__ = [
     "scan_range",
     "split_map_key",
     "state_tag",
+    "timers_after",
 ]
 
 KG = struct.Struct(">H")
@@ -55,6 +62,11 @@ MAP_KINDS = {"map", "ttl-map"}
 """State kinds stored as one entry per user key."""
 LIST_KINDS = {"list", "ttl-list"}
 """State kinds stored as one value per key (the whole list), outside the value cache."""
+TIMER_STATE = "\x00timers"
+"""The reserved state name the event-time timers are stored under (no state may take it)."""
+_U64 = struct.Struct(">Q")
+_TIMER_HEAD = struct.Struct(">QI")
+_TS_OFFSET = 1 << 63
 
 
 def encode_key(key: Any) -> bytes:
@@ -81,6 +93,39 @@ def decode_key(data: bytes) -> Any:
     if tag == b"p":
         return pickle.loads(data[1:])
     raise CorruptStateError(f"unknown key encoding {tag!r} in the disk state backend")
+
+
+def encode_timer(timestamp: int, key: bytes, namespace: bytes) -> bytes:
+    """A timer's part of its database key (after its key group and :data:`TIMER_STATE`'s tag),
+    from its timestamp and its encoded key and namespace (:func:`encode_key`)."""
+    return _TIMER_HEAD.pack(timestamp + _TS_OFFSET, len(key)) + key + namespace
+
+
+def timers_after(watermark: int) -> bytes | None:
+    """The smallest timer part (:func:`encode_timer`) of a timer later than ``watermark``:
+    timers up to ``watermark`` are the keys of their key group below it (``None``: every
+    timer is up to ``watermark``)."""
+    if watermark >= (1 << 63) - 1:
+        return None
+    return _U64.pack(max(watermark + 1 + _TS_OFFSET, 0))
+
+
+def decode_timer(data: bytes, offset: int, namespaces: dict[bytes, Any]) -> tuple[int, Any, Any]:
+    """``(timestamp, key, namespace)`` of the timer :func:`encode_timer` encoded in ``data``
+    from ``offset`` on. ``namespaces``: namespaces decoded so far by their encoding (a window's
+    recurs for many keys: it is unpickled once, and its timers share one object)."""
+    ts, length = _TIMER_HEAD.unpack_from(data, offset)
+    start = offset + 12
+    end = start + length
+    if length == 9 and data[start] == 0x69:  # b"i": an int64 key, the common case
+        key = _I64.unpack_from(data, start + 1)[0]
+    else:
+        key = decode_key(data[start:end])
+    encoded = data[end:]
+    namespace = namespaces.get(encoded, namespaces)
+    if namespace is namespaces:
+        namespace = namespaces[encoded] = decode_key(encoded)
+    return ts - _TS_OFFSET, key, namespace
 
 
 def encode_value(value: Any) -> bytes:

@@ -8,11 +8,12 @@
   name, path, size and CRC-32 (:class:`SharedFile`), plus the few small files that describe
   the database; read back by :func:`read_manifest`) goes into the checkpoint's directory. The
   acknowledgement names every SST file too (kinds ``shared-new`` and ``shared``), so the
-  coordinator can count references to them (``coordinator/shared_state.py``).
+  coordinator can count references to them (``coordinator/shared_state.py``). The timers are
+  entries of the database (``rocksdb_timers.py``): no file of their own.
 * A **savepoint** (and a snapshot without barrier options) is canonical
-  (:class:`CanonicalSnapshotWriter`): the same key-group indexed ``keyed`` file the heap
-  backend writes, read from a RocksDB snapshot (consistent, no copy) one key group at a time.
-  Either backend restores it, at any parallelism.
+  (:class:`CanonicalSnapshotWriter`): the same key-group indexed ``keyed`` and ``timers`` files
+  the heap backend writes, read from a RocksDB snapshot (consistent, no copy) one key group at
+  a time. Either backend restores it, at any parallelism.
 
 Both run on the snapshot's thread: they read the RocksDB checkpoint or snapshot, never the live
 database or its cache.
@@ -20,6 +21,7 @@ database or its cache.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import shutil
@@ -28,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, NamedTuple, Protocol
 
-from snapflow.checkpointing import INCREMENTAL, KEYED, SHARED, SHARED_NEW, StateHandle
+from snapflow.checkpointing import INCREMENTAL, KEYED, SHARED, SHARED_NEW, TIMERS, StateHandle
 from snapflow.errors import StorageError
 from snapflow.filestore import file_crc32, is_object_store_uri
 from snapflow.filestore_registry import store_for
@@ -36,14 +38,15 @@ from snapflow.worker.state.errors import CorruptStateError
 from snapflow.worker.state.keygroups import KeyGroupRange
 from snapflow.worker.state.rocksdb_layout import (
     MAP_KINDS,
+    TIMER_STATE,
     decode_key,
     key_group_bounds,
     parse_entry,
     scan_range,
     split_map_key,
 )
+from snapflow.worker.state.rocksdb_timers import read_timers
 from snapflow.worker.state.rocksdb_tuning import RocksDBTuning
-from snapflow.worker.state.snapshots import KeyedSnapshotWriter
 from snapflow.worker.state.state_files import (
     MergedStateObject,
     StateFileReader,
@@ -124,7 +127,7 @@ class SnapshotSource(Protocol):
     def encoded_state_names(self) -> Mapping[bytes, str]: ...
 
     def snapshot_meta(
-        self, kind: str, checkpoint_id: int, kinds: dict[str, str]
+        self, kind: str, checkpoint_id: int, kinds: dict[str, str] | None
     ) -> dict[str, Any]: ...
 
     def checkpoint_written(
@@ -132,24 +135,27 @@ class SnapshotSource(Protocol):
     ) -> None: ...
 
 
+_TIMER_NAME = TIMER_STATE.encode()
+
+
+def _first_and_rest(sections: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]] | None:
+    """``sections`` whole, or ``None`` when it yields nothing (then no file is written)."""
+    first = next(sections, None)
+    return None if first is None else itertools.chain([first], sections)
+
+
 class CanonicalSnapshotWriter:
-    """The asynchronous part of a canonical snapshot: the heap's ``keyed`` file, read from a
-    RocksDB snapshot one key group at a time; then the timers."""
+    """The asynchronous part of a canonical snapshot: the heap's ``keyed`` and ``timers``
+    files, read from a RocksDB snapshot one key group at a time."""
 
     def __init__(
-        self,
-        backend: SnapshotSource,
-        checkpoint_id: int,
-        view: Any,
-        kinds: dict[str, str],
-        timers: KeyedSnapshotWriter,
+        self, backend: SnapshotSource, checkpoint_id: int, view: Any, kinds: dict[str, str]
     ) -> None:
         self.backend = backend
         self.checkpoint_id = checkpoint_id
         self.view = view
         self.kinds = kinds
         self.names = dict(backend.encoded_state_names)
-        self.timers = timers
 
     def _sections(self) -> Iterator[tuple[int, bytes]]:
         kg_range = self.backend.key_group_range
@@ -158,6 +164,8 @@ class CanonicalSnapshotWriter:
             group: dict[str, dict[Any, Any]] = {}
             for key, raw in scan_range(self.view, lower, upper):
                 _, name_bytes, rest = parse_entry(key)
+                if name_bytes == _TIMER_NAME:
+                    continue  # the timers file's
                 name = self.names.get(name_bytes) or name_bytes.decode()
                 kind = self.kinds.get(name)
                 if kind is None:
@@ -171,19 +179,32 @@ class CanonicalSnapshotWriter:
             if group:
                 yield kg, pickle_section(group, f"the keyed state of key group {kg}")
 
+    def _timer_sections(self) -> Iterator[tuple[int, bytes]]:
+        kg_range = self.backend.key_group_range
+        for kg in range(kg_range.start, kg_range.end + 1):
+            timers = read_timers(self.view, kg)
+            if timers:
+                yield kg, pickle_section(timers, "timers")
+
     def __call__(self, directory: str, into: MergedStateObject | None) -> list[StateHandle]:
         b = self.backend
         kg_range = b.key_group_range
         handles: list[StateHandle] = []
         try:
-            lower, upper = key_group_bounds(kg_range.start, kg_range.end)
-            if next(scan_range(self.view, lower, upper), None) is not None:
+            sections = _first_and_rest(self._sections())
+            if sections is not None:
                 meta = b.snapshot_meta(KEYED, self.checkpoint_id, self.kinds)
                 name = state_file_name(b.name, KEYED, self.checkpoint_id, kg_range)
                 handles.append(
-                    write_state_file(directory, name, KEYED, meta, self._sections(), kg_range, into)
+                    write_state_file(directory, name, KEYED, meta, sections, kg_range, into)
                 )
-            handles.extend(self.timers(directory, into))
+            sections = _first_and_rest(self._timer_sections())
+            if sections is not None:
+                meta = b.snapshot_meta(TIMERS, self.checkpoint_id, None)
+                name = state_file_name(b.name, TIMERS, self.checkpoint_id, kg_range)
+                handles.append(
+                    write_state_file(directory, name, TIMERS, meta, sections, kg_range, into)
+                )
         except BaseException:
             if into is None:
                 discard_files(handles)
@@ -195,8 +216,8 @@ class CanonicalSnapshotWriter:
 
 class IncrementalSnapshotWriter:
     """The asynchronous part of an incremental checkpoint: upload the SST files the last
-    completed checkpoint did not, write the manifest, then the timers; finally tell the
-    backend what it wrote (``checkpoint_written``). ``keep``:
+    completed checkpoint did not (the timers among their entries), write the manifest;
+    finally tell the backend what it wrote (``checkpoint_written``). ``keep``:
     keep the RocksDB checkpoint directory ``local`` for local recovery instead of deleting
     it."""
 
@@ -207,7 +228,6 @@ class IncrementalSnapshotWriter:
         local: str,
         shared_dir: str,
         kinds: dict[str, str],
-        timers: KeyedSnapshotWriter,
         confirmed: dict[str, SharedFile],
         *,
         keep: bool,
@@ -217,7 +237,6 @@ class IncrementalSnapshotWriter:
         self.local = local
         self.shared_dir = shared_dir
         self.kinds = kinds
-        self.timers = timers
         self.confirmed = confirmed
         self.keep = keep
         self.uploaded_bytes = 0
@@ -323,7 +342,6 @@ class IncrementalSnapshotWriter:
                     into,
                 )
             )
-            handles.extend(self.timers(directory, into))
             keep = self.keep
         except BaseException:
             # No orphans from a failed write: new uploads and whole files written so far.

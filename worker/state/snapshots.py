@@ -9,8 +9,9 @@ after the synchronous part never reach the written files: a key group's dict is 
 first write after a snapshot, and a list, map or aggregating accumulator is copied before its
 first in-place change.
 
-A keyed snapshot's asynchronous part is a :class:`KeyedSnapshotWriter` (the heap backend's
-state and every backend's timers, in the format of ``snapflow.worker.state.state_files``).
+A heap keyed snapshot's asynchronous part is a :class:`KeyedSnapshotWriter` (its state and
+timers, in the format of ``snapflow.worker.state.state_files``; the RocksDB backend's timers
+are entries of its database, snapshotted with it).
 """
 
 from __future__ import annotations

@@ -3,20 +3,25 @@
 Timers are keyed state too: kept per key group, snapshotted and redistributed with it. The
 watermark is not part of a snapshot (as in Flink): restored timers fire once the restored
 job's watermark passes them. Only event-time timers exist so far.
+
+The service is the in-memory index the timers fire from. A backend that also stores them
+elsewhere (the RocksDB backend, in its database: ``rocksdb_timers.py``) gives it a
+:class:`TimerSink`, told of every timer added and removed.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 from snapflow.errors import StateError
 from snapflow.event_time import MIN_WATERMARK
 from snapflow.worker.state.errors import CorruptStateError, no_current_key
 from snapflow.worker.state.keyed_state import KeyContext
 
-__all__ = ["Timer", "TimerService"]
+__all__ = ["Timer", "TimerService", "TimerSink"]
 
 
 _POPS = 4096
@@ -32,15 +37,34 @@ class Timer(NamedTuple):
     key_group: int
 
 
+class TimerSink(Protocol):
+    """Told of every change to a :class:`TimerService`'s timers: of ``key_group``'s timer
+    ``entry``, a ``(timestamp, key, namespace)`` tuple (the service's own: keeping it costs no
+    memory), and of the timers that fired."""
+
+    def timer_added(self, key_group: int, entry: tuple[int, Any, Any]) -> None:
+        """A timer registered or restored."""
+
+    def timer_deleted(self, key_group: int, entry: tuple[int, Any, Any]) -> None:
+        """A timer deleted before it fired."""
+
+    def timers_fired(self, watermark: int, timers: Sequence[Timer]) -> None:
+        """``timers`` fired as the watermark reached ``watermark``: after this no timer at or
+        below ``watermark`` is left (until one is registered again)."""
+
+
 class TimerService:
     """Event-time timers of a keyed backend (Flink's ``InternalTimerService``), per key group.
 
     A timer is ``(key, namespace, timestamp)``; registering it twice keeps one. Timers are
-    snapshotted with the keyed state and restored by key group like any keyed state.
+    snapshotted with the keyed state and restored by key group like any keyed state. ``sink``
+    is told of every change (see :class:`TimerSink`).
     """
 
-    def __init__(self, backend: KeyContext) -> None:
+    def __init__(self, backend: KeyContext, sink: TimerSink | None = None) -> None:
         self._backend = backend
+        self._sink = sink
+        self._start = backend.key_group_range.start
         n = len(backend.key_group_range)
         self._sets: list[set[tuple[int, Any, Any]]] = [set() for _ in range(n)]
         self._shared = [False] * n
@@ -62,10 +86,12 @@ class TimerService:
             self._shared[idx] = False
         return s
 
-    def _add(self, idx: int, timestamp: int, key: Any, namespace: Any) -> None:
+    def _add(self, idx: int, timestamp: int, key: Any, namespace: Any, *, to_sink: bool) -> None:
         entry = (timestamp, key, namespace)
         if entry in self._sets[idx]:
             return
+        if to_sink and self._sink is not None:  # first: the sink may refuse the timer
+            self._sink.timer_added(self._start + idx, entry)
         self._writable(idx).add(entry)
         self._count += 1
         heapq.heappush(self._heap, (timestamp, next(self._seq), idx, key, namespace))
@@ -78,7 +104,7 @@ class TimerService:
             raise no_current_key()
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):
             raise StateError(f"timer timestamps are ints (ms), got {timestamp!r}")
-        self._add(b._current_idx, timestamp, b._current_key, namespace)
+        self._add(b._current_idx, timestamp, b._current_key, namespace, to_sink=True)
 
     def delete_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
         b = self._backend
@@ -89,6 +115,8 @@ class TimerService:
         if entry in self._sets[idx]:
             self._writable(idx).discard(entry)
             self._count -= 1
+            if self._sink is not None:
+                self._sink.timer_deleted(self._start + idx, entry)
             self._maybe_compact()
 
     def _maybe_compact(self) -> None:
@@ -102,7 +130,7 @@ class TimerService:
         if watermark > self._watermark:
             self._watermark = watermark
         fired: list[Timer] = []
-        heap, sets, start = self._heap, self._sets, self._backend.key_group_range.start
+        heap, sets, start = self._heap, self._sets, self._start
         due: list[tuple[int, int, int, Any, Any]] = []
         while heap and heap[0][0] <= watermark:
             if len(due) == _POPS:
@@ -120,6 +148,8 @@ class TimerService:
                 self._writable(idx).discard(entry)
                 self._count -= 1
                 fired.append(Timer(ts, key, namespace, start + idx))
+        if fired and self._sink is not None:
+            self._sink.timers_fired(watermark, fired)
         return fired
 
     def next_timer_timestamp(self) -> int | None:
@@ -136,7 +166,7 @@ class TimerService:
 
     def timers(self) -> list[Timer]:
         """All registered timers, in timestamp order."""
-        start = self._backend.key_group_range.start
+        start = self._start
         out = [
             Timer(ts, key, ns, start + idx) for idx, s in enumerate(self._sets) for ts, key, ns in s
         ]
@@ -153,12 +183,13 @@ class TimerService:
         """No snapshot view is alive any more: change the sets in place again."""
         self._shared = [False] * len(self._sets)
 
-    def restore_group(self, idx: int, entries: Any, path: str) -> None:
+    def restore_group(self, idx: int, entries: Any, path: str, *, to_sink: bool = True) -> None:
         """Add the timers of one key group's section (``idx`` in the backend's range) read from
-        the state file ``path``."""
+        ``path`` (a state file); ``to_sink=False``: read from where the sink keeps them, so it
+        is not told."""
         if not isinstance(entries, list):
             raise CorruptStateError(f"state file {path}: a timers section is not a list")
         for entry in entries:
             if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], int)):
                 raise CorruptStateError(f"state file {path}: malformed timer {entry!r:.100}")
-            self._add(idx, entry[0], entry[1], entry[2])
+            self._add(idx, entry[0], entry[1], entry[2], to_sink=to_sink)

@@ -106,7 +106,7 @@ def test_restore_from_the_local_copy_downloads_no_shared_file(
     try:
         assert local.local_recovery_hits == 1 and not misses
         assert _contents(local) == run.expected
-        # Only the manifest (and timers) are read: one GET less per SST, none for any SST.
+        # Only the manifest is read: one GET less per SST, none for any SST.
         assert from_copy == from_storage - len(run.ssts)
         # The restored instance goes on: it writes and checkpoints like any other.
         local.get_reducing_state("count", operator.add).add_many([1], [1])
