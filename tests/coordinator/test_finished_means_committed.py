@@ -14,7 +14,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from kit.coordinator import job_state, running_coordinator, submit
+from kit.coordinator import job_state, running_coordinator, source_to_sink_graph, submit
 from kit.coordinator_env import fresh_namespace
 from kit.polling import wait_until_async
 from kit.simulated_agent import SimulatedAgent
@@ -25,29 +25,7 @@ from snapflow.v1 import coordinator_pb2 as cpb
 pytestmark = pytest.mark.timeout(60)
 T = 10.0
 
-GRAPH = pb.JobGraph(
-    name="to-a-sink",
-    vertices=[
-        pb.JobVertex(
-            vertex_id="src",
-            name="source",
-            parallelism=1,
-            is_source=True,
-            operators=[pb.OperatorSpec(operator_id="src-op", kind="source")],
-        ),
-        pb.JobVertex(
-            vertex_id="sink",
-            name="sink",
-            parallelism=1,
-            operators=[pb.OperatorSpec(operator_id="sink-op", kind="sink")],
-        ),
-    ],
-    edges=[
-        pb.JobEdge(
-            source_vertex_id="src", target_vertex_id="sink", partitioner=pb.PARTITIONER_KIND_FORWARD
-        )
-    ],
-)
+GRAPH = source_to_sink_graph("to-a-sink")
 TASKS = [("src", 0), ("sink", 0)]
 
 

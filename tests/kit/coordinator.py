@@ -82,6 +82,36 @@ def two_vertex_graph(sources: int = 2, maps: int = 2, name: str = "test-job") ->
     )
 
 
+def source_to_sink_graph(name: str = "to-a-sink") -> pb.JobGraph:
+    """One source subtask forwarding to one sink subtask (a sink may hold uncommitted
+    output, so the job may finish only after a final checkpoint)."""
+    return pb.JobGraph(
+        name=name,
+        vertices=[
+            pb.JobVertex(
+                vertex_id="src",
+                name="source",
+                parallelism=1,
+                is_source=True,
+                operators=[pb.OperatorSpec(operator_id="src-op", kind="source")],
+            ),
+            pb.JobVertex(
+                vertex_id="sink",
+                name="sink",
+                parallelism=1,
+                operators=[pb.OperatorSpec(operator_id="sink-op", kind="sink")],
+            ),
+        ],
+        edges=[
+            pb.JobEdge(
+                source_vertex_id="src",
+                target_vertex_id="sink",
+                partitioner=pb.PARTITIONER_KIND_FORWARD,
+            )
+        ],
+    )
+
+
 async def submit(
     stub: cgrpc.CoordinatorServiceAsyncStub, graph: pb.JobGraph | None = None, **config: Any
 ) -> str:
