@@ -85,6 +85,10 @@ class AckBatcher:
         """``attempt`` declined ``checkpoint_id``: its peers' acks of it need not wait."""
         self._send_now(self._hold.decline(job_id, _key(attempt), checkpoint_id))
 
+    def aborted(self, job_id: str, checkpoint_id: int) -> None:
+        """The coordinator aborted ``checkpoint_id``: the acks held for it go now."""
+        self._send_now(self._hold.aborted(job_id, checkpoint_id))
+
     # --- acks --------------------------------------------------------------------------------
 
     async def acknowledge(self, request: cpb.AcknowledgeCheckpointRequest) -> int:

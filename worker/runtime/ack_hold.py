@@ -15,9 +15,9 @@ side waits for a held ack in a way that could block the awaited subtask: a subta
 barrier downstream before it snapshots (``SubtaskCheckpoints.take_snapshot``), so no subtask's
 barrier of N depends on another one's ack of N; only checkpoint completion waits for acks (a
 finishing task, a source waiting for the final checkpoint or a stop-with-savepoint), and
-completion needs the awaited subtask's ack anyway. Where the guess of who is awaited is wrong
-(a subtask that drops N without declining, e.g. after the coordinator aborted N),
-``MAX_HOLD_S`` bounds the hold.
+completion needs the awaited subtask's ack anyway. An abort notice for N releases its held acks
+(a subtask drops an aborted N without declining it); where the guess of who is awaited is
+still wrong, ``MAX_HOLD_S`` bounds the hold.
 
 A subtask is awaited for N if it is tracked (``start``; its run has not ended), has not acked
 or declined N or a later checkpoint (a later answer means it skipped N or acks it late: neither
@@ -130,6 +130,12 @@ class AckHold(Generic[T]):
             if not group.awaited:
                 released.extend(self._groups.pop(key).items)
         return released
+
+    def aborted(self, job_id: str, checkpoint_id: int) -> list[T]:
+        """The coordinator aborted ``checkpoint_id``: its held acks go now (the coordinator
+        discards their state); a subtask that dropped it would never answer."""
+        group = self._groups.pop((job_id, checkpoint_id), None)
+        return [] if group is None else group.items
 
     # --- time --------------------------------------------------------------------------------
 

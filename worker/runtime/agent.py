@@ -760,6 +760,11 @@ class Agent:
                 self._log.info("agent.final_checkpoint_request_failed", error=str(e)[:300])
             await asyncio.sleep(0.5)
 
+    def checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """The coordinator aborted ``checkpoint_id``: acks held for it go now."""
+        if self._batcher is not None:
+            self._batcher.aborted(self.job_id, checkpoint_id)
+
     def _decline_fn(self, attempt: pb.TaskAttempt) -> DeclineFn:
         async def decline(checkpoint_id: int, reason: DeclineReason, message: str) -> None:
             if self._batcher is not None:  # its peers' held acks of the checkpoint go now

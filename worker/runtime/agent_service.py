@@ -37,6 +37,8 @@ class ControlledAgent(Protocol):
 
     def cancel_tasks(self, attempts: Sequence[pb.TaskAttempt]) -> None: ...
 
+    def checkpoint_aborted(self, checkpoint_id: int) -> None: ...
+
 
 class WorkerControlServicer(wgrpc.WorkerControlServiceServicer):
     """Serves ``WorkerControlService`` for one agent: checks that a message is for the agent's
@@ -106,6 +108,7 @@ class WorkerControlServicer(wgrpc.WorkerControlServiceServicer):
         await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
         for task in self.agent.tasks_for(request.tasks):
             task.notify_aborted(request.checkpoint_id)
+        self.agent.checkpoint_aborted(request.checkpoint_id)
         return wpb.WorkerAck()
 
     async def CancelTask(

@@ -160,3 +160,18 @@ def test_a_new_deployment_is_not_held_by_the_old_one() -> None:
     h.start(JOB, new_sink)
     assert h.ack(JOB, new_src, 5, "src5", now=1.0) == []
     assert h.ack(JOB, new_sink, 5, "sink5", now=1.01) == ["src5", "sink5"]
+
+
+def test_an_abort_notice_releases_the_acks_held_for_that_checkpoint_only() -> None:
+    """The coordinator aborted 2 (a subtask drops it without declining): its held acks go at
+    once, not after the bound; another checkpoint's and another job's stay held."""
+    h = hold(SRC, SINK)
+    h.start(OTHER_JOB, SRC)
+    h.start(OTHER_JOB, SINK)
+    assert h.ack(JOB, SRC, 2, "src2", now=0.0) == []
+    assert h.ack(JOB, SRC, 3, "src3", now=0.1) == []
+    assert h.ack(OTHER_JOB, SRC, 2, "other2", now=0.1) == []
+    assert h.aborted(JOB, 2) == ["src2"]
+    assert h.aborted(JOB, 2) == []
+    assert h.held == 2
+    assert h.ack(JOB, SINK, 3, "sink3", now=0.2) == ["src3", "sink3"]
