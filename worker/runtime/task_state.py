@@ -162,6 +162,8 @@ class TaskState:
         owner = self.channel_state_owner
         backend = self.operator_state.setdefault(owner, OperatorStateBackend(name=owner))
         backend.get_union_list_state(END_OF_DATA_STATE).update([self.identity.subtask_index])
+        for keyed in self.keyed.values():
+            keyed.end_of_data()
 
     def sync_snapshot(
         self, operators: Sequence[Operator], checkpoint_id: int, options: BarrierOptions | None

@@ -141,6 +141,11 @@ class KeyedStateBackend:
         """A checkpoint this backend took part in completed (incremental backends reuse its
         files from now on)."""
 
+    def end_of_data(self) -> None:
+        """The task's data ended (its last timers fired, ``end_input`` ran): nothing changes
+        the state any more before the final checkpoint. The disk backend writes what it holds
+        pending now, so that the final checkpoint's synchronous part finds nothing left."""
+
     def dispose(self) -> None:
         """The task ends: release local resources (files of the disk backend)."""
 

@@ -304,3 +304,34 @@ def test_export_and_ingest_carry_the_timers(tmp_path: Path) -> None:
     finally:
         source.dispose()
         target.dispose()
+
+
+def test_end_of_data_writes_everything_pending_and_the_next_checkpoint_restores_it(
+    tmp_path: Path,
+) -> None:
+    """At the end of a task's data the backend writes its cache, its timer changes and its
+    memtable (``end_of_data``), so the final checkpoint's synchronous part has nothing left;
+    what that checkpoint holds is unchanged."""
+    b = _rocks(tmp_path / "a")
+    try:
+        value = b.get_value_state("v", 0)
+        for k in range(500):
+            b.set_current_key(k)
+            value.update(k * 2)
+            b.timer_service.register_event_time_timer(1_000 + k, ("op", k % 3))
+        b.timer_service.advance_watermark(1_100)  # fires 101 timers: range deletions pending
+        assert b.dirty and b.timer_mirror.pending
+        b.end_of_data()
+        assert not b.dirty and b.timer_mirror.pending == 0
+        expected = _timers(b)
+        handles = _checkpoint(b, tmp_path / "cp", 1)
+    finally:
+        b.dispose()
+    restored = _rocks(tmp_path / "b")
+    try:
+        restored.restore(handles)
+        assert _timers(restored) == expected and len(expected) == 399
+        restored.set_current_key(321)
+        assert restored.get_value_state("v", 0).value() == 642
+    finally:
+        restored.dispose()
