@@ -151,10 +151,6 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
         state = wire.TASK_STATE.from_pb_or(request.state, None)
         if state is None or state is TaskState.DEPLOYING:
             raise InvalidArgumentError("state must be RUNNING, FINISHED, FAILED or CANCELED")
-        if request.data_ended and state is not TaskState.RUNNING:
-            raise InvalidArgumentError(
-                f"data_ended is reported with state RUNNING, not {state.value}"
-            )
         failure = limits.cut_chars(request.failure, limits.MAX_FAILURE_CHARS)
         await runner.update_task_state(attempt, state, failure, request.data_ended)
         return cpb.UpdateTaskStateResponse()

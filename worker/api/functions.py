@@ -147,6 +147,15 @@ class _KeyedStateAccess:
             ),
         )
 
+    def get_list_state(self, name: str) -> ListState[Any]:
+        """A list per key: the current key's (in a batch function, :meth:`set_current_key`'s)."""
+        return self._cached("list", name, self._backend.get_list_state)
+
+    def get_map_state(self, name: str) -> MapState:
+        """A map per key: the current key's (in a batch function, :meth:`set_current_key`'s);
+        ``get_all`` looks up many entries at once."""
+        return self._cached("map", name, self._backend.get_map_state)
+
 
 class KeyedContext(_KeyedStateAccess):
     """What a :class:`KeyedProcess` function sees: the current key, its keyed state (names
@@ -167,12 +176,6 @@ class KeyedContext(_KeyedStateAccess):
     @property
     def subtask_index(self) -> int:
         return self._ctx.subtask_index
-
-    def get_list_state(self, name: str) -> ListState[Any]:
-        return self._cached("list", name, self._backend.get_list_state)
-
-    def get_map_state(self, name: str) -> MapState:
-        return self._cached("map", name, self._backend.get_map_state)
 
     def register_event_time_timer(self, timestamp: int) -> None:
         """Call ``on_timer`` for the current key once the watermark reaches ``timestamp``."""
@@ -323,15 +326,6 @@ class KeyedBatchContext(_KeyedStateAccess):
         return kgs.key_groups(
             keys if isinstance(keys, pa.Array) else pa.array(keys), self.max_parallelism
         )
-
-    def get_list_state(self, name: str) -> ListState[Any]:
-        """A list per key: the current key's (:meth:`set_current_key`)."""
-        return self._cached("list", name, self._backend.get_list_state)
-
-    def get_map_state(self, name: str) -> MapState:
-        """A map per key: the current key's (:meth:`set_current_key`); ``get_all`` looks up
-        many entries at once."""
-        return self._cached("map", name, self._backend.get_map_state)
 
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` (a key of the current batch) the current key of the per-key state

@@ -706,7 +706,8 @@ class Agent:
                 self._log.info(
                     "agent.data_ended_report_failed", try_no=attempt_no + 1, error=str(e)[:300]
                 )
-            await asyncio.sleep(0.5)
+            if attempt_no + 1 < DATA_ENDED_REPORT_TRIES:
+                await asyncio.sleep(0.5)
 
     # --- checkpoint messages to the coordinator ------------------------------------------------
 

@@ -9,7 +9,6 @@ completed checkpoint, a settled snapshot) clears it, checks, and waits on it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -205,8 +204,7 @@ class TaskShell:
             # knows would wait behind them. The report is short; it is not waited for long.
             report = self._start_data_ended_report()
             if report is not None:
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(report), SOURCE_REPORT_WAIT_S)
+                await asyncio.wait({report}, timeout=SOURCE_REPORT_WAIT_S)
             await self.advance_watermark(MAX_WATERMARK)
         await self.runner.call(self.state.record_end_of_data)
         await self.output.broadcast(EndOfDataFrame())
