@@ -192,11 +192,18 @@ def test_an_unaligned_barrier_taken_while_blocked_keeps_all_output_of_the_input(
         h = harness([SplitRows()], output_credits=1, output_queue=1)
         running = asyncio.create_task(h.task.run())
         await h.inputs[1].output.send(DataFrame(batch(1, 2, 3, 4)))
+        # Taking the batch in (``records_in``) is not enough: the chain may still be splitting
+        # it (the task thread); wait until the output really holds the batch queued.
         async with asyncio.timeout(5):
-            while h.task.records_in < 4:
+            while h.task.records_in < 4 or h.output.output.queued_data < 1:
                 await asyncio.sleep(0.005)
         for channel in h.inputs:
             channel.output.send_priority(BarrierFrame(1, 1_000, options))
+        # Nothing reads the output until the snapshot is taken: a consumer draining it first
+        # would unblock the task, and the barrier would then rightly follow all four.
+        async with asyncio.timeout(5):
+            while not h.acks:
+                await asyncio.sleep(0.005)
         for channel in h.inputs:
             await channel.output.close()
         frames, _ = await asyncio.gather(h.outputs(), running)
