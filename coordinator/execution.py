@@ -113,6 +113,16 @@ class JobExecution:
         """Every subtask of the current deployment ended its data (or finished)."""
         return self._data_ended(self._all_keys)
 
+    def still_ending(self) -> list[str]:
+        """The subtasks of the current deployment that neither reported the end of their data
+        nor finished (what a held final checkpoint waits for), as ``vertex#index``."""
+        waiting = []
+        for key in sorted(self._all_keys):
+            r = self.tasks.get(key)
+            if r is None or not (r.data_ended or r.state is TaskState.FINISHED):
+                waiting.append(str(key))
+        return waiting
+
     def _data_ended(self, keys: frozenset[TaskKey]) -> bool:
         records = [self.tasks.get(k) for k in keys]
         return bool(keys) and all(

@@ -80,6 +80,7 @@ from snapflow.coordinator.model import (
     OperatorSubtaskState,
     SubtaskMetrics,
     TaskKey,
+    TriggerRefusal,
 )
 from snapflow.coordinator.orphan_sweep import OrphanSweeper
 from snapflow.coordinator.redis_store import CheckpointStore
@@ -106,6 +107,10 @@ from snapflow.v1 import coordinator_pb2 as cpb
 log = structlog.get_logger("snapflow.coordinator")
 
 T = TypeVar("T")
+
+HELD_WARNING_EVERY_MS = 30_000
+"""How long checkpoints are held for the end of data before a warning names what they wait
+for, and how often it repeats."""
 
 
 class JobHost(Protocol):
@@ -230,6 +235,7 @@ class JobRunner:
             self.job_id, host.check_not_fenced, self._request, lambda: self.execution.state
         )
         self._allocation_errors: dict[int, str] = {}
+        self._held_warned_ms = -HELD_WARNING_EVERY_MS
         self._finalize_timings: dict[int, CommitTimings] = {}
         self._retiring: dict[int, CompletedCheckpoint] = {}
         """Checkpoints retention dropped, until their ``DeleteRetired`` is queued."""
@@ -613,6 +619,25 @@ class JobRunner:
 
     # --- action execution ----------------------------------------------------------------------
 
+    def _warn_if_held_long(self) -> None:
+        """Checkpoints held for the end of data for long (a task that never reports, or one
+        busy for long ending its input): name the tasks the hold waits for, at most every
+        ``HELD_WARNING_EVERY_MS``, so that an operator sees what a job that does not end
+        waits for."""
+        since = self.core.ending_since_ms
+        now = self.manager.clock()
+        if since is None or now - since < HELD_WARNING_EVERY_MS:
+            return
+        if now - self._held_warned_ms < HELD_WARNING_EVERY_MS:
+            return
+        self._held_warned_ms = now
+        self._log.warning(
+            "checkpoint.held_for_end_of_data",
+            held_s=round((now - since) / 1000),
+            waiting_for=self.execution.still_ending()[:20],
+            until_s=round((since + self.core.config.timeout_ms - now) / 1000),
+        )
+
     def _process(self, actions: Iterable[Action], wake_timer: bool = True) -> None:
         for action in actions:
             self._handle(action)
@@ -628,6 +653,8 @@ class JobRunner:
                 metrics.record_refusal(refusal)
                 level = self._log.debug if request.periodic else self._log.info
                 level("checkpoint.refused", reason=refusal.name, kind=request.kind.value)
+                if refusal is TriggerRefusal.TASKS_ENDING_INPUT:
+                    self._warn_if_held_long()
                 message = self._allocation_errors.pop(request.request_id, refusal.value)
                 self.requests.resolve(
                     request.request_id, CheckpointRefusedError(refusal.name, message)

@@ -319,15 +319,17 @@ def test_the_end_of_data_of_sources_and_of_all_tasks_per_deployment() -> None:
     h = Harness()
     h.deploy_all()
     assert not h.ex.every_source_data_ended() and not h.ex.all_data_ended()
+    assert h.ex.still_ending() == sorted(str(k) for k in (SRC0, SRC1, SINK0))
     for key in (SRC0, SRC1):
         h.ex.update(attempt(key, 1), TaskState.RUNNING, data_ended=True)
         h.ex.check_invariants()
     assert h.ex.every_source_data_ended() and not h.ex.all_data_ended()
+    assert h.ex.still_ending() == [str(SINK0)]  # what a held final checkpoint waits for
     # A plain RUNNING report later (a re-registration, say) does not take it back.
     h.update(SRC0, TaskState.RUNNING)
     assert h.ex.every_source_data_ended()
     h.ex.update(attempt(SINK0, 1), TaskState.RUNNING, data_ended=True)
-    assert h.ex.all_data_ended()
+    assert h.ex.all_data_ended() and h.ex.still_ending() == []
     with pytest.raises(InvalidArgumentError, match="data_ended is reported with state RUNNING"):
         h.ex.update(attempt(SINK0, 1), TaskState.FINISHED, data_ended=True)
     # The next deployment starts with nothing ended.

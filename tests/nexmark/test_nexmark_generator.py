@@ -27,7 +27,7 @@ from snapflow.worker.connectors.nexmark_model import (
     split_count,
     split_ordinals,
 )
-from snapflow.worker.connectors.nexmark_source import NexmarkSource
+from snapflow.worker.connectors.nexmark_source import BATCH_EPOCHS, NexmarkSource
 from snapflow.worker.state.operator_state import OperatorStateBackend
 
 CONFIG = NexmarkConfig(first_event_rate=1000.0)
@@ -155,3 +155,21 @@ def test_source_replays_from_its_checkpointed_position_and_bounds_the_watermark(
         return (r["dateTime"], r["auction"], r["bidder"], r["price"], r["extra"])
 
     assert sorted(rows, key=key) == sorted(expected.to_pylist(), key=key)
+
+
+def test_every_kind_s_batches_span_the_same_events_by_default() -> None:
+    """A person batch spans as many events (as much event time) as a bid batch: a join's two
+    inputs advance together, and a downstream window never gets seconds of work in one frame."""
+    num_events = 50 * 3 * BATCH_EPOCHS
+    spans = {}
+    for kind in KINDS:
+        source = NexmarkSource(kind, num_events, config=CONFIG)
+        assert source.batch_size == BATCH_EPOCHS * CONFIG.per_epoch(kind)
+        source.open(src_ctx(0, 1, OperatorStateBackend()))
+        first = _drain(source, 1)[0]
+        assert first.num_rows == source.batch_size
+        spans[kind] = max(first["dateTime"].to_pylist()) - min(first["dateTime"].to_pylist())
+    # the same epochs: the first and last event time of each kind within one epoch's span
+    epoch_ms = 50 * 1000 / CONFIG.first_event_rate
+    assert max(spans.values()) - min(spans.values()) <= epoch_ms
+    assert NexmarkSource(BID, num_events, config=CONFIG, batch_size=10).batch_size == 10

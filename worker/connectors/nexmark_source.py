@@ -21,6 +21,14 @@ dateTime - INTERVAL '4' SECOND``) over each split's events, with the split sourc
 out-of-orderness (the maximum so far minus the delay minus 1 ms); event time never goes back
 within a split, so no event is ever late.
 
+Batches: by default every kind's batch spans the same events, ``BATCH_EPOCHS`` epochs (65,504
+bids, 4,272 auctions or 1,424 people), as when the one serial stream is read and filtered
+(Flink's Nexmark source emits all kinds in one stream). Batches of 65,536 rows of every kind
+would make a person batch span 46 times the event time of a bid batch (3.3 M events): a
+downstream window or join then holds seconds of work in a single frame, which a checkpoint
+barrier waits behind (q8's first checkpoint took 6.9 s that way), and the two inputs of a
+join drift apart in event time.
+
 Counting: ``num_events`` counts the events of all three kinds, as Nexmark's ``events.num`` does;
 the source generates only its kind's rows among them (46 of 50 for bids).
 """
@@ -45,13 +53,17 @@ from snapflow.worker.connectors.split_sources import SplitSource
 __all__ = ["NexmarkSource"]
 
 WATERMARK_DELAY_MS = 4000
+BATCH_EPOCHS = 1424
+"""Epochs (of 50 events) a batch spans by default: the largest whole number of epochs whose
+bids fit in 65,536 rows."""
 
 
 class NexmarkSource(SplitSource):
     """The events of ``kind`` (``"person"``, ``"auction"`` or ``"bid"``) among the first
     ``num_events`` Nexmark events (None: unbounded). ``rate_per_s``: events of this kind per
     second on the wall clock (None: as fast as possible); event time is the model's
-    (``config.first_event_rate``)."""
+    (``config.first_event_rate``). ``batch_size``: rows per batch (None: ``BATCH_EPOCHS``
+    epochs' worth of ``kind``)."""
 
     def runs_on_loop(self) -> bool:
         return True  # vectorised generation (numpy), bounded by the batch size
@@ -63,19 +75,22 @@ class NexmarkSource(SplitSource):
         *,
         config: NexmarkConfig | None = None,
         rate_per_s: float | None = None,
-        batch_size: int = 65_536,
+        batch_size: int | None = None,
         block_epochs: int = 1024,
         watermark_delay_ms: int = WATERMARK_DELAY_MS,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if kind not in SCHEMAS:
+            raise InvalidArgumentError(f"kind must be one of {sorted(SCHEMAS)}, got {kind!r}")
+        config = config if config is not None else NexmarkConfig()
         super().__init__(
-            batch_size=batch_size,
+            batch_size=batch_size
+            if batch_size is not None
+            else BATCH_EPOCHS * config.per_epoch(kind),
             rate_per_s=rate_per_s,
             max_out_of_orderness_ms=watermark_delay_ms,
             clock=clock,
         )
-        if kind not in SCHEMAS:
-            raise InvalidArgumentError(f"kind must be one of {sorted(SCHEMAS)}, got {kind!r}")
         if num_events is not None and (
             isinstance(num_events, bool) or not isinstance(num_events, int) or num_events < 0
         ):
@@ -88,7 +103,7 @@ class NexmarkSource(SplitSource):
             )
         self.kind = kind
         self.num_events = num_events
-        self.config = config if config is not None else NexmarkConfig()
+        self.config = config
         self.block_epochs = block_epochs
         self.output_schema = SCHEMAS[kind]
 

@@ -17,9 +17,15 @@ sample periods. From it, :meth:`ChannelDebloater.budget` derives
   the outstanding rows stay within it (at least one frame always goes), and ``send`` waits
   while queued plus outstanding rows exceed it: the *credits* actually used shrink to what
   the consumer drains in the target time;
-* ``max_frame_rows``: ``max_rows / FRAMES_PER_BUDGET``: larger batches are split (zero-copy
-  slices), so a barrier never waits behind one huge batch, and a source polls no more than
-  that per output channel.
+* ``max_frame_rows`` (with ``split_frames``): ``max_rows / FRAMES_PER_BUDGET``: larger batches
+  are split (zero-copy slices), so a barrier never waits behind one huge batch;
+* ``max_poll_rows``: what a source polls at most per output channel: the frame size when
+  splitting, else ``POLL_BUDGETS x max_rows``. Without it a source's batch (65,536 rows) is
+  one frame whatever its consumer's speed: seconds of work for a consumer that takes 20 to 50
+  microseconds per row (Nexmark q16: 1.2 s), all of which a barrier behind it waits for. Only
+  the poll is sized, never an operator's output, so a consumer whose cost is per batch gets a
+  frame of ``POLL_BUDGETS x target`` of its work at the least: its frames settle where one
+  takes that long (they shrink only while a frame's fixed cost exceeds it).
 
 Flink measures on the consumer side and resizes its network buffers (in bytes); here batches
 are Arrow record batches whose size the producer chooses, so the producer adapts them, from
@@ -59,6 +65,12 @@ DEFAULT_MIN_FRAME_ROWS = 1024
 FRAMES_PER_BUDGET = 4
 """A frame is at most a quarter of the budget: the frame a consumer is processing when the
 barrier arrives adds at most a quarter of the target to the drain time."""
+
+POLL_BUDGETS = 2
+"""Without splitting, a source polls at most this many budgets per output channel: a frame is
+then at most twice the target of its consumer's work (200 ms by default), large enough that
+per-batch costs stay small beside the rows' and that a fast consumer's frames stay whole
+source batches (at a million rows per second a budget is 100,000 rows)."""
 
 
 @dataclass(frozen=True)
@@ -104,10 +116,12 @@ DEBLOAT_OFF = DebloatSettings(target_ms=0)
 
 @dataclass(frozen=True)
 class Budget:
-    """What the channel may hold (``max_rows``) and its largest frame; None: no bound yet."""
+    """What the channel may hold (``max_rows``), its largest frame, and the most a source
+    polls for it; None: no bound."""
 
     max_rows: int | None
     max_frame_rows: int | None
+    max_poll_rows: int | None = None
 
 
 UNBOUNDED = Budget(None, None)
@@ -167,8 +181,10 @@ class ChannelDebloater:
             if self.settings.split_frames:
                 assert b.max_frame_rows is not None
                 assert self.settings.min_frame_rows <= b.max_frame_rows <= b.max_rows
+                assert b.max_poll_rows == b.max_frame_rows
             else:
                 assert b.max_frame_rows is None
+                assert b.max_poll_rows == POLL_BUDGETS * b.max_rows
 
     # --- events ----------------------------------------------------------------------------
 
@@ -230,6 +246,6 @@ class ChannelDebloater:
         s = self.settings
         max_rows = max(2 * s.min_frame_rows, math.ceil(rate * s.target_ms / 1000.0))
         if not s.split_frames:
-            return Budget(max_rows, None)
+            return Budget(max_rows, None, POLL_BUDGETS * max_rows)
         frame = max(s.min_frame_rows, max_rows // FRAMES_PER_BUDGET)
-        return Budget(max_rows, frame)
+        return Budget(max_rows, frame, frame)

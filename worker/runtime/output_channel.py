@@ -54,8 +54,9 @@ What unaligned checkpoints may rely on (producer side; the consumer side is in
   measures its consumer's throughput from the credits coming back and bounds the rows the
   channel holds (queued here + handed over and not yet taken) by throughput x target: a data
   frame is handed over only within that budget (one always goes when the channel holds
-  nothing), and ``send`` also waits while queued + outstanding rows exceed it. Optionally
-  (``split_frames``) batches are split to a quarter of the budget.
+  nothing), and ``send`` also waits while queued + outstanding rows exceed it. Sources poll
+  at most twice the budget per channel (``max_poll_rows``); optionally (``split_frames``)
+  batches are split to a quarter of the budget.
 - With at most ``output_queue`` (+1 per concurrently waiting sender) queued data frames and
   ``buffers_per_channel`` buffered ones, the in-flight data an unaligned checkpoint persists
   per channel is bounded by ``output_queue + buffers_per_channel`` batches (+ the split chunks
@@ -164,6 +165,11 @@ class OutputChannel:
     def max_frame_rows(self) -> int | None:
         """The largest data frame this channel hands over now (None: no bound)."""
         return self.debloater.budget().max_frame_rows
+
+    @property
+    def max_poll_rows(self) -> int | None:
+        """The most a source polls for this channel now (None: no bound)."""
+        return self.debloater.budget().max_poll_rows
 
     @property
     def queued(self) -> list[Frame]:

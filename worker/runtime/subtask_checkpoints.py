@@ -184,7 +184,15 @@ class SubtaskCheckpoints:
         await self._decline(checkpoint_id, reason.decline_reason, f"{self.name}: {reason.value}")
 
     async def decline_trigger(self, checkpoint_id: int, message: str) -> None:
-        """A source declines a trigger it takes no snapshot for (``TASK_NOT_READY``)."""
+        """A source declines a trigger it takes no snapshot for (``TASK_NOT_READY``), and tells
+        downstream not to wait for its barrier: a cancel marker on every output channel, as
+        Flink's ``StreamTask.performCheckpoint`` broadcasts a ``CancelCheckpointMarker`` when
+        it cannot take a checkpoint. Without it a task downstream that got the barrier from
+        the other sources stays blocked aligning it, and cannot even end its input."""
+        marker = CancelMarkerFrame(checkpoint_id)
+        for channel in self._output.channels:
+            with contextlib.suppress(ChannelError):
+                channel.send_priority(marker)
         await self._decline(checkpoint_id, DeclineReason.TASK_NOT_READY, f"{self.name}: {message}")
 
     # --- taking a snapshot -------------------------------------------------------------------

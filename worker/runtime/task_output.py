@@ -115,13 +115,13 @@ class TaskOutput:
         return all(c.has_room() for c in self.channels)
 
     def poll_records(self, batch_records: int) -> int:
-        """What one source poll may take: at most ``batch_records``, and no more than one frame
-        of the debloated size per output channel (``snapflow.worker.runtime.debloat``), so that
-        a barrier injected after the poll waits behind one such frame per channel, not a whole
-        source batch."""
+        """What one source poll may take: at most ``batch_records``, and no more than the
+        debloated poll size per output channel (``snapflow.worker.runtime.debloat``), so that
+        a barrier injected after the poll waits behind a bounded time of each consumer's work,
+        not a whole source batch."""
         n = batch_records
         for edge in self.edges:
-            caps = [c.max_frame_rows for c in edge.channels]
+            caps = [c.max_poll_rows for c in edge.channels]
             if not caps or any(cap is None for cap in caps):
                 continue
             fan_out = 1 if isinstance(edge.partitioner, BroadcastPartitioner) else len(caps)

@@ -12,6 +12,7 @@ from kit.channels import run
 
 from snapflow.worker.runtime.channel_errors import ChannelFailedError
 from snapflow.worker.runtime.debloat import (
+    POLL_BUDGETS,
     UNBOUNDED,
     Budget,
     ChannelDebloater,
@@ -20,6 +21,8 @@ from snapflow.worker.runtime.debloat import (
 from snapflow.worker.runtime.frames import DataFrame
 from snapflow.worker.runtime.input_gate import InputGate
 from snapflow.worker.runtime.local_channel import LocalChannel
+from snapflow.worker.runtime.partitioners import ForwardPartitioner, KeyGroupPartitioner
+from snapflow.worker.runtime.task_output import OutputEdge, TaskOutput
 
 MS = 1_000_000  # ns
 
@@ -44,7 +47,7 @@ def _step(d: ChannelDebloater, result: object = None) -> object:
 def test_the_smallest_budget_until_the_first_sample_then_throughput_times_target() -> None:
     d = _debloater()
     # two minimum frames; one frame of any size still goes while the channel holds nothing
-    assert d.budget() == Budget(20, 10) and d.may_hand_over(10**9)
+    assert d.budget() == Budget(20, 10, 10) and d.may_hand_over(10**9)
     for _ in range(4):
         d.on_handed_over(1000, 0)
         _step(d)
@@ -52,9 +55,9 @@ def test_the_smallest_budget_until_the_first_sample_then_throughput_times_target
     assert _step(d, d.on_credit(2, 20 * MS)) is None  # within the first period: no sample
     assert d.outstanding_rows == 2000
     # 2000 rows taken in 50 ms: 40,000 rows/s; 100 ms of it is 4000 rows, frames of 1000
-    assert _step(d, d.on_credit(0, 50 * MS)) == Budget(4000, 1000)
+    assert _step(d, d.on_credit(0, 50 * MS)) == Budget(4000, 1000, 1000)
     assert d.rate == pytest.approx(40_000)
-    assert d.budget() == Budget(4000, 1000)
+    assert d.budget() == Budget(4000, 1000, 1000)
 
 
 def test_the_initial_credit_is_not_consumption() -> None:
@@ -95,9 +98,9 @@ def test_the_rate_is_a_moving_average_and_the_budget_follows_it() -> None:
     d = _debloater(samples=3)  # alpha 0.5
     d.on_handed_over(5000, 0)
     d.on_credit(1, 50 * MS)  # sample 100,000 rows/s
-    assert d.budget() == Budget(10_000, 2500)
+    assert d.budget() == Budget(10_000, 2500, 2500)
     d.on_handed_over(1000, 50 * MS)
-    assert _step(d, d.on_credit(1, 100 * MS)) == Budget(6000, 1500)  # (100k + 20k) / 2
+    assert _step(d, d.on_credit(1, 100 * MS)) == Budget(6000, 1500, 1500)  # (100k + 20k) / 2
     assert d.rate == pytest.approx(60_000)
 
 
@@ -105,7 +108,7 @@ def test_a_slow_consumer_is_bounded_below_by_two_minimum_frames() -> None:
     d = _debloater(min_frame_rows=256)
     d.on_handed_over(10, 0)
     d.on_credit(1, 1000 * MS)  # 10 rows/s
-    assert _step(d, d.budget()) == Budget(512, 256)
+    assert _step(d, d.budget()) == Budget(512, 256, 256)
 
 
 def test_off_measures_but_never_bounds() -> None:
@@ -116,10 +119,13 @@ def test_off_measures_but_never_bounds() -> None:
     assert _step(d, d.budget()) == UNBOUNDED
 
 
-def test_without_splitting_only_the_rows_in_flight_are_bounded() -> None:
+def test_without_splitting_the_rows_in_flight_and_source_polls_are_bounded() -> None:
+    """No frame is split; a source polls at most two budgets per channel (200 ms of the
+    consumer's work each), so one poll is never seconds of a slow consumer's work."""
     d = _debloater(split_frames=False)
+    assert d.budget() == Budget(20, None, 40)
     d.on_handed_over(2000, 0)
-    assert _step(d, d.on_credit(1, 50 * MS)) == Budget(4000, None)
+    assert _step(d, d.on_credit(1, 50 * MS)) == Budget(4000, None, 8000)
 
 
 @pytest.mark.parametrize(
@@ -235,3 +241,29 @@ def test_a_producer_that_waits_for_room_never_queues_behind_the_consumer() -> No
             await blocked
 
     run(main())
+
+
+def test_a_source_polls_two_budgets_per_channel_of_its_slowest_consumer() -> None:
+    """``TaskOutput.poll_records``: frames unsplit, a poll is at most ``POLL_BUDGETS`` budgets
+    per channel of each edge (times the channels a partitioned batch spreads over), so a slow
+    consumer is never sent seconds of work in one frame; a fast one keeps whole batches."""
+    settings = DebloatSettings(target_ms=100, period_ms=50, samples=1, min_frame_rows=16)
+
+    def channel(rows_per_s: int) -> LocalChannel:
+        ch = LocalChannel(4, name=f"c{rows_per_s}", debloat=settings)
+        ch.output.debloater.on_handed_over(rows_per_s // 20, 0)
+        ch.output.debloater.on_credit(1, 50 * MS)  # the consumer took 50 ms worth
+        return ch
+
+    slow = [channel(20_000), channel(30_000)]  # budgets 2,000 and 3,000 rows
+    fast = [channel(2_000_000)]
+    hashed = OutputEdge(KeyGroupPartitioner("k", 128, 2), [c.output for c in slow])
+    assert TaskOutput([hashed]).poll_records(65_536) == POLL_BUDGETS * 2_000 * 2
+    assert (
+        TaskOutput([OutputEdge(ForwardPartitioner(), [fast[0].output])]).poll_records(65_536)
+        == 65_536
+    )
+    # before any sample: two minimum frames per budget
+    fresh = LocalChannel(4, name="fresh", debloat=settings)
+    forward = OutputEdge(ForwardPartitioner(), [fresh.output])
+    assert TaskOutput([forward]).poll_records(65_536) == POLL_BUDGETS * 2 * 16

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +29,7 @@ from snapflow.worker.connectors.split_sources import GeneratorSource
 from snapflow.worker.runtime.channel_errors import ChannelFailedError
 from snapflow.worker.runtime.frames import (
     BarrierFrame,
+    CancelMarkerFrame,
     DataFrame,
     EndOfDataFrame,
     EndOfPartitionFrame,
@@ -249,6 +250,7 @@ class SourceRun:
         on_frame: Callable[[SourceRun], None],
         *,
         abort: bool = False,
+        report_data_ended: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.on_frame = on_frame
         self.abort = abort
@@ -272,6 +274,7 @@ class SourceRun:
             restore=RestoreData(),
             ack=self._ack,
             decline=self._decline,
+            report_data_ended=report_data_ended,
         )
         self.task.open()
 
@@ -314,6 +317,46 @@ def test_a_source_sends_end_input_output_end_of_data_then_the_final_barrier(
         ]
         [report] = r.acks
         assert report.input_ended is True
+
+    run(main())
+
+
+def test_a_trigger_that_arrives_while_the_end_of_data_goes_out_is_declined_and_cancelled_downstream(
+    tmp_path: Path,
+) -> None:
+    """The coordinator sent checkpoint 7 before it knew that this source ended: the source
+    declines it (``TASK_NOT_READY``) and sends a cancel marker downstream, where a task that
+    got barrier 7 from the other sources would otherwise stay blocked aligning it (and never
+    end its input, so the coordinator's hold for the end of data would never release). The
+    final checkpoint 8 that follows is taken."""
+
+    async def main() -> None:
+        r: SourceRun
+
+        async def report() -> None:
+            r.task.trigger(7, 7_000, r.options)  # arrives while the end of data goes out
+
+        def on_frame(run: SourceRun) -> None:
+            if run.frames[-1] == EndOfDataFrame():
+                run.task.trigger(8, 8_000, run.options)  # the final checkpoint
+
+        r = SourceRun(Batches(batch(1, 2)), tmp_path, on_frame, report_data_ended=report)
+        await asyncio.gather(r.task.run(), r.read())
+
+        assert [(cid, reason) for cid, reason, _ in r.declines] == [
+            (7, DeclineReason.TASK_NOT_READY)
+        ]
+        # the marker is a priority frame: it may overtake what is still queued
+        assert r.frames.index(CancelMarkerFrame(7)) < r.frames.index(EndOfDataFrame())
+        assert [f for f in r.frames if f != CancelMarkerFrame(7)] == [
+            DataFrame(batch(1, 2)),
+            DataFrame(rows(2)),
+            WatermarkFrame(MAX_WATERMARK),
+            EndOfDataFrame(),
+            BarrierFrame(8, 8_000, r.options),
+            EndOfPartitionFrame(),
+        ]
+        assert [a.checkpoint_id for a in r.acks] == [8]
 
     run(main())
 
