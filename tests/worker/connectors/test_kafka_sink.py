@@ -54,8 +54,24 @@ def _rows(values: list[int]) -> pa.RecordBatch:
     )
 
 
+_CREATED: list[KafkaSink] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_clients() -> Any:
+    """After each test, close the sinks it made: a test that plays a crash leaves its sink
+    unclosed on purpose, and its producers (which hold the sink through their delivery
+    callback, a cycle the garbage collector cannot see through librdkafka) would otherwise
+    live, and reconnect, until the test session's process ends."""
+    yield
+    while _CREATED:
+        _CREATED.pop().close()
+
+
 def _sink(kafka: KafkaBroker, topic: str, **options: Any) -> KafkaSink:
-    return KafkaSink(kafka.bootstrap_servers, topic, key="k", value="v", **options)
+    sink = KafkaSink(kafka.bootstrap_servers, topic, key="k", value="v", **options)
+    _CREATED.append(sink)
+    return sink
 
 
 def _exactly_once(kafka: KafkaBroker, topic: str, **options: Any) -> KafkaSink:
