@@ -116,18 +116,15 @@ class JobExecution:
     def still_ending(self) -> list[str]:
         """The subtasks of the current deployment that neither reported the end of their data
         nor finished (what a held final checkpoint waits for), as ``vertex#index``."""
-        waiting = []
-        for key in sorted(self._all_keys):
-            r = self.tasks.get(key)
-            if r is None or not (r.data_ended or r.state is TaskState.FINISHED):
-                waiting.append(str(key))
-        return waiting
+        return [str(key) for key in sorted(self._all_keys) if not self._has_ended(key)]
 
     def _data_ended(self, keys: frozenset[TaskKey]) -> bool:
-        records = [self.tasks.get(k) for k in keys]
-        return bool(keys) and all(
-            r is not None and (r.data_ended or r.state is TaskState.FINISHED) for r in records
-        )
+        return bool(keys) and all(self._has_ended(k) for k in keys)
+
+    def _has_ended(self, key: TaskKey) -> bool:
+        """The subtask reported the end of its data, or finished."""
+        r = self.tasks.get(key)
+        return r is not None and (r.data_ended or r.state is TaskState.FINISHED)
 
     def may_hold_uncommitted_output(self) -> tuple[str, ...]:
         """The vertices whose tasks may hold output that only a completed checkpoint commits."""

@@ -189,11 +189,15 @@ class SubtaskCheckpoints:
         Flink's ``StreamTask.performCheckpoint`` broadcasts a ``CancelCheckpointMarker`` when
         it cannot take a checkpoint. Without it a task downstream that got the barrier from
         the other sources stays blocked aligning it, and cannot even end its input."""
+        self._cancel_downstream(checkpoint_id)
+        await self._decline(checkpoint_id, DeclineReason.TASK_NOT_READY, f"{self.name}: {message}")
+
+    def _cancel_downstream(self, checkpoint_id: int) -> None:
+        """A cancel marker ahead of the data on every output channel that still works."""
         marker = CancelMarkerFrame(checkpoint_id)
         for channel in self._output.channels:
             with contextlib.suppress(ChannelError):
                 channel.send_priority(marker)
-        await self._decline(checkpoint_id, DeclineReason.TASK_NOT_READY, f"{self.name}: {message}")
 
     # --- taking a snapshot -------------------------------------------------------------------
 
@@ -238,10 +242,7 @@ class SubtaskCheckpoints:
                 "checkpoint.snapshot_failed", checkpoint_id=checkpoint_id, error=str(e)
             )
             # Downstream has the barrier already: tell it not to wait for this checkpoint.
-            marker = CancelMarkerFrame(checkpoint_id)
-            for channel in channels:
-                with contextlib.suppress(ChannelError):
-                    channel.send_priority(marker)
+            self._cancel_downstream(checkpoint_id)
             await self._decline(checkpoint_id, DeclineReason.SNAPSHOT_FAILED, f"{self.name}: {e}")
         else:
             pending.sync_duration_ms = int((time.perf_counter() - started) * 1000)
