@@ -140,7 +140,7 @@ class IntervalJoinOperator(KeyedJoinOperator):
         else:
             low, high = _shifted(times, -self.upper_ms), _shifted(times, -self.lower_ms)
         out = self._emit(input_index, run, other.probe(run, own.key_field, low, high))
-        own.add(run)
+        self._add(input_index, run)
         return out
 
     def _late(self, input_index: int, rows: pa.RecordBatch) -> None:

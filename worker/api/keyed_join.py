@@ -91,6 +91,12 @@ class KeyedJoinOperator(Operator):
         own, other = self._buffers
         return (own, other) if input_index == 0 else (other, own)
 
+    def _add(self, input_index: int, run: Run) -> None:
+        """Buffer ``run`` on input ``input_index``'s side, writing rows ahead of the next
+        checkpoint once enough arrived (``BufferCheckpoint.maybe_spill``)."""
+        self._buffers[input_index].add(run)
+        self._checkpoints[input_index].maybe_spill()
+
     def _emit(self, input_index: int, probe: Run, matches: Matches) -> list[pa.RecordBatch]:
         """What the pairs of ``probe`` (a run of input ``input_index``) and ``matches`` (rows
         of the other input) become."""

@@ -68,5 +68,5 @@ class RegularJoinOperator(KeyedJoinOperator):
             stamps = np.full(batch.num_rows, now, np.int64)
         run = own.sorted_run(batch, own.times_of(batch), stamps)
         out = self._emit(input_index, run, other.probe(run, own.key_field, None, None))
-        own.add(run)
+        self._add(input_index, run)
         return out

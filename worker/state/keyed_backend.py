@@ -137,6 +137,16 @@ class KeyedStateBackend:
 
     # --- lifecycle (the disk backend needs these; the heap has nothing to do) ----------------
 
+    writes_ahead = False
+    """Whether :meth:`write_ahead` takes work off the next checkpoint's synchronous part: on
+    the disk backend it encodes and writes state into RocksDB; the heap's synchronous part
+    copies nothing, so writing ahead gains nothing there."""
+
+    def write_ahead(self) -> None:
+        """Write the pending changes where the next snapshot finds them, now (the disk
+        backend; the heap has nothing to do). Operators call it for state they wrote in bulk
+        and will not read soon (a join's rows, ``join_checkpoint.py``)."""
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """A checkpoint this backend took part in completed (incremental backends reuse its
         files from now on)."""

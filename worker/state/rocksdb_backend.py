@@ -553,6 +553,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._flush()
         self.db.flush()
 
+    writes_ahead = True
+
+    def write_ahead(self) -> None:
+        """Write the pending changes into the database now, and drop them from the cache (not
+        read again soon, they would only hold memory)."""
+        written = list(self.dirty)
+        self._flush()
+        cache = self.cache
+        for k in written:
+            cache.pop(k, None)
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         files = self._uploaded.pop(checkpoint_id, None)
         for older in [c for c in self._uploaded if c < checkpoint_id]:
