@@ -537,4 +537,3 @@ def test_a_join_writes_its_rows_ahead_as_they_arrive(
         }
     finally:
         backend.dispose()
-
