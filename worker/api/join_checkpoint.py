@@ -117,8 +117,8 @@ class BufferCheckpoint:
     SPILL_BYTES = 8 << 20
     """Rows (Arrow bytes) added since the last write after which :meth:`maybe_spill` writes
     them ahead of the checkpoint, on a backend that writes ahead. (Merges for
-    :attr:`MAX_CHUNKS` stay with the checkpoint: done at spills instead, they cost Nexmark q20
-    a fifth of its throughput in two runs of each.)"""
+    :attr:`MAX_CHUNKS` stay with the checkpoint: docs/worker.md, "Keyed joins: the state
+    layout".)"""
 
     def __init__(
         self, buffer: JoinBuffer, state: ValueState[Any], backend: KeyedStateBackend
