@@ -5,6 +5,7 @@ the backends, and the point of it all: a small upload for a few new rows on rock
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -537,3 +538,19 @@ def test_a_join_writes_its_rows_ahead_as_they_arrive(
         }
     finally:
         backend.dispose()
+
+
+def test_runs_are_a_binary_counter_up_to_the_largest_run() -> None:
+    """Runs halve in size towards the newest, and a run of MAX_RUN_ROWS is merged no more:
+    no merge sorts more than twice that, and every row is found after it."""
+    buffer = JoinBuffer("k", None, "test")
+    buffer.MAX_RUN_ROWS = 64
+    for i in range(100):
+        add(buffer, batch([i % 7] * 10, [0] * 10, f"b{i}-"))
+    sizes = [len(r) for r in buffer.runs]
+    assert sum(sizes) == 1000
+    frozen = [s for s in sizes if s >= 64]
+    assert len(frozen) >= 7 and all(s < 2 * 64 + 10 for s in frozen)
+    tail = sizes[len(frozen) :]
+    assert all(older >= 2 * newer for older, newer in itertools.pairwise(tail))
+    assert len(live(buffer)) == 1000
