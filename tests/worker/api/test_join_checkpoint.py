@@ -362,6 +362,25 @@ def test_on_rocksdb_a_few_new_rows_upload_a_small_fraction(tmp_path: Path) -> No
 # --- rows written ahead of the checkpoint (spills), on a backend that writes ahead ---------
 
 
+@pytest.fixture
+def rocks(tmp_path: Path) -> Iterator[Backends]:
+    made = Backends("rocksdb", tmp_path)
+    yield made
+    made.dispose()
+
+
+def reloaded(
+    backends_: Backends, backend: Any, tmp_path: Path, **attached: Any
+) -> tuple[Any, tuple[Any, Any, Any]]:
+    """A backend of ``backends_`` restored from a snapshot of ``backend``, and the buffer,
+    checkpoint and recorded state attached to it with the chunks loaded."""
+    again = backends_.make()
+    again.restore(snapshot_backends([backend], tmp_path / "a", 1))
+    buffer, checkpoint, state = attach(again, **attached)
+    checkpoint.load(NAME)
+    return again, (buffer, checkpoint, state)
+
+
 def spill(buffer: JoinBuffer, checkpoint: BufferCheckpoint, rows: pa.RecordBatch) -> None:
     """Add ``rows`` as a join does (``KeyedJoinOperator._add``), spilling whatever is unsaved."""
     add(buffer, rows)
@@ -370,51 +389,44 @@ def spill(buffer: JoinBuffer, checkpoint: BufferCheckpoint, rows: pa.RecordBatch
 
 
 def test_rows_written_ahead_are_parts_of_the_chunk_the_next_checkpoint_closes(
-    tmp_path: Path,
+    rocks: Backends, tmp_path: Path
 ) -> None:
-    backends_ = Backends("rocksdb", tmp_path)
-    try:
-        backend = backends_.make()
-        buffer, checkpoint, state = attach(backend)
-        g1, g2 = kg(1), kg(2)
-        spill(buffer, checkpoint, batch([1, 2], [0, 0], "a"))
-        # in the database already, not left in the cache for the checkpoint to write
-        assert {k: rows_of(v) for k, v in stored(backend).items()} == {
-            (g1, 0): ["a1@0"],
-            (g2, 0): ["a2@0"],
-        }
-        assert backend.dirty == set() and backend.cache == {}
-        assert buffer.unsaved == []
-        spill(buffer, checkpoint, batch([1], [1], "b"))
-        add(buffer, batch([1, 3], [2, 2], "c"))  # not spilled: the checkpoint writes it
-        checkpoint.save()
-        assert {k: rows_of(v) for k, v in state.writes[-1].items()} == {
-            (g1, 0, 2): ["c1@2"],
-            (kg(3), 0): ["c3@2"],
-        }
-        assert set(stored(backend)) == {(g1, 0), (g1, 0, 1), (g1, 0, 2), (g2, 0), (kg(3), 0)}
-        add(buffer, batch([1], [3], "d"))
-        checkpoint.save()  # the chunks closed: a new number
-        assert list(state.writes[-1]) == [(g1, 1)]
-        expected = live(buffer)
+    backend = rocks.make()
+    buffer, checkpoint, state = attach(backend)
+    g1, g2 = kg(1), kg(2)
+    spill(buffer, checkpoint, batch([1, 2], [0, 0], "a"))
+    # in the database already, not left in the cache for the checkpoint to write
+    assert {k: rows_of(v) for k, v in stored(backend).items()} == {
+        (g1, 0): ["a1@0"],
+        (g2, 0): ["a2@0"],
+    }
+    assert backend.dirty == set() and backend.cache == {}
+    assert buffer.unsaved == []
+    spill(buffer, checkpoint, batch([1], [1], "b"))
+    add(buffer, batch([1, 3], [2, 2], "c"))  # not spilled: the checkpoint writes it
+    checkpoint.save()
+    assert {k: rows_of(v) for k, v in state.writes[-1].items()} == {
+        (g1, 0, 2): ["c1@2"],
+        (kg(3), 0): ["c3@2"],
+    }
+    assert set(stored(backend)) == {(g1, 0), (g1, 0, 1), (g1, 0, 2), (g2, 0), (kg(3), 0)}
+    add(buffer, batch([1], [3], "d"))
+    checkpoint.save()  # the chunks closed: a new number
+    assert list(state.writes[-1]) == [(g1, 1)]
+    expected = live(buffer)
 
-        again = backends_.make()
-        again.restore(snapshot_backends([backend], tmp_path / "a", 1))
-        buffer2, checkpoint2, state2 = attach(again)
-        checkpoint2.load(NAME)
-        assert live(buffer2) == expected
-        assert [(c.number, c.rows, c.parts) for c in checkpoint2.groups[g1]] == [
-            (0, 3, 3),
-            (1, 1, 1),
-        ]
-        buffer2.expire(1000)  # every row expired: every part deleted
-        checkpoint2.save()
-        assert stored(again) == {}
-        assert set(state2.writes[-1]) == {
-            (g1, 0), (g1, 0, 1), (g1, 0, 2), (g1, 1), (g2, 0), (kg(3), 0)
-        }  # fmt: skip
-    finally:
-        backends_.dispose()
+    again, (buffer2, checkpoint2, state2) = reloaded(rocks, backend, tmp_path)
+    assert live(buffer2) == expected
+    assert [(c.number, c.rows, c.parts) for c in checkpoint2.groups[g1]] == [
+        (0, 3, 3),
+        (1, 1, 1),
+    ]
+    buffer2.expire(1000)  # every row expired: every part deleted
+    checkpoint2.save()
+    assert stored(again) == {}
+    assert set(state2.writes[-1]) == {
+        (g1, 0), (g1, 0, 1), (g1, 0, 2), (g1, 1), (g2, 0), (kg(3), 0)
+    }  # fmt: skip
 
 
 def test_the_heap_does_not_write_ahead() -> None:
@@ -427,80 +439,62 @@ def test_the_heap_does_not_write_ahead() -> None:
 
 
 def test_an_expiry_between_spills_closes_the_chunk_the_earlier_parts_opened(
-    tmp_path: Path,
+    rocks: Backends, tmp_path: Path
 ) -> None:
     """All parts of a chunk are written between the same two expiries: a row that arrives at
     the threshold after an expiry stays live, so it may not join a chunk that the expiry's
     threshold covers (its restore would drop it)."""
-    backends_ = Backends("rocksdb", tmp_path)
-    try:
-        backend = backends_.make()
-        buffer, checkpoint, _ = attach(backend)
-        g = kg(7)
-        spill(buffer, checkpoint, batch([7] * 20, list(range(20))))
-        buffer.expire(2)  # 3 of 20 rows: below a quarter, no compaction
-        spill(buffer, checkpoint, batch([7], [1], "at"))  # at/below the threshold: live
-        checkpoint.save()
-        entries = stored(backend)
-        assert set(entries) == {(g, 0), (g, 1), (g, THRESHOLDS)}
-        assert entries[(g, THRESHOLDS)] == {0: 2}
-        assert rows_of(entries[(g, 1)]) == ["at7@1"]
-        expected = live(buffer)
-        assert "at7@1" in [r[2] for r in expected]
-        again = backends_.make()
-        again.restore(snapshot_backends([backend], tmp_path / "a", 1))
-        buffer2, checkpoint2, _ = attach(again)
-        checkpoint2.load(NAME)
-        assert live(buffer2) == expected
-    finally:
-        backends_.dispose()
+    backend = rocks.make()
+    buffer, checkpoint, _ = attach(backend)
+    g = kg(7)
+    spill(buffer, checkpoint, batch([7] * 20, list(range(20))))
+    buffer.expire(2)  # 3 of 20 rows: below a quarter, no compaction
+    spill(buffer, checkpoint, batch([7], [1], "at"))  # at/below the threshold: live
+    checkpoint.save()
+    entries = stored(backend)
+    assert set(entries) == {(g, 0), (g, 1), (g, THRESHOLDS)}
+    assert entries[(g, THRESHOLDS)] == {0: 2}
+    assert rows_of(entries[(g, 1)]) == ["at7@1"]
+    expected = live(buffer)
+    assert "at7@1" in [r[2] for r in expected]
+    _, (buffer2, _, _) = reloaded(rocks, backend, tmp_path)
+    assert live(buffer2) == expected
 
 
-def test_chunks_of_parts_are_merged_and_compacted_whole(tmp_path: Path) -> None:
-    backends_ = Backends("rocksdb", tmp_path)
-    try:
-        backend = backends_.make()
-        buffer, checkpoint, _ = attach(backend, time_field=None)
-        g = kg(3)
-        for i in range(BufferCheckpoint.MAX_CHUNKS + 3):
-            spill(buffer, checkpoint, batch([3], [0], f"r{i:02}a-"))
-            spill(buffer, checkpoint, batch([3], [0], f"r{i:02}b-"))
-            checkpoint.save()
-        assert len(checkpoint.groups[g]) == BufferCheckpoint.MAX_CHUNKS
-        entries = stored(backend)
-        # the merged chunks are one entry each, the others two parts
-        merged = [c for c in checkpoint.groups[g] if c.parts == 1]
-        assert len(merged) >= 3
-        assert len(entries) == sum(c.parts for c in checkpoint.groups[g])
-        assert sum(v[0].num_rows for v in entries.values()) == 2 * (BufferCheckpoint.MAX_CHUNKS + 3)
-        expected = live(buffer)
-        again = backends_.make()
-        again.restore(snapshot_backends([backend], tmp_path / "a", 1))
-        buffer2, checkpoint2, _ = attach(again, time_field=None)
-        checkpoint2.load(NAME)
-        assert live(buffer2) == expected
-    finally:
-        backends_.dispose()
+def test_chunks_of_parts_are_merged_and_compacted_whole(rocks: Backends, tmp_path: Path) -> None:
+    backend = rocks.make()
+    buffer, checkpoint, _ = attach(backend, time_field=None)
+    g = kg(3)
+    for i in range(BufferCheckpoint.MAX_CHUNKS + 3):
+        spill(buffer, checkpoint, batch([3], [0], f"r{i:02}a-"))
+        spill(buffer, checkpoint, batch([3], [0], f"r{i:02}b-"))
+        checkpoint.save()
+    assert len(checkpoint.groups[g]) == BufferCheckpoint.MAX_CHUNKS
+    entries = stored(backend)
+    # the merged chunks are one entry each, the others two parts
+    merged = [c for c in checkpoint.groups[g] if c.parts == 1]
+    assert len(merged) >= 3
+    assert len(entries) == sum(c.parts for c in checkpoint.groups[g])
+    assert sum(v[0].num_rows for v in entries.values()) == 2 * (BufferCheckpoint.MAX_CHUNKS + 3)
+    expected = live(buffer)
+    _, (buffer2, _, _) = reloaded(rocks, backend, tmp_path, time_field=None)
+    assert live(buffer2) == expected
 
 
-def test_clear_deletes_the_parts_written_ahead(tmp_path: Path) -> None:
-    backends_ = Backends("rocksdb", tmp_path)
-    try:
-        backend = backends_.make()
-        buffer, checkpoint, _ = attach(backend)
-        add(buffer, batch([1], [0]))
-        checkpoint.save()
-        spill(buffer, checkpoint, batch([1, 2], [1, 1]))
-        assert len(stored(backend)) == 3
-        buffer.clear()
-        checkpoint.maybe_spill()  # cleared: nothing written until the checkpoint
-        checkpoint.save()
-        assert stored(backend) == {}
-        add(buffer, batch([1], [5], "n"))
-        checkpoint.save()
-        assert set(stored(backend)) == {(kg(1), 2)}  # numbers are never reused
-    finally:
-        backends_.dispose()
+def test_clear_deletes_the_parts_written_ahead(rocks: Backends, tmp_path: Path) -> None:
+    backend = rocks.make()
+    buffer, checkpoint, _ = attach(backend)
+    add(buffer, batch([1], [0]))
+    checkpoint.save()
+    spill(buffer, checkpoint, batch([1, 2], [1, 1]))
+    assert len(stored(backend)) == 3
+    buffer.clear()
+    checkpoint.maybe_spill()  # cleared: nothing written until the checkpoint
+    checkpoint.save()
+    assert stored(backend) == {}
+    add(buffer, batch([1], [5], "n"))
+    checkpoint.save()
+    assert set(stored(backend)) == {(kg(1), 2)}  # numbers are never reused
 
 
 def test_a_chunk_that_lacks_a_part_is_refused_clearly(tmp_path: Path) -> None:
