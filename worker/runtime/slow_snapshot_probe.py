@@ -112,10 +112,13 @@ class SlowSnapshotProbe:
             elapsed_ms = (time.perf_counter() - started) * 1000
             stacks = self._dump()
             name = f"slow-async-{os.getpid()}-{subtask.replace('/', '_')}-chk{checkpoint_id}-{n}"
-            (self.directory / f"{name}.txt").write_text(
+            # written aside, then renamed: whoever watches the directory sees a whole dump
+            partial = self.directory / f".{name}.txt.partial"
+            partial.write_text(
                 f"# {subtask} checkpoint {checkpoint_id}: asynchronous part running for "
                 f"{elapsed_ms:.0f} ms\n{stacks}"
             )
+            os.replace(partial, self.directory / f"{name}.txt")
             log.warning(
                 "checkpoint.slow_async_stacks",
                 subtask=subtask,
