@@ -177,8 +177,7 @@ class BufferCheckpoint:
         if size < self.SPILL_BYTES:
             return
         write = _Write({}, set())
-        if any(o.expiries != b.expiries for o in self.open.values()):
-            self._close_open()
+        self._close_open_before_expiry()
         self._add_new_rows(write)
         self._store(write)
         self.backend.write_ahead()
@@ -189,16 +188,12 @@ class BufferCheckpoint:
         write = _Write({}, set())
         b = self.buffer
         if b.cleared:
-            for g, o in self.open.items():
-                for key in part_keys(g, o.number, o.parts):
-                    write.delete(key)
-            self.open = {}
+            self._close_open()  # their parts are deleted with the stored chunks
             for g, chunks in self.groups.items():
                 self._delete(write, g, chunks)
             self.groups = {}
             b.cleared = False
-        if any(o.expiries != b.expiries for o in self.open.values()):
-            self._close_open()
+        self._close_open_before_expiry()
         self._add_new_rows(write)
         self._close_open()
         for g in list(self.groups):
@@ -225,6 +220,12 @@ class BufferCheckpoint:
             self.state.update_many(
                 keys, list(write.values.values()), key_groups=[k[0] for k in keys]
             )
+
+    def _close_open_before_expiry(self) -> None:
+        """Close the open chunks if the buffer expired rows since they opened: all parts of a
+        chunk are written between the same two expiries (module docstring)."""
+        if any(o.expiries != self.buffer.expiries for o in self.open.values()):
+            self._close_open()
 
     def _close_open(self) -> None:
         """The open chunks become stored chunks (:attr:`groups`)."""

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import structlog
 
+from snapflow.durable_files import write_atomic
+
 ENV_THRESHOLD_MS = "SNAPFLOW_DEBUG_SLOW_ASYNC_MS"
 ENV_DIR = "SNAPFLOW_DEBUG_DIR"
 MAX_DUMPS = 4
@@ -112,13 +114,12 @@ class SlowSnapshotProbe:
             elapsed_ms = (time.perf_counter() - started) * 1000
             stacks = self._dump()
             name = f"slow-async-{os.getpid()}-{subtask.replace('/', '_')}-chk{checkpoint_id}-{n}"
-            # written aside, then renamed: whoever watches the directory sees a whole dump
-            partial = self.directory / f".{name}.txt.partial"
-            partial.write_text(
+            # all at once: whoever watches the directory sees a whole dump or none
+            write_atomic(
+                str(self.directory / f"{name}.txt"),
                 f"# {subtask} checkpoint {checkpoint_id}: asynchronous part running for "
-                f"{elapsed_ms:.0f} ms\n{stacks}"
+                f"{elapsed_ms:.0f} ms\n{stacks}".encode(),
             )
-            os.replace(partial, self.directory / f"{name}.txt")
             log.warning(
                 "checkpoint.slow_async_stacks",
                 subtask=subtask,
