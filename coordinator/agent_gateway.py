@@ -20,7 +20,6 @@ from snapflow.coordinator.checkpoint_coordinator import BarrierOptions
 from snapflow.coordinator.model import ExecutionAttempt
 from snapflow.security import PLAINTEXT, SecuritySettings
 from snapflow.tls import aio_channel
-from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 
@@ -98,12 +97,7 @@ class AgentGateway:
     def trigger(
         self, by_address: ByAddress, checkpoint_id: int, timestamp_ms: int, options: BarrierOptions
     ) -> None:
-        options_pb = pb.CheckpointOptions(
-            kind=wire.CHECKPOINT_KIND.to_pb(options.kind),
-            mode=wire.CHECKPOINT_MODE.to_pb(options.mode),
-            aligned_checkpoint_timeout_ms=options.aligned_checkpoint_timeout_ms,
-            target_location=options.target_location,
-        )
+        options_pb = wire.barrier_options_to_pb(options)
         for address, attempts in by_address.items():
             request = wpb.TriggerTaskCheckpointRequest(
                 job_id=self.job_id,

@@ -263,8 +263,13 @@ class PendingCheckpoint:
         return len(self.not_yet_acknowledged) + len(self.acknowledged)
 
     def acked_paths(self) -> list[str]:
+        """The files of the acknowledged state (inline state has none)."""
         return [
-            h.path for a in self.acknowledged.values() for s in a.operator_states for h in s.handles
+            h.path
+            for a in self.acknowledged.values()
+            for s in a.operator_states
+            for h in s.handles
+            if not h.is_inline
         ]
 
 
@@ -688,7 +693,9 @@ class CheckpointCoordinator:
             mode, timeout = CheckpointMode.ALIGNED, 0  # savepoints are always aligned (Flink)
         if kind.is_savepoint:
             timeout = 0
-        return BarrierOptions(kind, mode, timeout, location)
+        return BarrierOptions(
+            kind, mode, timeout, location, self.config.inline_state_threshold_bytes
+        )
 
     # --- periodic scheduling and time ------------------------------------------------------
 
@@ -774,7 +781,8 @@ class CheckpointCoordinator:
         """``held_ms``: how long the agent held the ack (for its other subtasks' acks); the
         ack's time is its arrival minus that, never before the trigger. Completion is at
         ``now_ms``, when the last ack arrived."""
-        paths = [h.path for s in operator_states for h in s.handles]
+        # the files to discard if the ack is not taken (inline state has none)
+        paths = [h.path for s in operator_states for h in s.handles if not h.is_inline]
         pending = self.pending.get(checkpoint_id)
         if pending is None:
             completed = self.find_snapshot(checkpoint_id)

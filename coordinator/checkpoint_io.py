@@ -35,7 +35,7 @@ from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.confinement import location_key
 from snapflow.coordinator.model import CompletedCheckpoint, PendingCheckpointRecord
 from snapflow.coordinator.redis_store import CheckpointStore
-from snapflow.coordinator.shared_state import creator_id
+from snapflow.coordinator.shared_state import creator_id, shared_paths
 from snapflow.coordinator.state_cleanup import StateCleanup
 from snapflow.errors import (
     FailedPreconditionError,
@@ -327,7 +327,15 @@ class CheckpointIo:
                     self._log.info(
                         "checkpoint.deleted", checkpoint_id=checkpoint_id, reason="retention"
                     )
-                await self._release_shared([i for i in checkpoint_ids if i in allowed])
+                # A checkpoint known to name no shared file registered none (``register``
+                # returns before Redis): nothing to release, one round trip less per checkpoint.
+                await self._release_shared(
+                    [
+                        i
+                        for i in checkpoint_ids
+                        if i in allowed and (i not in known or shared_paths(known[i])[0])
+                    ]
+                )
             case DeleteUnused(checkpoint_id=checkpoint_id, location=location):
                 allowed = await self.store.claim_deletions(
                     self.job_id, [checkpoint_id], decided=True

@@ -318,6 +318,20 @@ def operator_states_from_pb(
                 raise InvalidArgumentError(
                     f"state handle {limits.echo(h.path)}: offset must be >= 0"
                 )
+            if h.data:
+                # Inline state: the bytes are the state; the path only names it.
+                if len(h.data) > limits.MAX_INLINE_STATE_THRESHOLD_BYTES:
+                    raise InvalidArgumentError(
+                        f"state handle {limits.echo(h.path)}: {len(h.data)} bytes of inline "
+                        f"data, above the maximum of {limits.MAX_INLINE_STATE_THRESHOLD_BYTES}: "
+                        "write larger state to a file"
+                    )
+                if h.size_bytes != len(h.data) or h.offset:
+                    raise InvalidArgumentError(
+                        f"state handle {limits.echo(h.path)}: inline data of {len(h.data)} "
+                        f"bytes needs size_bytes {len(h.data)} (got {h.size_bytes}) and offset 0 "
+                        f"(got {h.offset})"
+                    )
             handles.append(wire.state_handle_from_pb(h))
         out.append(OperatorSubtaskState(s.operator_id, tuple(handles)))
     return tuple(out)

@@ -7,6 +7,7 @@ them to and from protobuf messages. No I/O happens in this module.
 
 from __future__ import annotations
 
+import base64
 import enum
 import re
 from dataclasses import asdict, dataclass, field
@@ -231,7 +232,14 @@ class CompletedCheckpoint:
         return sum(a.state_size_bytes for a in self.subtask_states)
 
     def state_paths(self) -> list[str]:
-        return [h.path for a in self.subtask_states for s in a.operator_states for h in s.handles]
+        """The files of the checkpoint's state (inline state has none)."""
+        return [
+            h.path
+            for a in self.subtask_states
+            for s in a.operator_states
+            for h in s.handles
+            if not h.is_inline
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         # Written by hand: dataclasses.asdict deep-copies and dominated completion time at 1024
@@ -284,8 +292,9 @@ def subtask_ack_to_dict(a: SubtaskAck) -> dict[str, Any]:
 
 def _handle_to_dict(h: StateHandle) -> dict[str, Any]:
     # The keys and their order are the JSON the Redis records have always held (read back
-    # with StateHandle(**d)); a slotted dataclass has no __dict__ to copy.
-    return {
+    # by _handle_from_dict); a slotted dataclass has no __dict__ to copy. Inline bytes are
+    # base64 under "data", only where there are any: file handles keep their old records.
+    d: dict[str, Any] = {
         "path": h.path,
         "size_bytes": h.size_bytes,
         "kind": h.kind,
@@ -293,6 +302,16 @@ def _handle_to_dict(h: StateHandle) -> dict[str, Any]:
         "key_group_end": h.key_group_end,
         "offset": h.offset,
     }
+    if h.data:
+        d["data"] = base64.b64encode(h.data).decode("ascii")
+    return d
+
+
+def _handle_from_dict(d: dict[str, Any]) -> StateHandle:
+    data = d.get("data")
+    if data is None:
+        return StateHandle(**d)
+    return StateHandle(**{**d, "data": base64.b64decode(data)})
 
 
 def subtask_ack_from_dict(d: dict[str, Any]) -> SubtaskAck:
@@ -302,7 +321,7 @@ def subtask_ack_from_dict(d: dict[str, Any]) -> SubtaskAck:
         operator_states=tuple(
             OperatorSubtaskState(
                 operator_id=s["operator_id"],
-                handles=tuple(StateHandle(**h) for h in s["handles"]),
+                handles=tuple(_handle_from_dict(h) for h in s["handles"]),
             )
             for s in d["operator_states"]
         ),

@@ -84,6 +84,13 @@ class CheckpointConfig:
     """Keyed state backend of the tasks: one of ``snapflow.state_backend_options.STATE_BACKENDS``."""
     state_backend_options: StateBackendOptions = field(default_factory=StateBackendOptions)
     """Sizing of the rocksdb backend's instances; unset fields keep the worker's defaults."""
+    inline_state_threshold_bytes: int = limits.DEFAULT_INLINE_STATE_THRESHOLD_BYTES
+    """A subtask's snapshot of at most this many bytes is sent inline with its acknowledgement
+    and stored in the Redis record and ``_metadata`` instead of as files (Flink's
+    ``state.storage.fs.memory-threshold``, 20 KB by default): a small snapshot then costs no
+    file, fsync or object-store request. 0 = always files; at most
+    ``limits.MAX_INLINE_STATE_THRESHOLD_BYTES`` (1 MB). Savepoints inline too: their
+    ``_metadata`` then holds that state, and they stay relocatable."""
 
     def __post_init__(self) -> None:
         for name in ("interval_ms", "timeout_ms", "min_pause_ms", "aligned_checkpoint_timeout_ms"):
@@ -136,6 +143,10 @@ class CheckpointConfig:
                 f"mode or an aligned_checkpoint_timeout_ms at most 1 checkpoint may be in flight",
             )
         _check_storage_uri(self.storage_uri)
+        name = "inline_state_threshold_bytes"
+        threshold = _integer(name, self.inline_state_threshold_bytes)
+        _at_least(name, threshold, 0)
+        _at_most(name, threshold, limits.MAX_INLINE_STATE_THRESHOLD_BYTES)
         if self.state_backend not in STATE_BACKENDS:
             raise InvalidFieldError(
                 "state_backend",

@@ -21,7 +21,7 @@ lower-case names, which the Redis records store.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "BROADCAST",
@@ -126,6 +126,9 @@ class BarrierOptions:
     0 = never. Savepoints never switch."""
     target_location: str = ""
     """The directory the snapshot is written under."""
+    inline_state_threshold_bytes: int = 0
+    """A subtask's snapshot of at most this many bytes is sent inline (``StateHandle.data``)
+    instead of written under ``target_location``; 0 = always files."""
 
     @property
     def is_unaligned(self) -> bool:
@@ -187,3 +190,12 @@ class StateHandle:
     """Where the file starts inside the object at ``path``; 0: it is the whole object. Several
     handles of one subtask's checkpoint may share an object (file merging, as Flink's segment
     file handles do)."""
+    data: bytes = field(default=b"", repr=False)
+    """Inline state: the file's bytes themselves, carried by the acknowledgement and stored in
+    the checkpoint's records and ``_metadata`` (Flink's ``ByteStreamStateHandle``); nothing
+    exists at ``path``, which only names the state. Empty: the bytes are in the file."""
+
+    @property
+    def is_inline(self) -> bool:
+        """The bytes are in the handle, not in storage (nothing to read, check or delete)."""
+        return bool(self.data)

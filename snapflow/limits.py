@@ -60,6 +60,11 @@ checkpointing off in practice, which is interval 0)."""
 MAX_CONCURRENT_CHECKPOINTS = 1000
 MAX_RETAINED_CHECKPOINTS = 1000
 """Each retained checkpoint is a Redis record and a directory kept on storage."""
+DEFAULT_INLINE_STATE_THRESHOLD_BYTES = 20 * 1024
+MAX_INLINE_STATE_THRESHOLD_BYTES = 1 << 20
+"""A subtask's snapshot up to the threshold goes inline (its bytes in the acknowledgement, the
+Redis record and ``_metadata``): Flink's ``state.storage.fs.memory-threshold``, whose default
+is 20 KB and whose maximum is 1 MB, so that the records of a wide job stay small."""
 
 # The rocksdb state backend's sizing in a job's checkpoint config
 # (snapflow.state_backend_options): wide enough for any real machine, narrow enough that a typo

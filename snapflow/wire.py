@@ -246,6 +246,7 @@ def barrier_options_to_pb(
     out.mode = CHECKPOINT_MODE.to_pb(options.mode)
     out.aligned_checkpoint_timeout_ms = options.aligned_checkpoint_timeout_ms
     out.target_location = options.target_location
+    out.inline_state_threshold_bytes = options.inline_state_threshold_bytes
     return out
 
 
@@ -257,6 +258,7 @@ def barrier_options_from_pb(msg: pb.CheckpointOptions) -> BarrierOptions:
         mode=CHECKPOINT_MODE.from_pb_or(msg.mode, CheckpointMode.ALIGNED),
         aligned_checkpoint_timeout_ms=msg.aligned_checkpoint_timeout_ms,
         target_location=msg.target_location,
+        inline_state_threshold_bytes=max(0, msg.inline_state_threshold_bytes),
     )
 
 
@@ -269,6 +271,7 @@ def state_handle_to_pb(handle: StateHandle) -> pb.StateHandle:
         key_group_start=handle.key_group_start,
         key_group_end=handle.key_group_end,
         offset=handle.offset,
+        data=handle.data,
     )
 
 
@@ -281,6 +284,7 @@ def state_handle_from_pb(msg: pb.StateHandle) -> StateHandle:
         key_group_start=msg.key_group_start,
         key_group_end=msg.key_group_end,
         offset=msg.offset,
+        data=msg.data,
     )
 
 
@@ -348,6 +352,7 @@ def checkpoint_config_to_pb(config: CheckpointConfig) -> pb.CheckpointConfig:
         storage_uri=config.storage_uri,
         state_backend=config.state_backend,
         state_backend_options=state_backend_options_to_pb(config.state_backend_options),
+        inline_state_threshold_bytes=config.inline_state_threshold_bytes,
     )
 
 
@@ -371,6 +376,11 @@ def checkpoint_config_from_pb(msg: pb.CheckpointConfig) -> CheckpointConfig:
             storage_uri=msg.storage_uri,
             state_backend=parse_state_backend(msg.state_backend),
             state_backend_options=state_backend_options_from_pb(msg.state_backend_options),
+            inline_state_threshold_bytes=(
+                msg.inline_state_threshold_bytes
+                if msg.HasField("inline_state_threshold_bytes")
+                else defaults.inline_state_threshold_bytes
+            ),
         )
     except InvalidFieldError as e:
         raise e.within("checkpoint_config") from None

@@ -140,6 +140,7 @@ class Pipeline:
         tolerable_failures: int | None = 0,
         retained: int = 1,
         storage: str | os.PathLike[str] = "",
+        inline_state_threshold_bytes: int = limits.DEFAULT_INLINE_STATE_THRESHOLD_BYTES,
     ) -> Pipeline:
         """The job's checkpointing: a :class:`snapflow.checkpoint_config.CheckpointConfig`,
         whose fields document each setting; the state backend set by :meth:`state_backend`
@@ -148,7 +149,9 @@ class Pipeline:
         beginning or its restore point). ``mode``: ``"aligned"``, ``"unaligned"`` or
         ``"at_least_once"``. ``tolerable_failures=None``: unlimited. ``storage``: a path
         (relative ones are made absolute here) or a ``file://`` or ``s3://`` URI every executor
-        sees (empty: the coordinator's root). Returns the pipeline."""
+        sees (empty: the coordinator's root). ``inline_state_threshold_bytes``: a subtask's
+        snapshot up to this size goes inside the checkpoint's metadata instead of files (Flink's
+        ``state.storage.fs.memory-threshold``; 0: always files). Returns the pipeline."""
         current = self.checkpoint_config
         self.checkpoint_config = CheckpointConfig(
             interval_ms=interval_ms,
@@ -162,6 +165,7 @@ class Pipeline:
             storage_uri=_storage_uri(storage),
             state_backend=current.state_backend,
             state_backend_options=current.state_backend_options,
+            inline_state_threshold_bytes=inline_state_threshold_bytes,
         )
         return self
 

@@ -142,7 +142,7 @@ class JobGraph(_message.Message):
     def __init__(self, name: _Optional[str] = ..., vertices: _Optional[_Iterable[_Union[JobVertex, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[JobEdge, _Mapping]]] = ...) -> None: ...
 
 class CheckpointConfig(_message.Message):
-    __slots__ = ("interval_ms", "timeout_ms", "min_pause_ms", "max_concurrent", "mode", "aligned_checkpoint_timeout_ms", "tolerable_failures", "retained", "storage_uri", "tolerable_failures_unlimited", "state_backend", "state_backend_options")
+    __slots__ = ("interval_ms", "timeout_ms", "min_pause_ms", "max_concurrent", "mode", "aligned_checkpoint_timeout_ms", "tolerable_failures", "retained", "storage_uri", "tolerable_failures_unlimited", "state_backend", "state_backend_options", "inline_state_threshold_bytes")
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_PAUSE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class CheckpointConfig(_message.Message):
     TOLERABLE_FAILURES_UNLIMITED_FIELD_NUMBER: _ClassVar[int]
     STATE_BACKEND_FIELD_NUMBER: _ClassVar[int]
     STATE_BACKEND_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_STATE_THRESHOLD_BYTES_FIELD_NUMBER: _ClassVar[int]
     interval_ms: int
     timeout_ms: int
     min_pause_ms: int
@@ -167,7 +168,8 @@ class CheckpointConfig(_message.Message):
     tolerable_failures_unlimited: bool
     state_backend: str
     state_backend_options: StateBackendOptions
-    def __init__(self, interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., min_pause_ms: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., mode: _Optional[_Union[CheckpointMode, str]] = ..., aligned_checkpoint_timeout_ms: _Optional[int] = ..., tolerable_failures: _Optional[int] = ..., retained: _Optional[int] = ..., storage_uri: _Optional[str] = ..., tolerable_failures_unlimited: _Optional[bool] = ..., state_backend: _Optional[str] = ..., state_backend_options: _Optional[_Union[StateBackendOptions, _Mapping]] = ...) -> None: ...
+    inline_state_threshold_bytes: int
+    def __init__(self, interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., min_pause_ms: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., mode: _Optional[_Union[CheckpointMode, str]] = ..., aligned_checkpoint_timeout_ms: _Optional[int] = ..., tolerable_failures: _Optional[int] = ..., retained: _Optional[int] = ..., storage_uri: _Optional[str] = ..., tolerable_failures_unlimited: _Optional[bool] = ..., state_backend: _Optional[str] = ..., state_backend_options: _Optional[_Union[StateBackendOptions, _Mapping]] = ..., inline_state_threshold_bytes: _Optional[int] = ...) -> None: ...
 
 class StateBackendOptions(_message.Message):
     __slots__ = ("memory_budget_bytes", "cache_entries", "compaction_style", "compaction_trigger", "max_size_amplification_percent", "upload_threads", "local_recovery")
@@ -198,20 +200,22 @@ class TaskAttempt(_message.Message):
     def __init__(self, vertex_id: _Optional[str] = ..., subtask_index: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class StateHandle(_message.Message):
-    __slots__ = ("path", "size_bytes", "kind", "key_group_start", "key_group_end", "offset")
+    __slots__ = ("path", "size_bytes", "kind", "key_group_start", "key_group_end", "offset", "data")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     KEY_GROUP_START_FIELD_NUMBER: _ClassVar[int]
     KEY_GROUP_END_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     path: str
     size_bytes: int
     kind: str
     key_group_start: int
     key_group_end: int
     offset: int
-    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., kind: _Optional[str] = ..., key_group_start: _Optional[int] = ..., key_group_end: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    data: bytes
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., kind: _Optional[str] = ..., key_group_start: _Optional[int] = ..., key_group_end: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class OperatorSubtaskState(_message.Message):
     __slots__ = ("operator_id", "handles")
@@ -244,13 +248,15 @@ class SubtaskCheckpointMetrics(_message.Message):
     def __init__(self, sync_duration_ms: _Optional[int] = ..., async_duration_ms: _Optional[int] = ..., alignment_duration_ms: _Optional[int] = ..., start_delay_ms: _Optional[int] = ..., state_size_bytes: _Optional[int] = ..., processed_during_alignment_bytes: _Optional[int] = ..., persisted_in_flight_bytes: _Optional[int] = ..., unaligned: _Optional[bool] = ..., records_in: _Optional[int] = ...) -> None: ...
 
 class CheckpointOptions(_message.Message):
-    __slots__ = ("kind", "mode", "aligned_checkpoint_timeout_ms", "target_location")
+    __slots__ = ("kind", "mode", "aligned_checkpoint_timeout_ms", "target_location", "inline_state_threshold_bytes")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ALIGNED_CHECKPOINT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TARGET_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    INLINE_STATE_THRESHOLD_BYTES_FIELD_NUMBER: _ClassVar[int]
     kind: CheckpointKind
     mode: CheckpointMode
     aligned_checkpoint_timeout_ms: int
     target_location: str
-    def __init__(self, kind: _Optional[_Union[CheckpointKind, str]] = ..., mode: _Optional[_Union[CheckpointMode, str]] = ..., aligned_checkpoint_timeout_ms: _Optional[int] = ..., target_location: _Optional[str] = ...) -> None: ...
+    inline_state_threshold_bytes: int
+    def __init__(self, kind: _Optional[_Union[CheckpointKind, str]] = ..., mode: _Optional[_Union[CheckpointMode, str]] = ..., aligned_checkpoint_timeout_ms: _Optional[int] = ..., target_location: _Optional[str] = ..., inline_state_threshold_bytes: _Optional[int] = ...) -> None: ...

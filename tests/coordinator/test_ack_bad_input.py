@@ -8,6 +8,8 @@ Shared coordinator and helpers: tests/kit/coordinator_env.py.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import uuid
 from collections.abc import Callable
@@ -185,6 +187,11 @@ ACK_FIELD_CASES = [
     pytest.param({"attempt": attempt("src", 0, 0)}, "attempt.attempt must be >= 1", id="attempt-0"),
     pytest.param({"held_ms": -1}, "held_ms must be >= 0, got -1", id="negative-held-ms"),
     pytest.param({"held_ms": 2**40}, "held_ms 1099511627776 is above", id="absurd-held-ms"),
+    pytest.param(
+        {"data": b"abc", "size_bytes": 5},
+        "inline data of 3 bytes needs size_bytes 3 (got 5)",
+        id="inline-data-size-mismatch",
+    ),
 ]
 
 
@@ -207,6 +214,8 @@ def test_ack_with_invalid_fields_is_invalid_argument(
                     size_bytes=override.get("size_bytes", 5),
                 )
                 request.held_ms = override.get("held_ms", 0)
+                for handle in request.operator_states[0].handles:
+                    handle.data = override.get("data", b"")
                 keys_before = await asyncio.to_thread(env.job_keys, job.id)
                 await expect_error(
                     env.stub.AcknowledgeCheckpoint(request, timeout=T),
@@ -516,5 +525,62 @@ def test_decline_with_invalid_fields_is_invalid_argument(env: Env) -> None:
                 ).status == pb.CHECKPOINT_STATUS_COMPLETED
             finally:
                 await finish(trigger)
+
+    env.loop.run(main())
+
+
+def test_inline_state_is_kept_in_the_records_and_its_name_never_touched(
+    env: Env, tmp_path: Path
+) -> None:
+    """Inline state (``StateHandle.data``): the bytes go into the checkpoint's ``_metadata`` and
+    its Redis record; its path only names it, so a name outside the job's storage is neither
+    refused (nothing is read there) nor ever deleted, also when the checkpoint retires."""
+
+    async def main() -> None:
+        async with job_with_agent(env.coordinator, env.storage_root, policy=ignore_all) as job:
+            outside = write_file(tmp_path / "not-yours.state")
+            trigger, checkpoint_id = await start_pending_checkpoint(env.stub, job)
+            try:
+                request = ack_request(job.id, job.task(), checkpoint_id, str(outside), size_bytes=6)
+                request.operator_states[0].handles[0].data = b"inline"
+                response = await env.stub.AcknowledgeCheckpoint(request, timeout=T)
+                assert response.result == cpb.ACK_RESULT_SUCCESS
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
+                request = ack_request(
+                    job.id, job.task("map"), checkpoint_id, str(outside), size_bytes=3
+                )
+                request.operator_states[0].handles[0].data = b"\x00\xff\x01"
+                response = await env.stub.AcknowledgeCheckpoint(request, timeout=T)
+                assert response.result == cpb.ACK_RESULT_SUCCESS
+                summary = await asyncio.wait_for(trigger, 10)
+                assert summary.status == pb.CHECKPOINT_STATUS_COMPLETED
+            finally:
+                await finish(trigger)
+            chk = Path(details.summary.external_path)
+            assert sorted(p.name for p in chk.iterdir()) == ["_metadata"]
+            record = json.loads((chk / "_metadata").read_text())["checkpoint"]
+            inline = [
+                base64.b64decode(h["data"])
+                for a in record["subtask_states"]
+                for s in a["operator_states"]
+                for h in s["handles"]
+            ]
+            assert sorted(inline) == [b"\x00\xff\x01", b"inline"]
+            stored = await asyncio.to_thread(env.job_keys, job.id)
+            assert "aW5saW5l" in str(stored)  # base64 of b"inline"
+            # retired by the next checkpoint (one retained): the name is still not touched
+            trigger, checkpoint_id = await start_pending_checkpoint(env.stub, job)
+            try:
+                details = await checkpoint_details(env.stub, job.id, checkpoint_id)
+                await ack_all_by_hand(
+                    env.stub, job.id, job.agent, checkpoint_id, details.summary.external_path
+                )
+                assert (await asyncio.wait_for(trigger, 10)).status == (
+                    pb.CHECKPOINT_STATUS_COMPLETED
+                )
+            finally:
+                await finish(trigger)
+            await wait_until_async(lambda: not chk.exists(), "the retired checkpoint deleted")
+            assert outside.read_bytes() == b"state"
 
     env.loop.run(main())

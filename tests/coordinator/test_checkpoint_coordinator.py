@@ -57,6 +57,7 @@ SRC0 = ExecutionAttempt("src", 0, 1)
 SRC1 = ExecutionAttempt("src", 1, 1)
 SINK0 = ExecutionAttempt("sink", 0, 1)
 ALL = (SINK0, SRC0, SRC1)  # sorted order
+INLINE = CheckpointConfig().inline_state_threshold_bytes  # what every barrier carries
 GRAPH = JobGraph(
     "g",
     (JobVertex("src", "source", 2, is_source=True), JobVertex("sink", "sink", 1)),
@@ -150,7 +151,9 @@ def test_happy_path_exact_sequence() -> None:
         SendTrigger(
             1,
             105,
-            BarrierOptions(CheckpointKind.CHECKPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-1"),
+            BarrierOptions(
+                CheckpointKind.CHECKPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-1", INLINE
+            ),
             (SRC0, SRC1),
         ),
     ]
@@ -894,9 +897,19 @@ def test_savepoint_with_unaligned_checkpoints_queues_at_max_concurrent() -> None
     send = h.allocate(sp, 2, 11)[1]
     assert isinstance(send, SendTrigger)
     assert send.options == BarrierOptions(
-        CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-2"
+        CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-2", INLINE
     )
     assert list(h.cc.queue) == [periodic]
+
+
+def test_the_barriers_carry_the_configured_inline_state_threshold() -> None:
+    for threshold in (0, 4096):
+        for kind in (CheckpointKind.CHECKPOINT, CheckpointKind.SAVEPOINT):
+            h = Harness(inline_state_threshold_bytes=threshold)
+            req, _ = h.manual(10, kind, "/sp" if kind.is_savepoint else "")
+            send = h.allocate(req, 1, 11)[1]
+            assert isinstance(send, SendTrigger)
+            assert send.options.inline_state_threshold_bytes == threshold
 
 
 def test_savepoint_is_forced_only_without_unaligned_checkpoints() -> None:
@@ -928,7 +941,7 @@ def test_savepoint_with_aligned_timeout_queues_behind_the_checkpoint_in_flight()
     send = h.allocate(sp, 2, 11)[1]
     assert isinstance(send, SendTrigger)
     assert send.options == BarrierOptions(
-        CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-2"
+        CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/cp/job/chk-2", INLINE
     )
 
 

@@ -404,3 +404,23 @@ def test_savepoint_operations(status: SavepointOperationStatus) -> None:
     )
     assert wire.SAVEPOINT_OPERATION_STATUS.from_pb(msg.status) is status
     assert not convert.savepoint_operation_to_pb(JOB, op, None).HasField("savepoint")
+
+
+def test_inline_state_is_bounded_and_must_say_its_own_size() -> None:
+    """Inline bytes above Flink's 1 MB maximum of the memory threshold are refused (a gRPC
+    message larger than the server's limit is refused before this, RESOURCE_EXHAUSTED)."""
+    most = limits.MAX_INLINE_STATE_THRESHOLD_BYTES
+
+    def states(data: bytes, size: int, offset: int = 0) -> list[pb.OperatorSubtaskState]:
+        handle = pb.StateHandle(path="/chk/op.state", size_bytes=size, data=data, offset=offset)
+        return [pb.OperatorSubtaskState(operator_id="op", handles=[handle])]
+
+    (state,) = convert.operator_states_from_pb(states(b"s" * most, most))
+    assert state.handles[0].is_inline and len(state.handles[0].data) == most
+    for msg, match in [
+        (states(b"s" * (most + 1), most + 1), "1048577 bytes of inline data, above the maximum"),
+        (states(b"abc", 5), r"inline data of 3 bytes needs size_bytes 3 \(got 5\)"),
+        (states(b"abc", 3, 7), r"and offset 0 \(got 7\)"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=match):
+            convert.operator_states_from_pb(msg)

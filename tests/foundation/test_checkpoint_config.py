@@ -59,6 +59,8 @@ def _refused(match: str, call: Callable[[], Any]) -> None:
         CheckpointConfig(
             state_backend="rocksdb", state_backend_options=StateBackendOptions(local_recovery=False)
         ),
+        CheckpointConfig(inline_state_threshold_bytes=0, storage_uri="/files/only"),
+        CheckpointConfig(inline_state_threshold_bytes=limits.MAX_INLINE_STATE_THRESHOLD_BYTES),
     ],
     ids=lambda c: f"{c.mode.value}-{c.state_backend}-{c.storage_uri or 'default'}",
 )
@@ -72,6 +74,10 @@ def test_checkpoint_configs_round_trip(config: CheckpointConfig) -> None:
 
 def test_an_empty_config_gets_the_defaults() -> None:
     assert wire.checkpoint_config_from_pb(pb.CheckpointConfig()) == CheckpointConfig()
+    # Flink's state.storage.fs.memory-threshold default; 0 (files only) is a value, not unset
+    assert CheckpointConfig().inline_state_threshold_bytes == 20 * 1024
+    zero = pb.CheckpointConfig(inline_state_threshold_bytes=0)
+    assert wire.checkpoint_config_from_pb(zero).inline_state_threshold_bytes == 0
     # UNSPECIFIED is ALIGNED; a state backend name is read case-insensitively.
     got = wire.checkpoint_config_from_pb(pb.CheckpointConfig(state_backend=" RocksDB "))
     assert (got.mode, got.state_backend) == (CheckpointMode.ALIGNED, "rocksdb")
@@ -162,6 +168,14 @@ def test_an_unknown_mode_number_is_refused_naming_the_field() -> None:
         ({"storage_uri": "relative/dir"}, r"^storage_uri 'relative/dir' must be an absolute path"),
         ({"storage_uri": "gs://bucket/cp"}, r"^storage_uri 'gs://bucket/cp' uses the URI scheme"),
         ({"state_backend": "RocksDB"}, r"^state_backend 'RocksDB' is not one of heap, rocksdb$"),
+        (
+            {"inline_state_threshold_bytes": -1},
+            r"^inline_state_threshold_bytes must be >= 0, got -1$",
+        ),
+        (
+            {"inline_state_threshold_bytes": (1 << 20) + 1},
+            r"^inline_state_threshold_bytes 1048577 is above the maximum of 1048576$",
+        ),
     ],
 )
 def test_the_config_refuses_what_it_cannot_run_naming_the_field(

@@ -148,11 +148,11 @@ def test_a_mapping_that_misses_a_member_or_a_number_is_refused_at_construction()
 
 def _all_barrier_options() -> list[BarrierOptions]:
     return [
-        BarrierOptions(kind, mode, timeout, location)
+        BarrierOptions(kind, mode, timeout, location, inline)
         for kind in CheckpointKind
         for mode in CheckpointMode
         for timeout in (0, 250)
-        for location in ("", "/tmp/chk-7")
+        for location, inline in (("", 0), ("/tmp/chk-7", 20 * 1024))
     ]
 
 
@@ -164,6 +164,7 @@ def test_barrier_options_round_trip(options: BarrierOptions) -> None:
         mode=wire.CHECKPOINT_MODE.to_pb(options.mode),
         aligned_checkpoint_timeout_ms=options.aligned_checkpoint_timeout_ms,
         target_location=options.target_location,
+        inline_state_threshold_bytes=options.inline_state_threshold_bytes,
     )
     decoded = wire.barrier_options_from_pb(pb.CheckpointOptions.FromString(msg.SerializeToString()))
     assert decoded == options
@@ -201,6 +202,7 @@ def test_barrier_options_with_unknown_or_unspecified_numbers_are_read_as_the_def
         StateHandle("s3://b/chk-3/sub.merged", 40, "channel_output", 2, 2, 512),
         StateHandle("/chk/op.state", 7, "operator", 0, -1),
         StateHandle("/chk/shared/x.sst", 4096, "a-kind-of-a-newer-worker"),
+        StateHandle("/chk/chk-3/op/keyed.state", 3, "keyed", 0, 127, 0, b"\x00\xffS"),
     ],
 )
 def test_state_handles_round_trip(handle: StateHandle) -> None:

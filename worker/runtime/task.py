@@ -295,7 +295,7 @@ class Subtask:
         the chain, before any new input."""
         channels = self._output.channels
         for h in self.state.channel_state_to_replay():
-            batches = await asyncio.to_thread(read_channel_state, h.path, h.offset, h.size_bytes)
+            batches = await asyncio.to_thread(read_channel_state, h)
             if h.kind == CHANNEL_OUTPUT:
                 target = channels[h.key_group_start] if h.key_group_start < len(channels) else None
                 for batch in batches:

@@ -166,6 +166,11 @@ class OperatorStateBackend:
             return handles
 
         snap = SnapshotInProgress(checkpoint_id, write, lambda _snap: None)
+        snap.entries = (
+            sum(len(items) for items in split.values())
+            + sum(len(items) for items in union.values())
+            + sum(len(entries) for entries in broadcast.values())
+        )
         snap.sync_duration_s = time.perf_counter() - start
         return snap
 

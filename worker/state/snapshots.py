@@ -61,6 +61,11 @@ class SnapshotInProgress:
         self.sync_duration_s = 0.0
         self.async_duration_s: float | None = None
         self.state_size_bytes = 0
+        self.entries: int | None = None
+        """How many entries (keyed values, timers, list elements) :meth:`write` serialises,
+        where the backend knows it cheaply; None: unknown (a RocksDB snapshot). A few hundred
+        entries encode in well under a millisecond, so such a snapshot may be encoded on the
+        agent's loop instead of handed to a thread (``subtask_checkpoints``)."""
         self.handles: list[StateHandle] | None = None
         self._writer: _Writer | None = writer
         self._on_release: Callable[[SnapshotInProgress], None] | None = on_release

@@ -42,6 +42,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
+from dataclasses import replace
 from typing import Any, BinaryIO, NamedTuple, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -120,6 +121,7 @@ def handle_fields(handle: Any, base_dir: str | os.PathLike[str] | None) -> State
         key_group_start=int(field("key_group_start", 0) or 0),
         key_group_end=int(field("key_group_end", 0) or 0),
         offset=offset,
+        data=bytes(field("data", b"") or b""),
     )
 
 
@@ -148,26 +150,36 @@ def pickle_section(obj: Any, what: str) -> bytes:
 
 
 class MergedStateObject:
-    """The files of one subtask's checkpoint collected into one object, written with one
-    request: on an object store every object costs a PUT, and a subtask may write several
-    small files per checkpoint (keyed state, timers, operator state, channel state).
+    """The files of one subtask's checkpoint collected in memory, to be stored together once
+    all are encoded (:meth:`finish`): inline in their handles when they are small, else as one
+    object with one request on an object store, else each as its own file.
 
-    As with Flink's file merging (FLIP-306), a handle names the shared object plus the byte
-    range of its own file (``offset``, ``size_bytes``); every file keeps its own format, so it
-    is read exactly as a file of its own. All files in one object belong to one checkpoint of
-    one subtask, so the object is discarded as a whole, with that checkpoint."""
+    On an object store every object costs a PUT, and a subtask may write several small files
+    per checkpoint (keyed state, timers, operator state, channel state). As with Flink's file
+    merging (FLIP-306), a handle then names the shared object plus the byte range of its own
+    file (``offset``, ``size_bytes``); every file keeps its own format, so it is read exactly as
+    a file of its own. All files in one object belong to one checkpoint of one subtask, so the
+    object is discarded as a whole, with that checkpoint.
+
+    Inline (all the files together at most the checkpoint's ``inline_state_threshold_bytes``,
+    Flink's ``state.storage.fs.memory-threshold``): no file at all; each handle carries its
+    file's bytes (``StateHandle.data``) under the name its file would have had."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._parts: list[bytes | memoryview] = []
         self.size = 0
+        self.names: dict[int, str] = {}
+        """Offset in the object -> the path the file would have on its own."""
 
-    def add(self, parts: Iterable[bytes | memoryview]) -> int:
-        """Append one file (given as consecutive parts); returns its offset in the object."""
+    def add(self, parts: Iterable[bytes | memoryview], name: str = "") -> int:
+        """Append one file (given as consecutive parts) that would be ``name`` on its own;
+        returns its offset in the object."""
         offset = self.size
         for part in parts:
             self._parts.append(part)
             self.size += len(part)
+        self.names[offset] = name
         return offset
 
     def write(self) -> bool:
@@ -179,6 +191,54 @@ class MergedStateObject:
             store_for(self.path).write(self.path, b"".join(self._parts))
         self._parts = []
         return True
+
+    def finish(
+        self, handles: Sequence[StateHandle], inline_threshold_bytes: int
+    ) -> list[StateHandle]:
+        """Store the files added here and return ``handles`` with theirs final: inline if the
+        object is at most ``inline_threshold_bytes`` (0: never), else the object itself on an
+        object store, else one durable file per handle locally. Handles of other files (a
+        backend's own uploads) are returned as they are."""
+        if not self.size:
+            return list(handles)
+        whole = b"".join(self._parts)
+        self._parts = []
+        if self.size <= inline_threshold_bytes:
+            return [
+                replace(
+                    h,
+                    path=self.names[h.offset],
+                    offset=0,
+                    data=whole[h.offset : h.offset + h.size_bytes],
+                )
+                if h.path == self.path
+                else h
+                for h in handles
+            ]
+        if is_object_store_uri(self.path):
+            self._parts = [whole]
+            self.write()
+            return list(handles)
+        written: list[StateHandle] = []
+        try:
+            for h in handles:
+                if h.path != self.path:
+                    written.append(h)
+                    continue
+                path = os.path.abspath(self.names[h.offset])
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with timing("durable_s"):
+                        write_new_file(path, memoryview(whole)[h.offset : h.offset + h.size_bytes])
+                except OSError as e:
+                    raise StorageError(f"cannot write state file {path}: {e}") from e
+                written.append(replace(h, path=path, offset=0))
+        except BaseException:
+            discard_files(
+                [h for h, old in zip(written, handles, strict=False) if old.path == self.path]
+            )
+            raise
+        return written
 
 
 def _encode_state_file(
@@ -219,15 +279,16 @@ def write_state_file(
     key_group_range: KeyGroupRange,
     into: MergedStateObject | None = None,
 ) -> StateHandle:
-    """Write one state file; returns its handle. Locally the file is streamed to a temporary
-    name, fsynced and renamed (atomic); on an object store it is built in memory and written
-    whole with one PUT (an object appears whole or not at all), or appended to ``into``."""
+    """Write one state file; returns its handle. Locally the file is encoded in memory and
+    written durably under its unique final name (``write_new_file``); on an object store it is
+    built in memory and written whole with one PUT (an object appears whole or not at all). With
+    ``into`` it is only appended there, and stored by ``into.finish``."""
     if into is None and not is_object_store_uri(directory):
         return _write_local_state_file(directory, filename, kind, meta, sections, key_group_range)
     parts: list[bytes] = []
     size = _encode_state_file(parts.append, kind, meta, sections)
     if into is not None:
-        path, offset = into.path, into.add(parts)
+        path, offset = into.path, into.add(parts, _join(directory, filename))
     else:
         store = store_for(directory)
         path, offset = store.join(directory, filename), 0
@@ -241,6 +302,12 @@ def write_state_file(
         key_group_end=key_group_range.end,
         offset=offset,
     )
+
+
+def _join(directory: str, filename: str) -> str:
+    if is_object_store_uri(directory):
+        return store_for(directory).join(directory, filename)
+    return os.path.join(directory, filename)
 
 
 def _write_local_state_file(
@@ -279,7 +346,7 @@ def discard_files(handles: Iterable[StateHandle]) -> None:
     by_store: dict[int, tuple[FileStore, list[str]]] = {}
     for handle in handles:
         path = handle.path
-        if handle.offset:
+        if handle.offset or handle.is_inline:
             continue
         if is_object_store_uri(path):
             store = store_for(path)
@@ -340,6 +407,25 @@ class _LocalBytes:
         self._f.close()
 
 
+class _InlineBytes:
+    """The bytes of inline state: in the handle itself (``StateHandle.data``)."""
+
+    def __init__(self, handle: StateHandle) -> None:
+        self.path = handle.path
+        self._data = handle.data
+        self.base = 0
+        self.size = len(handle.data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self._data[offset : offset + length]
+
+    def prefetch(self, offset: int, length: int) -> None:
+        pass  # in memory already
+
+    def close(self) -> None:
+        pass
+
+
 class _ObjectBytes:
     """The bytes of a state file in an object store, read with ranged GETs: the tail first
     (trailer, index, metadata), then the sections a restore needs, coalesced."""
@@ -390,15 +476,17 @@ class _ObjectBytes:
 class StateFileReader:
     """Validating reader of one state file: header, trailer, meta and index up front; sections
     on demand (each checked against its CRC). A local file is read through its file handle, an
-    object with ranged GETs (:class:`_ObjectBytes`)."""
+    object with ranged GETs (:class:`_ObjectBytes`), inline state from its handle."""
 
     def __init__(self, handle: StateHandle) -> None:
         self.path = handle.path
-        self._src: _LocalBytes | _ObjectBytes = (
-            _ObjectBytes(handle, self.corrupt)
-            if is_object_store_uri(self.path)
-            else _LocalBytes(handle, self.corrupt)
-        )
+        self._src: _InlineBytes | _LocalBytes | _ObjectBytes
+        if handle.is_inline:
+            self._src = _InlineBytes(handle)
+        elif is_object_store_uri(self.path):
+            self._src = _ObjectBytes(handle, self.corrupt)
+        else:
+            self._src = _LocalBytes(handle, self.corrupt)
         try:
             self._parse(handle)
         except BaseException:

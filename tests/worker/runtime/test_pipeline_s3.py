@@ -31,15 +31,18 @@ def _source() -> GeneratorSource:
 
 
 @pytest.mark.parametrize(
-    "mode",
+    ("mode", "inline"),
     [
-        pytest.param(pb.CHECKPOINT_MODE_ALIGNED, id="aligned"),
-        pytest.param(pb.CHECKPOINT_MODE_UNALIGNED, id="unaligned"),
+        pytest.param(pb.CHECKPOINT_MODE_ALIGNED, False, id="aligned"),
+        pytest.param(pb.CHECKPOINT_MODE_UNALIGNED, False, id="unaligned"),
+        pytest.param(pb.CHECKPOINT_MODE_ALIGNED, True, id="aligned-inline"),
     ],
 )
 def test_bounded_pipeline_with_checkpoints_on_s3_exactly_once_within_the_budget(
-    redis_url: str, s3_bucket: str, tmp_path: Path, mode: pb.CheckpointMode
+    redis_url: str, s3_bucket: str, tmp_path: Path, mode: pb.CheckpointMode, inline: bool
 ) -> None:
+    """Without inline state (threshold 0) each subtask writes one object per checkpoint; with
+    the default threshold this job's state (500 keys) is inline: no PUT by any worker."""
     out = tmp_path / "out"
     root = f"s3://{s3_bucket}/checkpoints"
     # The coordinator gets its own S3 settings (another retry bound), so its own store and
@@ -53,6 +56,8 @@ def test_bounded_pipeline_with_checkpoints_on_s3_exactly_once_within_the_budget(
             assert store_for(root, c.coordinator.settings.s3_settings()) is not store_for(root)
             graph = count_graph(_source(), KeyedCount("key"), TransactionalFileSink(str(out)))
             config = pb.CheckpointConfig(interval_ms=100, mode=mode)
+            if not inline:
+                config.inline_state_threshold_bytes = 0
             job_id = await run_job(c, graph, config, source_batch_records=4096)
             info = await c.stub.GetJob(cpb.GetJobRequest(job_id=job_id), timeout=5)
             assert info.state == pb.JOB_STATE_FINISHED
@@ -71,11 +76,15 @@ def test_bounded_pipeline_with_checkpoints_on_s3_exactly_once_within_the_budget(
     used = {k: v - before[k] for k, v in worker_requests.snapshot().items()}
     # Writing checkpoints: PUTs only, never a LIST or HEAD, and no GET (nothing restored).
     assert used["list"] == used["head"] == used["get"] == 0, used
+    chk = f"{root}/{result['job']}/chk-{result['latest']}"
+    names = sorted(p.removeprefix(f"{chk}/") for p in store_for(root).list(chk))
+    if inline:
+        assert used["put"] == 0, (used, result)
+        assert names == ["_metadata"]
+        return
     # At most one PUT per subtask and triggered checkpoint (well within the budget).
     assert 0 < used["put"] <= SUBTASKS * result["checkpoints"], (used, result)
     # Per subtask and checkpoint: one object (its state files merged), next to _metadata.
-    chk = f"{root}/{result['job']}/chk-{result['latest']}"
-    names = sorted(p.removeprefix(f"{chk}/") for p in store_for(root).list(chk))
     subtasks = [n.split("/")[0] for n in names if n != "_metadata"]
     assert "_metadata" in names
     assert sorted(subtasks) == ["count-0-1", "count-1-1", "source-0-1", "source-1-1"], names
