@@ -53,12 +53,11 @@ class AsyncPhases:
     """From handing the write to a thread to that thread starting it (a free pool thread and
     the GIL)."""
     serialise_ms: float = 0.0
-    write_ms: float = 0.0
     durable_ms: float = 0.0
     """fsync, rename, the directory's fsync; an object store's PUT."""
     thread_ms: float = 0.0
-    """The whole write on its thread: serialise, write and durable, and waits for the GIL in
-    between."""
+    """The whole write on its thread (or on the loop, for a snapshot encoded there): serialise
+    and durable, and waits for the GIL in between."""
     resumed_ms: float = 0.0
     """From the thread's end to the subtask's coroutine running again on the agent's loop."""
 

@@ -415,7 +415,6 @@ def _timed_write(
     ended = time.perf_counter()
     phases.thread_ms = (ended - began) * 1000
     phases.serialise_ms = clock.serialise_s * 1000
-    phases.write_ms = clock.write_s * 1000
     phases.durable_ms = clock.durable_s * 1000
     return result, ended
 

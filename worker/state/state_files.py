@@ -247,12 +247,9 @@ def _encode_state_file(
     meta: dict[str, Any],
     sections: Iterable[tuple[int, bytes]],
 ) -> int:
-    """Write the file format (module docstring) through ``write``; returns the size."""
-
-    def put(data: bytes) -> None:
-        with timing("write_s"):
-            write(data)
-
+    """Write the file format (module docstring) through ``write`` (which collects the parts in
+    memory: the writing to storage is timed where it happens); returns the size."""
+    put = write
     put(_HEADER.pack(_MAGIC, FORMAT_VERSION, _KIND_CODES[kind]))
     pos = _HEADER.size
     index = bytearray()
