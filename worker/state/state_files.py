@@ -195,10 +195,10 @@ class MergedStateObject:
     def finish(
         self, handles: Sequence[StateHandle], inline_threshold_bytes: int
     ) -> list[StateHandle]:
-        """Store the files added here and return ``handles`` with theirs final: inline if the
-        object is at most ``inline_threshold_bytes`` (0: never), else the object itself on an
-        object store, else one durable file per handle locally. Handles of other files (a
-        backend's own uploads) are returned as they are."""
+        """Store the files added here and return ``handles`` with those files' final handles:
+        inline if the object is at most ``inline_threshold_bytes`` (0: never), else the object
+        itself on an object store, else one durable file per handle locally. Handles of other
+        files (a backend's own uploads) are returned as they are."""
         if not self.size:
             return list(handles)
         whole = b"".join(self._parts)
