@@ -49,7 +49,7 @@ class EncodedSnapshot:
 
     def fits_inline(self, inline_threshold_bytes: int) -> bool:
         """Storing it writes nothing (it is inline, or empty)."""
-        return self.merged.size <= inline_threshold_bytes or not self.merged.size
+        return self.merged.size <= inline_threshold_bytes
 
     def store(self, inline_threshold_bytes: int) -> tuple[dict[str, list[StateHandle]], int, int]:
         """Inline when at most ``inline_threshold_bytes`` (0: never), else one object on an
@@ -60,7 +60,10 @@ class EncodedSnapshot:
         every = [h for hs in self.handles.values() for h in hs]
         final = iter(self.merged.finish(every, inline_threshold_bytes))
         handles = {op_id: [next(final) for _ in range(n)] for op_id, n in order}
-        return _sized(handles, self.channel_state_owner)
+        size = sum(h.size_bytes for h in every)
+        channel = handles.get(self.channel_state_owner, ())
+        in_flight = sum(h.size_bytes for h in channel if h.kind in _CHANNEL)
+        return handles, size, in_flight
 
 
 def encode_snapshot(
@@ -108,16 +111,6 @@ def _channels(
                 by_channel.setdefault(channel, []).append(batch)
         for channel, batches in sorted(by_channel.items()):
             yield kind, channel, batches
-
-
-def _sized(
-    handles: dict[str, list[StateHandle]], channel_state_owner: str
-) -> tuple[dict[str, list[StateHandle]], int, int]:
-    size = sum(h.size_bytes for hs in handles.values() for h in hs)
-    in_flight = sum(
-        h.size_bytes for h in handles.get(channel_state_owner, ()) if h.kind in _CHANNEL
-    )
-    return handles, size, in_flight
 
 
 _CHANNEL = (CHANNEL_INPUT, CHANNEL_OUTPUT)

@@ -407,8 +407,9 @@ class KeyedStateBackend:
             checkpoint_id, self.max_parallelism, self.key_group_range, self.name, views, timer_view
         )
         snap = SnapshotInProgress(checkpoint_id, writer, self._snapshots.release)
-        snap.entries = sum(len(m) for _, maps in views.values() for m in maps) + sum(
-            len(timers) for timers in timer_view
+        snap.count_entries = lambda: (
+            sum(len(m) for _, maps in views.values() for m in maps)
+            + sum(len(timers) for timers in timer_view)
         )
         self._snapshots.add(snap)
         snap.sync_duration_s = time.perf_counter() - start

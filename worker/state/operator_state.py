@@ -166,7 +166,7 @@ class OperatorStateBackend:
             return handles
 
         snap = SnapshotInProgress(checkpoint_id, write, lambda _snap: None)
-        snap.entries = (
+        snap.count_entries = lambda: (
             sum(len(items) for items in split.values())
             + sum(len(items) for items in union.values())
             + sum(len(entries) for entries in broadcast.values())

@@ -61,15 +61,22 @@ class SnapshotInProgress:
         self.sync_duration_s = 0.0
         self.async_duration_s: float | None = None
         self.state_size_bytes = 0
-        self.entries: int | None = None
-        """How many entries (keyed values, timers, list elements) :meth:`write` serialises,
-        where the backend knows it cheaply; None: unknown (a RocksDB snapshot). A few hundred
-        entries encode in well under a millisecond, so such a snapshot may be encoded on the
-        agent's loop instead of handed to a thread (``subtask_checkpoints``)."""
+        self.count_entries: Callable[[], int] | None = None
+        """Counts the entries (keyed values, timers, list elements) :meth:`write` serialises,
+        from the frozen view (so off the synchronous part, on any thread), where the backend
+        can; None: unknown (a RocksDB snapshot). See :attr:`entries`."""
         self.handles: list[StateHandle] | None = None
         self._writer: _Writer | None = writer
         self._on_release: Callable[[SnapshotInProgress], None] | None = on_release
         self._status = "pending"  # pending | writing | written | failed | released
+
+    @property
+    def entries(self) -> int | None:
+        """How many entries :meth:`write` serialises, or None when the backend cannot say. A
+        few hundred encode in well under a millisecond, so such a snapshot may be encoded on
+        the agent's loop instead of handed to a thread (``subtask_checkpoints``)."""
+        count = self.count_entries
+        return None if count is None else count()
 
     @property
     def done(self) -> bool:

@@ -49,7 +49,7 @@ class timing:  # lower case: used as ``with timing(step):``, like the function i
 
     def __init__(self, step: str) -> None:
         self._step = step
-        self._clock: WriteClock | None = getattr(_local, "clock", None)
+        self._clock = current()
         self._start = 0.0
 
     def __enter__(self) -> None:
