@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +63,18 @@ def free_port() -> int:
 
 
 def start_coordinator(
-    redis_url: str, storage_root: str, port: int, security: SecuritySettings = PLAINTEXT
+    redis_url: str,
+    storage_root: str,
+    port: int,
+    security: SecuritySettings = PLAINTEXT,
+    settings: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """``snapflow coordinator`` in its own process, waited for until gRPC health says SERVING.
 
     The coordinator reads its security settings from the ``SNAPFLOW_*`` environment it
-    inherits; ``security`` is what the health check connects with (TLS when it serves TLS)."""
-    env = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
+    inherits; ``security`` is what the health check connects with (TLS when it serves TLS).
+    ``settings``: more ``SNAPFLOW_*`` variables for it (e.g. ``SNAPFLOW_HISTORY_SIZE``)."""
+    env = {**os.environ, "GRPC_VERBOSITY": "ERROR", **(settings or {})}
     process = subprocess.Popen(
         [
             sys.executable, "-m", "snapflow.cli", "coordinator",

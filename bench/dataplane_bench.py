@@ -40,7 +40,9 @@ phases
     per checkpoint of the running job (as above), so that a regression names its phase:
     ``start_delay``, ``alignment``, ``sync`` and ``async`` (the snapshot's synchronous and
     asynchronous parts), each the maximum over the subtasks (GetCheckpointDetails, fetched for
-    every checkpoint of the runs with checkpoints), and ``commit`` (the coordinator's
+    every checkpoint of the runs with checkpoints once the job ended, from a coordinator whose
+    history holds them all: fetched while the job runs, each would be one more call the
+    coordinator serves and this process makes, on the cores the measured job runs on), and ``commit`` (the coordinator's
     completion latency: the last ack to the durable commit); metrics
     ``<phase>_p50_ms_<run>``/``<phase>_p99_ms_<run>`` for the unloaded run, the best runs at
     1 s and 100 ms (``1s``, ``full_load_100ms``), and ``backpressure_<phase>_p99_ms_<key>``.
@@ -118,6 +120,9 @@ UNLOADED_REPEATS = 2  # the run with the lowest p99 is reported (noise only adds
 BP_BATCH = 8_192
 BP_SLEEP_S = 0.010
 BP_RUN_S = 7.0
+DETAILS_HISTORY = 2_000
+"""The coordinator's stats history (``history_size``): every checkpoint of a run stays in it,
+so that the details are fetched once the run ended."""
 BP_TIMEOUT_MS = 50
 WORKER_EXIT_TIMEOUT_S = 15.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -559,8 +564,6 @@ async def run_job(
                     on_state(changed.state, event.timestamp_ms, changed.reason)
                 elif event.HasField("checkpoint_completed"):
                     result.completed.append(_summary(event.checkpoint_completed))
-                    if spec.details:
-                        spawn(fetch_details(event.checkpoint_completed.checkpoint_id))
                 elif event.HasField("checkpoint_failed"):
                     result.failed.append(_summary(event.checkpoint_failed))
                 if terminal.is_set():
@@ -651,8 +654,19 @@ async def run_job(
             )
             result.foreign_cpu_pct = max(0.0, (machine - machine_start - ours) / capacity)
             result.steal_pct = (steal - steal_start) / capacity
-        if background:  # the details of the last checkpoints (the quantiles below read them)
-            await asyncio.wait(list(background), timeout=10)
+        if spec.details:  # fetched once the job ended: a watcher must not load what it measures
+            for completed in result.completed:
+                await fetch_details(completed["checkpoint_id"])
+            missing = [
+                c["checkpoint_id"]
+                for c in result.completed
+                if c["checkpoint_id"] not in result.details
+            ]
+            if missing:
+                raise RuntimeError(
+                    f"no details of checkpoints {missing[:5]} (of {len(missing)}): the "
+                    f"coordinator's history ({DETAILS_HISTORY}) is too small for this run"
+                )
         stats = await stub.GetCheckpointStats(
             cpb.GetCheckpointStatsRequest(job_id=job_id), timeout=10
         )
@@ -720,8 +734,6 @@ async def run_job(
             last = max(s["last_batch_at"] for s in sinks)
             result.data_elapsed_s = max(1e-3, last - running_ms / 1000.0)
             result.records_per_s_data = spec.total_records / result.data_elapsed_s
-        if background:
-            await asyncio.wait(list(background), timeout=10)
     except Exception as e:
         result.error = f"{type(e).__name__}: {e}"[:600]
     finally:
@@ -1139,7 +1151,12 @@ def main() -> int:
         if keep:
             console.print(f"keeping the run directories in {tmp}")
         port = free_port()
-        process = start_coordinator(redis_server.url, f"{tmp}/checkpoints", port)
+        process = start_coordinator(
+            redis_server.url,
+            f"{tmp}/checkpoints",
+            port,
+            settings={"SNAPFLOW_HISTORY_SIZE": str(DETAILS_HISTORY)},
+        )
         redis_process = getattr(redis_server, "_process", None)
         runner = Runner(
             console,

@@ -65,12 +65,15 @@ async def _wait_for_coordinator(
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from snapflow.logging import configure_logging, get_logger, route_native_stderr
+    from snapflow.malloc_tuning import tune_malloc
     from snapflow.worker.runtime.agent import Agent
     from snapflow.worker.runtime.dataplane_settings import DataplaneSettings
 
     configure_logging(args.log_level, "auto")
     route_native_stderr()
     log = get_logger("snapflow.cli")
+    tuned = tune_malloc()
+    log.debug("worker.malloc_tuning", applied=tuned.applied, why=tuned.why)
     address = args.coordinator or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
     if not 0 <= args.slot < args.slots:
         print(f"snapflow worker: --slot must be in 0..{args.slots - 1}", file=sys.stderr)

@@ -103,6 +103,7 @@ def run_slot(config: SlotConfig, partition: Iterable[int]) -> Iterator[dict[str,
     from pyspark import BarrierTaskContext
 
     from snapflow.logging import configure_logging
+    from snapflow.malloc_tuning import tune_malloc
 
     for _ in partition:  # one element per partition; consuming it keeps Spark's contract
         pass
@@ -112,6 +113,7 @@ def run_slot(config: SlotConfig, partition: Iterable[int]) -> Iterator[dict[str,
         ctx.barrier()  # once: every slot is launched before any registers
     host = config.agent_host or _host_of(ctx.getTaskInfos()[slot].address)
     configure_logging(config.log_level, "json")
+    tune_malloc()  # this Python worker process now hosts an agent (snapflow/malloc_tuning.py)
     started = time.monotonic()
     status = asyncio.run(_run_agent(config, slot, host))
     yield {
