@@ -42,8 +42,9 @@ phases
     asynchronous parts), each the maximum over the subtasks (GetCheckpointDetails, fetched for
     every checkpoint of the runs with checkpoints once the job ended, from a coordinator whose
     history holds them all: fetched while the job runs, each would be one more call the
-    coordinator serves and this process makes, on the cores the measured job runs on), and ``commit`` (the coordinator's
-    completion latency: the last ack to the durable commit); metrics
+    coordinator serves and this process makes, on the cores the measured job runs on), and
+    ``commit`` (the coordinator's completion latency: the last ack to the durable commit);
+    metrics
     ``<phase>_p50_ms_<run>``/``<phase>_p99_ms_<run>`` for the unloaded run, the best runs at
     1 s and 100 ms (``1s``, ``full_load_100ms``), and ``backpressure_<phase>_p99_ms_<key>``.
     "Unloaded": dedicated runs, sources limited to ``UNLOADED_RATE`` records/s in batches of

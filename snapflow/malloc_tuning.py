@@ -15,7 +15,9 @@ executor's Python worker when it starts an agent): keep up to ``trim_threshold_b
 heap's top, grow it ``top_pad_bytes`` at a time, and serve allocations below
 ``mmap_threshold_bytes`` from the heap (setting any of them turns off glibc's own moving
 threshold, which otherwise climbs to the largest block freed, so all three are set). The heap
-only keeps what it once held: memory a process never needed is never taken.
+only keeps what it once held: memory a process never needed is never taken. The threshold
+holds per arena: a process whose threads allocate in arenas of their own (glibc makes up to
+eight per core) may keep up to that much free in each.
 
 Environment first: if ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``,
 ``MALLOC_MMAP_THRESHOLD_`` or a ``glibc.malloc`` entry of ``GLIBC_TUNABLES`` is set, the user
