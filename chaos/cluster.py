@@ -65,6 +65,8 @@ class Tracked:
     name: str
     proc: subprocess.Popen[bytes]
     started: float = field(default_factory=time.monotonic)
+    address: str = ""
+    """``host:port`` the process serves on, when the run chose it (a worker agent's)."""
 
     @property
     def pid(self) -> int:
@@ -332,15 +334,21 @@ class Cluster:
     # --- workers ---------------------------------------------------------------------------
 
     def start_worker(self, job_id: str, slot: int, slots: int) -> Tracked:
+        """A worker agent on a port chosen here, so the run knows its address without asking
+        a coordinator (which may be taking over or without Redis just then)."""
+        port = free_port()
         argv = [
             sys.executable, "-m", "snapflow.cli", "worker",
             "--coordinator", self.addresses,
             "--job", job_id,
             "--slot", str(slot),
             "--slots", str(slots),
+            "--port", str(port),
             "--log-level", "warning",
         ]  # fmt: skip
-        return self._spawn(f"worker-{job_id[:8]}-{slot}", argv, _env())
+        tracked = self._spawn(f"worker-{job_id[:8]}-{slot}", argv, _env())
+        tracked.address = f"{HOST}:{port}"
+        return tracked
 
     # --- end -------------------------------------------------------------------------------
 

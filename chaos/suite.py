@@ -689,11 +689,9 @@ class Run:
             wait_until = loop.time() + rng.uniform(0.5, 2.0)
             while not every_kind_sent and loop.time() < wait_until:
                 # Every kind of hostile stream once (of this batch's share), whatever the
-                # draws, to an agent that is up (the listed addresses include killed workers'),
-                # as soon as one is: the jobs of a quick run may all end before a later batch.
-                live = {
-                    a: jobs for a, jobs in (await self._agents()).items() if await _reachable(a)
-                }
+                # draws, to an agent that is up, as soon as one is: the jobs of a quick run
+                # may all end before a later batch.
+                live = await self._agents()
                 if live:
                     every_kind_sent = True
                     for kind in EXCHANGE_KINDS[:n]:
@@ -713,14 +711,14 @@ class Run:
                 await self._one_hostile(rng, agents, leader)
 
     async def _agents(self) -> dict[str, set[str]]:
-        """The agents of the running jobs: address -> the jobs it hosts."""
+        """The live agents of the running jobs: address -> the jobs it hosts. From the run's
+        own worker processes, not ``ListTasks``: during a leader takeover or a Redis kill no
+        coordinator answers, and on a slow machine that can be a quick job's whole life."""
         agents: dict[str, set[str]] = {}
         for job_id in list(self.running_jobs):
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                tasks = await self.client.call("ListTasks", cpb.ListTasksRequest(job_id=job_id))
-                for t in tasks.tasks:
-                    if t.address:
-                        agents.setdefault(t.address, set()).add(job_id)
+            for tracked in list(self.workers.get(job_id, {}).values()):
+                if tracked.address and tracked.alive() and await _reachable(tracked.address):
+                    agents.setdefault(tracked.address, set()).add(job_id)
         return agents
 
     async def _hostile_stream(
