@@ -8,6 +8,10 @@ const TOKEN_KEY = "snapflow-token";
 const view = { jobId: null, tab: "overview", checkpointId: null };
 let busy = false;
 let again = false; // a refresh was asked for while one ran (a click, a new route)
+// The details of a checkpoint that ended never change (but for "discarded", which the history
+// rows carry): fetched once, so a checkpoint that has left the coordinator's bounded history
+// since stays readable instead of turning into a 404 on the next refresh.
+let endedDetails = null; // { key: "<job>/<checkpoint>", data }
 
 // --- helpers -------------------------------------------------------------------------------
 
@@ -481,11 +485,22 @@ async function refresh() {
       renderCheckpoints(checkpoints);
       let details = null;
       if (view.checkpointId) {
-        try {
-          details = await api(`${base}/checkpoints/${encodeURIComponent(view.checkpointId)}`);
-        } catch (error) {
-          if (error instanceof Unauthorized) throw error;
-          showError(`Checkpoint ${view.checkpointId}: ${error.message}`);
+        const key = `${view.jobId}/${view.checkpointId}`;
+        if (endedDetails && endedDetails.key === key) {
+          details = endedDetails.data;
+          const history = checkpoints.stats.history;
+          const row = history.find((c) => String(c.checkpoint_id) === view.checkpointId);
+          if (row) details.summary.discarded = row.discarded;
+        } else {
+          try {
+            details = await api(`${base}/checkpoints/${encodeURIComponent(view.checkpointId)}`);
+            if (enumName(details.summary.status) !== "IN_PROGRESS") {
+              endedDetails = { key, data: details };
+            }
+          } catch (error) {
+            if (error instanceof Unauthorized) throw error;
+            showError(`Checkpoint ${view.checkpointId}: ${error.message}`);
+          }
         }
       }
       renderDetails(details);

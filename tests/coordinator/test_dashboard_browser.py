@@ -141,6 +141,15 @@ def _browse(url: str, profile: Path, shot: Path, overview_shot: Path) -> dict[st
         seen["subtasks"] = rows("#subtasks tbody tr")
         seen["details_title"] = driver.find_element(By.ID, "details-id").text
         driver.save_screenshot(str(shot))
+        # A checkpoint that ended is fetched once: after it left the coordinator's history (10
+        # checkpoints), the next refreshes still show its details and request nothing that
+        # would now answer 404 (the browser log stays empty, asserted below).
+        gone = f"#checkpoint-history tbody tr[data-checkpoint-id='{seen['details_id']}']"
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, gone))
+        after = newest(driver)
+        wait.until(lambda d: newest(d) > after)  # at least one more refresh
+        seen["details_title_evicted"] = driver.find_element(By.ID, "details-id").text
+        seen["error_evicted"] = driver.find_element(By.ID, "error").text
         # The other tabs.
         driver.find_element(By.ID, "tab-link-overview").click()
         wait.until(lambda d: d.find_element(By.ID, "tab-overview").is_displayed())
@@ -292,6 +301,8 @@ def test_dashboard_shows_the_checkpoint_history_of_a_running_job(
     assert "State size" in seen["summary"] and "Incremental size" in seen["summary"]
     assert "Retained checkpoints 2" in seen["config"] and "300 ms" in seen["config"]
     assert seen["details_title"].startswith(seen["details_id"])
+    assert seen["details_title_evicted"].startswith(seen["details_id"]), seen
+    assert seen["error_evicted"] == "", seen
     assert len(seen["subtasks"]) == 6  # 3 vertices x parallelism 2, all acknowledged
     assert all(" yes " in f" {r} " for r in seen["subtasks"]), seen["subtasks"]
     assert len(seen["tasks"]) == 6 and all("RUNNING" in t for t in seen["tasks"]), seen["tasks"]
