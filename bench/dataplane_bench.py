@@ -63,6 +63,14 @@ backpressure
     aligned_checkpoint_timeout_ms = 50, interval 100 ms; ALIGNED and UNALIGNED again with twice
     the sleep (debloating bounds the queued data by time, so aligned checkpoints take about as
     long); and both modes with both sink subtasks sleeping (``all_slow``).
+CPU per checkpoint
+    ``coordinator_cpu_ms_per_checkpoint_100ms`` and ``agents_cpu_ms_per_checkpoint_100ms``: the
+    CPU the 100 ms runs spent beyond the runs without checkpoints, per completed checkpoint,
+    split by process (means over the runs; the coordinator's idle cost is subtracted by rate,
+    the agents' by total, as every throughput run moves the same records). On two cores the
+    data plane saturates, this is what the throughput overhead is made of; the split says
+    which side a regression is on. ``cpu_s_per_m_records_<run>`` and ``overhead_<run>_pct_cpu``
+    are the same CPU per million records.
 memory
     peak RSS of each agent process as the kernel counts it: ``ru_maxrss`` from ``os.wait4`` on
     the worker process (whole lifetime); the max over both agents and every run. CPU seconds
@@ -892,6 +900,26 @@ def _cpu_per_m_records(results: list[RunResult]) -> float | None:
     return min(values) if values else None
 
 
+def _cpu_ms_per_checkpoint(
+    runs: list[RunResult], off: list[RunResult]
+) -> tuple[float, float] | None:
+    """CPU milliseconds per checkpoint of the coordinator and of both agents together: what
+    ``runs`` cost more than the runs without checkpoints (``off``), per completed checkpoint
+    (means over the successful runs). The coordinator's idle cost is taken off by rate (its
+    CPU s per second of the off runs x a run's length); the agents' by total, as every
+    throughput run moves the same records. None without both kinds of run."""
+    runs = [r for r in runs if r.ok and r.completed_count > 1 and r.worker_cpu_s > 0]
+    off = [r for r in off if r.ok and r.worker_cpu_s > 0 and r.elapsed_s > 0]
+    if not runs or not off:
+        return None
+    idle_rate = sum(r.coordinator_cpu_s / r.elapsed_s for r in off) / len(off)
+    checkpoints = sum(r.completed_count for r in runs) / len(runs)
+    coordinator = sum(r.coordinator_cpu_s - idle_rate * r.elapsed_s for r in runs) / len(runs)
+    agents_off = sum(r.worker_cpu_s for r in off) / len(off)
+    agents = sum(r.worker_cpu_s for r in runs) / len(runs) - agents_off
+    return coordinator / checkpoints * 1000.0, agents / checkpoints * 1000.0
+
+
 def _metrics(out: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
     metrics: dict[str, float] = {}
     errors: dict[str, str] = {}
@@ -928,6 +956,15 @@ def _metrics(out: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
             )
             if cpu_off and cpu:
                 metrics[f"{name}_cpu"] = round((cpu / cpu_off - 1.0) * 100.0, 3)
+            # At 1 s the few checkpoints of a run drown in the runs' spread: 100 ms only.
+            per_checkpoint = (
+                _cpu_ms_per_checkpoint(tp.get(key, []), tp.get("off", []))
+                if key == "100ms"
+                else None
+            )
+            if per_checkpoint is not None:
+                metrics[f"coordinator_cpu_ms_per_checkpoint_{key}"] = round(per_checkpoint[0], 2)
+                metrics[f"agents_cpu_ms_per_checkpoint_{key}"] = round(per_checkpoint[1], 2)
         else:
             put(name, None, "needs a successful off run and one with checkpoints")
     rec: RunResult | None = out.get("record_api")

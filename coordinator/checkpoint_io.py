@@ -306,18 +306,11 @@ class CheckpointIo:
             case DiscardFiles(paths=paths):
                 await self.discard(paths)
             case DeleteRetired(checkpoint_ids=checkpoint_ids, checkpoints=checkpoints):
+                # No claim here: the fenced commit that dropped these ids was the claim (it
+                # compared the epoch, and Redis retains none of them since). One round trip
+                # less per checkpoint; docs/coordinator.md, "Fencing of storage".
                 known = {c.checkpoint_id: c for c in checkpoints}
-                allowed = await self.store.claim_deletions(
-                    self.job_id, checkpoint_ids, decided=True
-                )
                 for checkpoint_id in checkpoint_ids:
-                    if checkpoint_id not in allowed:
-                        self._log.warning(
-                            "checkpoint.delete_refused",
-                            checkpoint_id=checkpoint_id,
-                            why="Redis records it as retained",
-                        )
-                        continue
                     await asyncio.to_thread(
                         self.storage.delete_checkpoint,
                         self.job_id,
@@ -330,11 +323,7 @@ class CheckpointIo:
                 # A checkpoint known to name no shared file registered none (``register``
                 # returns before Redis): nothing to release, one round trip less per checkpoint.
                 await self._release_shared(
-                    [
-                        i
-                        for i in checkpoint_ids
-                        if i in allowed and (i not in known or shared_paths(known[i])[0])
-                    ]
+                    [i for i in checkpoint_ids if i not in known or shared_paths(known[i])[0]]
                 )
             case DeleteUnused(checkpoint_id=checkpoint_id, location=location):
                 allowed = await self.store.claim_deletions(
@@ -513,7 +502,11 @@ class CheckpointIo:
         try:
             checkpoint_id = await self.store.next_checkpoint_id(self.job_id)
             location = self.location(request, checkpoint_id)
-            await asyncio.to_thread(self.storage.ensure_directory, location)
+            if request.kind.is_savepoint:
+                # The user's target: a directory that cannot be created fails the request now.
+                # A checkpoint's ``chk-<id>`` is made by its first writer (a task's state file
+                # or the ``_metadata``): one thread hop less per checkpoint.
+                await asyncio.to_thread(self.storage.ensure_directory, location)
             # The record goes before the core knows the id, so before any trigger RPC: a
             # checkpoint Redis does not know is never started (a crash could not abort it).
             record = PendingCheckpointRecord(

@@ -208,7 +208,8 @@ def test_allocate_store_trigger_finalize_in_order(redis_url: str, tmp_path: Path
             request = TriggerRequest(1, CheckpointKind.CHECKPOINT)
             chk1 = s.storage.checkpoint_dir(JOB, 1)
             assert await s.execute(AllocateId(request)) == [("allocated", 1, 1, chk1)]
-            assert os.path.isdir(chk1)
+            # A checkpoint's directory is made by its first writer (here the ``_metadata``).
+            assert not os.path.exists(chk1)
             # The pending record is written while the id is prepared, before any trigger.
             assert [
                 (p.checkpoint_id, p.external_path) for p in await s.store.list_pending(JOB)
