@@ -34,7 +34,8 @@ def test_quick_chaos_run_is_exact(tmp_path: Path) -> None:
     m = result["metrics"]
     assert result["failures"] == [], result
     # Kills land at seeded points; under load a job may end before its last one.
-    assert m["worker_kills"] >= 1 and m["jobs_finished"] == m["jobs_total"] == 4, m
+    # Three jobs and the Sentinel job, and three more when the first saw under six kills.
+    assert m["worker_kills"] >= 1 and m["jobs_finished"] == m["jobs_total"] in (4, 7), m
     assert m["join_jobs"] == 1, m  # a job of two sources into a keyed two-input task
     assert m["sentinel_failovers"] == 1, m
     assert m["hostile_messages"] == 200 and m["hostile_unexpected_status"] == 0, result
