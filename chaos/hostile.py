@@ -1,5 +1,6 @@
 """Hostile and garbage messages to every RPC of the coordinators and the agents: every unary
-RPC, and the agents' data stream (``DataExchangeService.Exchange``, bidirectional).
+RPC, the agents' control stream (``WorkerControlService.Control``: one command a stream) and
+their data stream (``DataExchangeService.Exchange``, bidirectional).
 
 Two kinds, chosen by the run's seeded generator:
 
@@ -17,6 +18,10 @@ channel with an attempt no deployment has (-1, 2**31-1: a real attempt would tak
 live channel, which an honest producer of that attempt may do) and a message above the agent's
 16 MiB receive limit. Each must be refused at once (INVALID_ARGUMENT, FAILED_PRECONDITION or
 RESOURCE_EXHAUSTED) without touching the live channels.
+
+A control stream (``send_control``) gets one command: garbage bytes must end the stream with
+INVALID_ARGUMENT, a hostile command must be answered with a refusal (a ``ControlReply`` whose
+code is not OK); an OK answer counts as ``ACCEPTED``.
 
 Every answer must be a deliberate status: anything but ``UNKNOWN``/``INTERNAL`` (and a server
 that stays up). The live jobs' exact output at the end of the run proves they changed nothing.
@@ -71,12 +76,8 @@ COORDINATOR_METHODS: dict[str, type[Message]] = {
     "GetCheckpointStats": cpb.GetCheckpointStatsRequest,
     "GetCheckpointDetails": cpb.GetCheckpointDetailsRequest,
 }
-WORKER_METHODS: dict[str, type[Message]] = {
-    "TriggerCheckpoint": wpb.TriggerTaskCheckpointRequest,
-    "NotifyCheckpointComplete": wpb.NotifyCheckpointRequest,
-    "NotifyCheckpointAborted": wpb.NotifyCheckpointRequest,
-    "CancelTask": wpb.CancelTaskRequest,
-}
+CONTROL_COMMANDS = ("trigger", "complete", "abort", "cancel")
+"""The commands of an agent's control stream (``wpb.ControlCommand``)."""
 
 
 def _job_id(rng: random.Random) -> str:
@@ -152,20 +153,27 @@ def hostile_coordinator_request(
     return builders[method]()
 
 
-def hostile_worker_request(method: str, rng: random.Random) -> Message:
-    """Messages for a job the agent does not host, with a hostile epoch."""
+def hostile_control_command(kind: str, rng: random.Random) -> wpb.ControlCommand:
+    """A command of ``kind`` (CONTROL_COMMANDS) for a job the agent does not host, with a
+    hostile epoch."""
     job = f"{rng.getrandbits(128):032x}"
     tasks = [_attempt(rng)]
-    if method == "TriggerCheckpoint":
-        return wpb.TriggerTaskCheckpointRequest(
+    sequence = rng.choice([0, -1, 2**62])
+    if kind == "trigger":
+        trigger = wpb.TriggerTaskCheckpointRequest(
             job_id=job, tasks=tasks, checkpoint_id=rng.choice([1, 2**62]),
             coordinator_epoch=HUGE_EPOCH,
         )  # fmt: skip
-    if method == "CancelTask":
-        return wpb.CancelTaskRequest(job_id=job, tasks=tasks, coordinator_epoch=HUGE_EPOCH)
-    return wpb.NotifyCheckpointRequest(
+        return wpb.ControlCommand(sequence=sequence, trigger=trigger)
+    if kind == "cancel":
+        cancel = wpb.CancelTaskRequest(job_id=job, tasks=tasks, coordinator_epoch=HUGE_EPOCH)
+        return wpb.ControlCommand(sequence=sequence, cancel=cancel)
+    notice = wpb.NotifyCheckpointRequest(
         job_id=job, tasks=tasks, checkpoint_id=2**62, coordinator_epoch=HUGE_EPOCH
     )
+    if kind == "complete":
+        return wpb.ControlCommand(sequence=sequence, complete=notice)
+    return wpb.ControlCommand(sequence=sequence, abort=notice)
 
 
 def _hostile_frames(rng: random.Random) -> list[bytes]:
@@ -282,6 +290,45 @@ async def send(
         stats.record(target, method, e.code(), e.details() or "")
         return
     stats.record(target, method, None, "")
+
+
+async def send_control(
+    channel: grpc.aio.Channel, kind: str, payload: bytes, stats: HostileStats
+) -> None:
+    """One hostile ``Control`` stream of one command; recorded as ``Control:<kind>``: the
+    code of the agent's reply, or the status it ended the call with. The client cancels the
+    call after the answer (no half-close that could race the agent's status)."""
+    call = channel.stream_stream(
+        "/snapflow.v1.WorkerControlService/Control",
+        request_serializer=lambda b: b,
+        response_deserializer=wpb.ControlReply.FromString,
+    )
+    method = f"Control:{kind}"
+    stream = call(timeout=5)
+    try:
+        try:
+            await stream.write(payload)
+            reply = await stream.read()
+        except grpc.aio.AioRpcError as e:
+            if "execute_batch" in (e.debug_error_string() or ""):
+                stats.record_raw("agent", method, ENDED_DURING_WRITE)
+                return
+            reply = grpc.aio.EOF
+        if reply is grpc.aio.EOF:
+            code = await stream.code()
+            if code is grpc.StatusCode.OK:
+                stats.accepted("agent", method, "a hostile command ended OK without an answer")
+            else:
+                stats.record("agent", method, code, await stream.details() or "")
+            return
+        assert isinstance(reply, wpb.ControlReply)
+        if reply.code == grpc.StatusCode.OK.value[0]:
+            stats.accepted("agent", method, "a hostile command was carried out")
+            return
+        status = next((c for c in grpc.StatusCode if c.value[0] == reply.code), None)
+        stats.record("agent", method, status or grpc.StatusCode.UNKNOWN, reply.message)
+    finally:
+        stream.cancel()
 
 
 async def send_stream(

@@ -46,14 +46,15 @@ import grpc
 
 from chaos.cluster import HOST, Cluster, Tracked
 from chaos.hostile import (
+    CONTROL_COMMANDS,
     COORDINATOR_METHODS,
     EXCHANGE_KINDS,
-    WORKER_METHODS,
     HostileStats,
+    hostile_control_command,
     hostile_coordinator_request,
     hostile_exchange_stream,
-    hostile_worker_request,
     send,
+    send_control,
     send_stream,
 )
 from chaos.workload import MODES, JobSpec
@@ -61,6 +62,7 @@ from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
+from snapflow.v1 import worker_pb2_grpc as wgrpc
 
 
 @dataclass(frozen=True)
@@ -653,22 +655,22 @@ class Run:
                     self.figures.stale_acks += 1
             # Stale commands to the live agents: an epoch long superseded.
             for address in {t.address for t in tasks.tasks if t.address}:
+                attempts = [t.attempt for t in tasks.tasks]
+                commands = [
+                    wpb.ControlCommand(sequence=1, cancel=wpb.CancelTaskRequest(
+                        job_id=job_id, coordinator_epoch=1, tasks=attempts)),
+                    wpb.ControlCommand(sequence=2, complete=wpb.NotifyCheckpointRequest(
+                        job_id=job_id, coordinator_epoch=1, checkpoint_id=latest + 1000,
+                        tasks=attempts)),
+                ]  # fmt: skip
                 async with grpc.aio.insecure_channel(address) as channel:
-                    for method, message in (
-                        ("CancelTask", wpb.CancelTaskRequest(job_id=job_id, coordinator_epoch=1,
-                                                             tasks=[t.attempt for t in tasks.tasks])),
-                        ("NotifyCheckpointComplete", wpb.NotifyCheckpointRequest(
-                            job_id=job_id, coordinator_epoch=1, checkpoint_id=latest + 1000,
-                            tasks=[t.attempt for t in tasks.tasks])),
-                    ):  # fmt: skip
-                        call: grpc.aio.UnaryUnaryMultiCallable[Any, bytes] = channel.unary_unary(
-                            f"/snapflow.v1.WorkerControlService/{method}",
-                            request_serializer=lambda m: m.SerializeToString(),
-                            response_deserializer=lambda b: b,
-                        )
-                        with contextlib.suppress(grpc.aio.AioRpcError):
-                            await call(message, timeout=3)
-                        self.figures.stale_agent_commands += 1
+                    control = wgrpc.WorkerControlServiceStub(channel).Control(
+                        iter(commands), timeout=3
+                    )
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        async for _ in control:  # the refusals
+                            pass
+                self.figures.stale_agent_commands += len(commands)
             await asyncio.sleep(0.2)  # the stale coordinator's I/O queue would run by now
             directory = stats.latest_completed.external_path
             metadata_still_there = directory and os.path.exists(
@@ -744,14 +746,14 @@ class Run:
             return
         if to_agent:
             address = rng.choice(sorted(agents))
-            method = rng.choice(sorted(WORKER_METHODS))
+            kind = "garbage" if garbage else rng.choice(CONTROL_COMMANDS)
             payload = (
                 rng.randbytes(rng.randrange(1, 200))
                 if garbage
-                else hostile_worker_request(method, rng).SerializeToString()
+                else hostile_control_command(kind, rng).SerializeToString()
             )
             async with grpc.aio.insecure_channel(address) as channel:
-                await send(channel, "WorkerControlService", method, payload, self.hostile, "agent")
+                await send_control(channel, kind, payload, self.hostile)
             return
         port = rng.choice(sorted(self.cluster.coordinators))
         if leader is not None and rng.random() < 0.8:

@@ -1,39 +1,46 @@
-"""RPCs from the coordinator to worker agents: trigger, notify, cancel.
+"""Commands from the coordinator to worker agents: trigger, notify, cancel.
 
-Every call is fire-and-forget with a deadline (``worker_rpc_timeout_s``) and carries the
-coordinator epoch, so an agent ignores commands of a superseded coordinator. Failures are logged;
-a failed trigger is reported back (the checkpoint is aborted as if declined), a lost completion
-notice is tolerated (the next one commits everything before it).
+Every command goes on the agent's control stream (``control_stream.py``: one long-lived call
+per agent, commands in order) and carries the coordinator epoch, so an agent ignores commands
+of a superseded coordinator. A failed trigger is reported back (the checkpoint is aborted as if
+declined); a refused or lost notice or cancellation is logged (a lost completion notice is
+tolerated: the next one commits everything before it).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import grpc
+import structlog
 
 from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.checkpoint_coordinator import BarrierOptions
+from snapflow.coordinator.control_stream import ControlStream
 from snapflow.coordinator.model import ExecutionAttempt
 from snapflow.security import PLAINTEXT, SecuritySettings
 from snapflow.tls import aio_channel
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 
-#: Called when a trigger RPC failed: (first attempt of the call, checkpoint id, message).
+#: Called when a trigger failed: (first attempt of the command, checkpoint id, message).
 TriggerFailed = Callable[[ExecutionAttempt, int, str], None]
 #: Attempts grouped by the address of the agent that hosts them.
 ByAddress = dict[str, list[ExecutionAttempt]]
 
+log = structlog.get_logger("snapflow.coordinator")
+
 
 class AgentClients:
-    """gRPC stubs for worker agents, one channel per address, with deadlines on every call."""
+    """One channel and one control stream per agent address, shared by the coordinator's jobs."""
 
     def __init__(
-        self, timeout_s: float, max_message_bytes: int, security: SecuritySettings = PLAINTEXT
+        self,
+        timeout_s: float,
+        max_message_bytes: int,
+        security: SecuritySettings = PLAINTEXT,
     ) -> None:
         self.timeout_s = timeout_s
         self._security = security
@@ -42,25 +49,39 @@ class AgentClients:
             ("grpc.max_receive_message_length", max_message_bytes),
         ]
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, wgrpc.WorkerControlServiceAsyncStub] = {}
+        self._streams: dict[str, ControlStream] = {}
 
-    def stub(self, address: str) -> wgrpc.WorkerControlServiceAsyncStub:
-        stub = self._stubs.get(address)
-        if stub is None:
+    def _stub(self, address: str) -> wgrpc.WorkerControlServiceAsyncStub:
+        channel = self._channels.get(address)
+        if channel is None:
             channel = aio_channel(address, self._security, self._options)
             self._channels[address] = channel
-            stub = self._stubs[address] = wgrpc.WorkerControlServiceStub(channel)
-        return stub
+        return wgrpc.WorkerControlServiceStub(channel)
+
+    def control(self, address: str) -> ControlStream:
+        """The control stream to ``address`` (made on first use)."""
+        stream = self._streams.get(address)
+        if stream is None:
+            stream = ControlStream(lambda: self._stub(address), address, self.timeout_s, log)
+            self._streams[address] = stream
+        return stream
+
+    async def drain(self) -> None:
+        """Wait until every trigger sent was answered or failed (tests)."""
+        for stream in list(self._streams.values()):
+            await stream.drain()
 
     async def close(self) -> None:
+        for stream in self._streams.values():
+            await stream.close()
+        self._streams.clear()
         for channel in self._channels.values():
             await channel.close(grace=None)
         self._channels.clear()
-        self._stubs.clear()
 
 
 class AgentGateway:
-    """The RPCs one job sends to the agents hosting its tasks (one call per agent)."""
+    """The commands one job sends to the agents hosting its tasks (one per agent)."""
 
     def __init__(
         self,
@@ -75,22 +96,18 @@ class AgentGateway:
         self._epoch = epoch
         self._on_trigger_failed = on_trigger_failed
         self._log = log
-        self._calls: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def close(self) -> None:
-        """Cancel the calls still in flight."""
-        for task in list(self._calls):
-            task.cancel()
+        """The job's runner stopped: failures of its triggers are no longer reported."""
+        self._closed = True
 
     async def drain(self) -> None:
-        """Wait for the calls in flight (tests)."""
-        while self._calls:
-            await asyncio.gather(*list(self._calls), return_exceptions=True)
+        """Wait until the triggers sent were answered or failed (tests)."""
+        await self._clients.drain()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
+    def _send(self, address: str, command: wpb.ControlCommand) -> None:
+        self._clients.control(address).send(command)
 
     # --- trigger ---------------------------------------------------------------------------
 
@@ -99,36 +116,35 @@ class AgentGateway:
     ) -> None:
         options_pb = wire.barrier_options_to_pb(options)
         for address, attempts in by_address.items():
-            request = wpb.TriggerTaskCheckpointRequest(
-                job_id=self.job_id,
-                coordinator_epoch=self._epoch(),
-                tasks=[convert.attempt_to_pb(a) for a in attempts],
-                checkpoint_id=checkpoint_id,
-                timestamp_ms=timestamp_ms,
-                options=options_pb,
+            command = wpb.ControlCommand(
+                trigger=wpb.TriggerTaskCheckpointRequest(
+                    job_id=self.job_id,
+                    coordinator_epoch=self._epoch(),
+                    tasks=[convert.attempt_to_pb(a) for a in attempts],
+                    checkpoint_id=checkpoint_id,
+                    timestamp_ms=timestamp_ms,
+                    options=options_pb,
+                )
             )
-            self._spawn(self._trigger_rpc(address, request, checkpoint_id, attempts))
+            self._clients.control(address).send(
+                command, self._trigger_failed_fn(address, checkpoint_id, attempts[0])
+            )
 
-    async def _trigger_rpc(
-        self,
-        address: str,
-        request: wpb.TriggerTaskCheckpointRequest,
-        checkpoint_id: int,
-        attempts: list[ExecutionAttempt],
-    ) -> None:
-        try:
-            await self._clients.stub(address).TriggerCheckpoint(
-                request, timeout=self._clients.timeout_s
-            )
-        except grpc.aio.AioRpcError as e:
-            message = f"trigger RPC to {address} failed: {e.code().name} {e.details()}"
+    def _trigger_failed_fn(
+        self, address: str, checkpoint_id: int, attempt: ExecutionAttempt
+    ) -> Callable[[str], None]:
+        def failed(message: str) -> None:
+            if self._closed:
+                return
             self._log.warning(
                 "checkpoint.trigger_failed",
                 checkpoint_id=checkpoint_id,
                 address=address,
                 error=message,
             )
-            self._on_trigger_failed(attempts[0], checkpoint_id, message)
+            self._on_trigger_failed(attempt, checkpoint_id, message)
+
+        return failed
 
     # --- notify ----------------------------------------------------------------------------
 
@@ -149,23 +165,12 @@ class AgentGateway:
                 reason=reason,
                 final=final,
             )
-            self._spawn(self._notify_rpc(address, request, complete))
-
-    async def _notify_rpc(
-        self, address: str, request: wpb.NotifyCheckpointRequest, complete: bool
-    ) -> None:
-        stub = self._clients.stub(address)
-        call = stub.NotifyCheckpointComplete if complete else stub.NotifyCheckpointAborted
-        try:
-            await call(request, timeout=self._clients.timeout_s)
-        except grpc.aio.AioRpcError as e:
-            # A lost completion notice is tolerated by design: the next one commits everything.
-            self._log.info(
-                "checkpoint.notify_failed",
-                checkpoint_id=request.checkpoint_id,
-                address=address,
-                code=e.code().name,
+            command = (
+                wpb.ControlCommand(complete=request)
+                if complete
+                else wpb.ControlCommand(abort=request)
             )
+            self._send(address, command)
 
     # --- cancel ----------------------------------------------------------------------------
 
@@ -176,10 +181,4 @@ class AgentGateway:
                 coordinator_epoch=self._epoch(),
                 tasks=[convert.attempt_to_pb(a) for a in attempts],
             )
-            self._spawn(self._cancel_rpc(address, request))
-
-    async def _cancel_rpc(self, address: str, request: wpb.CancelTaskRequest) -> None:
-        try:
-            await self._clients.stub(address).CancelTask(request, timeout=self._clients.timeout_s)
-        except grpc.aio.AioRpcError as e:
-            self._log.info("task.cancel_failed", address=address, code=e.code().name)
+            self._send(address, wpb.ControlCommand(cancel=request))

@@ -58,10 +58,7 @@ RPC_ROLES: Mapping[str, frozenset[CallerRole]] = {
     "/snapflow.v1.CoordinatorService/GetCheckpointStats": frozenset({_R, _O}),
     "/snapflow.v1.CoordinatorService/GetCheckpointDetails": frozenset({_R, _O}),
     # --- WorkerControlService (called by the coordinator) ---
-    "/snapflow.v1.WorkerControlService/TriggerCheckpoint": frozenset({_S}),
-    "/snapflow.v1.WorkerControlService/NotifyCheckpointComplete": frozenset({_S}),
-    "/snapflow.v1.WorkerControlService/NotifyCheckpointAborted": frozenset({_S}),
-    "/snapflow.v1.WorkerControlService/CancelTask": frozenset({_S}),
+    "/snapflow.v1.WorkerControlService/Control": frozenset({_S}),
     # --- DataExchangeService (called by peer agents) ---
     "/snapflow.v1.DataExchangeService/Exchange": frozenset({_S}),
 }

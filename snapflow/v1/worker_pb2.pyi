@@ -7,6 +7,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ControlCommand(_message.Message):
+    __slots__ = ("sequence", "trigger", "complete", "abort", "cancel")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    trigger: TriggerTaskCheckpointRequest
+    complete: NotifyCheckpointRequest
+    abort: NotifyCheckpointRequest
+    cancel: CancelTaskRequest
+    def __init__(self, sequence: _Optional[int] = ..., trigger: _Optional[_Union[TriggerTaskCheckpointRequest, _Mapping]] = ..., complete: _Optional[_Union[NotifyCheckpointRequest, _Mapping]] = ..., abort: _Optional[_Union[NotifyCheckpointRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelTaskRequest, _Mapping]] = ...) -> None: ...
+
+class ControlReply(_message.Message):
+    __slots__ = ("sequence", "code", "message")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    code: int
+    message: str
+    def __init__(self, sequence: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class TriggerTaskCheckpointRequest(_message.Message):
     __slots__ = ("job_id", "coordinator_epoch", "tasks", "checkpoint_id", "timestamp_ms", "options")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -48,10 +72,6 @@ class CancelTaskRequest(_message.Message):
     coordinator_epoch: int
     tasks: _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskAttempt]
     def __init__(self, job_id: _Optional[str] = ..., coordinator_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskAttempt, _Mapping]]] = ...) -> None: ...
-
-class WorkerAck(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
 
 class ChannelId(_message.Message):
     __slots__ = ("job_id", "producer_vertex_id", "producer_subtask", "consumer_vertex_id", "consumer_subtask", "attempt")

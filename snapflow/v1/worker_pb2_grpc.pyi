@@ -27,66 +27,54 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class WorkerControlServiceStub:
-    """Served by every worker agent. Calls carry the coordinator epoch: an agent ignores (answers
-    FAILED_PRECONDITION to) commands from an epoch older than the newest it has seen.
+    """Served by every worker agent. Commands carry the coordinator epoch: an agent refuses
+    (FAILED_PRECONDITION) commands from an epoch older than the newest it has seen.
     """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerControlServiceAsyncStub: ...
-    TriggerCheckpoint: _grpc.UnaryUnaryMultiCallable[_worker_pb2.TriggerTaskCheckpointRequest, _worker_pb2.WorkerAck]
-    """To source tasks: snapshot your position and inject the barrier."""
-    NotifyCheckpointComplete: _grpc.UnaryUnaryMultiCallable[_worker_pb2.NotifyCheckpointRequest, _worker_pb2.WorkerAck]
-    NotifyCheckpointAborted: _grpc.UnaryUnaryMultiCallable[_worker_pb2.NotifyCheckpointRequest, _worker_pb2.WorkerAck]
-    CancelTask: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CancelTaskRequest, _worker_pb2.WorkerAck]
+    Control: _grpc.StreamStreamMultiCallable[_worker_pb2.ControlCommand, _worker_pb2.ControlReply]
+    """One long-lived stream per coordinator and agent: triggers for source tasks (snapshot your
+    position and inject the barrier), checkpoint completion and abort notices, and cancellation,
+    as messages, carried out in the order sent. A message costs a fraction of a unary call on
+    both sides, and ten checkpoints a second send four per checkpoint. The agent answers every
+    trigger and every refused command (ControlReply); other commands are not answered.
+    """
 
 @_typing.type_check_only
 class WorkerControlServiceAsyncStub(WorkerControlServiceStub):
-    """Served by every worker agent. Calls carry the coordinator epoch: an agent ignores (answers
-    FAILED_PRECONDITION to) commands from an epoch older than the newest it has seen.
+    """Served by every worker agent. Commands carry the coordinator epoch: an agent refuses
+    (FAILED_PRECONDITION) commands from an epoch older than the newest it has seen.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    TriggerCheckpoint: _aio.UnaryUnaryMultiCallable[_worker_pb2.TriggerTaskCheckpointRequest, _worker_pb2.WorkerAck]  # type: ignore[assignment]
-    """To source tasks: snapshot your position and inject the barrier."""
-    NotifyCheckpointComplete: _aio.UnaryUnaryMultiCallable[_worker_pb2.NotifyCheckpointRequest, _worker_pb2.WorkerAck]  # type: ignore[assignment]
-    NotifyCheckpointAborted: _aio.UnaryUnaryMultiCallable[_worker_pb2.NotifyCheckpointRequest, _worker_pb2.WorkerAck]  # type: ignore[assignment]
-    CancelTask: _aio.UnaryUnaryMultiCallable[_worker_pb2.CancelTaskRequest, _worker_pb2.WorkerAck]  # type: ignore[assignment]
+    Control: _aio.StreamStreamMultiCallable[_worker_pb2.ControlCommand, _worker_pb2.ControlReply]  # type: ignore[assignment]
+    """One long-lived stream per coordinator and agent: triggers for source tasks (snapshot your
+    position and inject the barrier), checkpoint completion and abort notices, and cancellation,
+    as messages, carried out in the order sent. A message costs a fraction of a unary call on
+    both sides, and ten checkpoints a second send four per checkpoint. The agent answers every
+    trigger and every refused command (ControlReply); other commands are not answered.
+    """
 
 class WorkerControlServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Served by every worker agent. Calls carry the coordinator epoch: an agent ignores (answers
-    FAILED_PRECONDITION to) commands from an epoch older than the newest it has seen.
+    """Served by every worker agent. Commands carry the coordinator epoch: an agent refuses
+    (FAILED_PRECONDITION) commands from an epoch older than the newest it has seen.
     """
 
     @_abc_1.abstractmethod
-    def TriggerCheckpoint(
+    def Control(
         self,
-        request: _worker_pb2.TriggerTaskCheckpointRequest,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.ControlCommand],
         context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.WorkerAck, _abc.Awaitable[_worker_pb2.WorkerAck]]:
-        """To source tasks: snapshot your position and inject the barrier."""
-
-    @_abc_1.abstractmethod
-    def NotifyCheckpointComplete(
-        self,
-        request: _worker_pb2.NotifyCheckpointRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.WorkerAck, _abc.Awaitable[_worker_pb2.WorkerAck]]: ...
-
-    @_abc_1.abstractmethod
-    def NotifyCheckpointAborted(
-        self,
-        request: _worker_pb2.NotifyCheckpointRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.WorkerAck, _abc.Awaitable[_worker_pb2.WorkerAck]]: ...
-
-    @_abc_1.abstractmethod
-    def CancelTask(
-        self,
-        request: _worker_pb2.CancelTaskRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_worker_pb2.WorkerAck, _abc.Awaitable[_worker_pb2.WorkerAck]]: ...
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.ControlReply], _abc.AsyncIterator[_worker_pb2.ControlReply]]:
+        """One long-lived stream per coordinator and agent: triggers for source tasks (snapshot your
+        position and inject the barrier), checkpoint completion and abort notices, and cancellation,
+        as messages, carried out in the order sent. A message costs a fraction of a unary call on
+        both sides, and ten checkpoints a second send four per checkpoint. The agent answers every
+        trigger and every refused command (ControlReply); other commands are not answered.
+        """
 
 def add_WorkerControlServiceServicer_to_server(servicer: WorkerControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

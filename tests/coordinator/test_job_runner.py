@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 import pytest
 import structlog
 from kit.coordinator import two_vertex_graph
@@ -27,7 +26,7 @@ from kit.polling import wait_until_async
 
 from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator import convert
-from snapflow.coordinator.agent_gateway import AgentClients, AgentGateway, ByAddress, TriggerFailed
+from snapflow.coordinator.agent_gateway import AgentClients, ByAddress, TriggerFailed
 from snapflow.coordinator.checkpoint_coordinator import (
     BarrierOptions,
     CheckpointAborted,
@@ -77,8 +76,6 @@ from snapflow.errors import CheckpointFailedError, StaleEpochError, UnavailableE
 from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
-from snapflow.v1 import worker_pb2 as wpb
-from snapflow.v1 import worker_pb2_grpc as wgrpc
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -460,75 +457,6 @@ def test_watch_cuts_off_a_subscriber_that_does_not_keep_up() -> None:
         assert [e.task_failed.message for e in rest] == [
             str(i) for i in range(1, WATCH_QUEUE_BOUND)
         ]
-
-    run(body())
-
-
-# --- AgentGateway -----------------------------------------------------------------------------
-
-
-class Agent(wgrpc.WorkerControlServiceServicer):
-    def __init__(self, fail_triggers: bool = False) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self.fail_triggers = fail_triggers
-
-    async def TriggerCheckpoint(self, request: Any, context: Any) -> Any:
-        self.calls.append(("trigger", request))
-        if self.fail_triggers:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
-        return wpb.WorkerAck()
-
-    async def NotifyCheckpointComplete(self, request: Any, context: Any) -> Any:
-        self.calls.append(("complete", request))
-        return wpb.WorkerAck()
-
-    async def NotifyCheckpointAborted(self, request: Any, context: Any) -> Any:
-        self.calls.append(("aborted", request))
-        return wpb.WorkerAck()
-
-    async def CancelTask(self, request: Any, context: Any) -> Any:
-        self.calls.append(("cancel", request))
-        return wpb.WorkerAck()
-
-
-@pytest.mark.parametrize("fail_triggers", [False, True])
-def test_gateway_sends_one_call_per_agent_with_the_epoch(fail_triggers: bool) -> None:
-    async def body() -> None:
-        agent = Agent(fail_triggers)
-        server = grpc.aio.server()
-        wgrpc.add_WorkerControlServiceServicer_to_server(agent, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        clients = AgentClients(timeout_s=5, max_message_bytes=1 << 20)
-        failed: list[tuple[ExecutionAttempt, int, str]] = []
-        gateway = AgentGateway(JOB, clients, lambda: 7, lambda *a: failed.append(a), LOG)
-        address = f"127.0.0.1:{port}"
-        other = ExecutionAttempt("src", 1, 1)
-        try:
-            options = BarrierOptions(CheckpointKind.SAVEPOINT, CheckpointMode.ALIGNED, 0, "/sp")
-            gateway.trigger({address: [SRC, other]}, 3, 100, options)
-            await gateway.drain()
-            gateway.notify({address: [SRC]}, 3, complete=True, final=True)
-            await gateway.drain()
-            gateway.notify({address: [SRC]}, 4, complete=False, reason="EXPIRED")
-            await gateway.drain()
-            gateway.cancel({address: [SRC, other]})
-            await gateway.drain()
-        finally:
-            await clients.close()
-            await server.stop(None)
-        kinds = [k for k, _ in agent.calls]
-        assert kinds == ["trigger", "complete", "aborted", "cancel"]
-        assert all(r.coordinator_epoch == 7 and r.job_id == JOB for _, r in agent.calls)
-        trigger = agent.calls[0][1]
-        assert (trigger.checkpoint_id, trigger.timestamp_ms, len(trigger.tasks)) == (3, 100, 2)
-        assert trigger.options.target_location == "/sp"
-        assert agent.calls[1][1].final and agent.calls[2][1].reason == "EXPIRED"
-        if fail_triggers:
-            assert len(failed) == 1 and failed[0][:2] == (SRC, 3)
-            assert "UNAVAILABLE busy" in failed[0][2]
-        else:
-            assert failed == []
 
     run(body())
 

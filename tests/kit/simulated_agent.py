@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -30,6 +31,7 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.ack_batcher import AckBatcher
+from snapflow.worker.runtime.agent_service import CommandRefused, serve_control
 
 AckPolicy = Callable[[pb.TaskAttempt, int], str]
 """Decides per (task, checkpoint id): "ack", "decline" or "ignore"."""
@@ -229,34 +231,30 @@ class SimulatedAgent:
 
 
 class _Control(wgrpc.WorkerControlServiceServicer):
+    """The agent's control stream, carried out by the worker's own ``serve_control``."""
+
     def __init__(self, agent: SimulatedAgent) -> None:
         self.agent = agent
 
-    async def TriggerCheckpoint(
-        self, request: wpb.TriggerTaskCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        if request.coordinator_epoch < self.agent.epoch:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "stale coordinator epoch")
+    async def Control(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for reply in serve_control(request_iterator, context, self):
+            yield reply
+
+    def _check_epoch(self, epoch: int) -> None:
+        if epoch < self.agent.epoch:
+            raise CommandRefused(grpc.StatusCode.FAILED_PRECONDITION, "stale coordinator epoch")
+
+    def trigger(self, request: wpb.TriggerTaskCheckpointRequest) -> None:
+        self._check_epoch(request.coordinator_epoch)
         self.agent.epoch = request.coordinator_epoch
         self.agent._on_trigger(request)
-        return wpb.WorkerAck()
 
-    async def NotifyCheckpointComplete(
-        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        if request.coordinator_epoch < self.agent.epoch:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "stale coordinator epoch")
+    def complete(self, request: wpb.NotifyCheckpointRequest) -> None:
+        self._check_epoch(request.coordinator_epoch)
         self.agent.completed.append(request.checkpoint_id)
-        return wpb.WorkerAck()
 
-    async def NotifyCheckpointAborted(
-        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
+    def abort(self, request: wpb.NotifyCheckpointRequest) -> None:
         self.agent.aborted.append(request.checkpoint_id)
-        return wpb.WorkerAck()
 
-    async def CancelTask(
-        self, request: wpb.CancelTaskRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
+    def cancel(self, request: wpb.CancelTaskRequest) -> None:
         self.agent.canceled += len(request.tasks)
-        return wpb.WorkerAck()

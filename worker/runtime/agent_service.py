@@ -1,22 +1,92 @@
-"""An agent's ``WorkerControlService``: the coordinator's triggers for its source subtasks,
-checkpoint completion and abort notices, and cancellation, each checked against the agent's job
-and coordinator epoch first."""
+"""An agent's ``WorkerControlService``: one ``Control`` stream per coordinator, carrying the
+coordinator's triggers for its source subtasks, checkpoint completion and abort notices, and
+cancellation, each checked against the agent's job and coordinator epoch first.
+
+Commands are carried out one at a time in the order they arrive (none of them waits), so a
+completion notice sent after a trigger reaches the subtasks after it. Every trigger is
+answered, OK or refused, and every refused command; a refused command leaves the stream open
+(the next may be valid). Undecodable bytes end the stream with INVALID_ARGUMENT: an honest
+coordinator never sends them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
 from snapflow import wire
+from snapflow.request_parsing import MAX_ERROR_CHARS, MalformedRequest
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.task import Subtask
 
-__all__ = ["ControlledAgent", "WorkerControlServicer"]
+__all__ = [
+    "CommandRefused",
+    "ControlHandler",
+    "ControlledAgent",
+    "WorkerControlServicer",
+    "serve_control",
+]
+
+
+class CommandRefused(Exception):
+    """A control command the agent does not carry out: the status and what to fix."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message[:MAX_ERROR_CHARS]
+
+
+class ControlHandler(Protocol):
+    """Carries out the commands of a ``Control`` stream; raises ``CommandRefused``."""
+
+    def trigger(self, request: wpb.TriggerTaskCheckpointRequest) -> None: ...
+
+    def complete(self, request: wpb.NotifyCheckpointRequest) -> None: ...
+
+    def abort(self, request: wpb.NotifyCheckpointRequest) -> None: ...
+
+    def cancel(self, request: wpb.CancelTaskRequest) -> None: ...
+
+
+def _reply(command: wpb.ControlCommand, handler: ControlHandler) -> wpb.ControlReply | None:
+    """Carry out one command; the reply to send, or None (an unrefused non-trigger)."""
+    kind = command.WhichOneof("command")
+    try:
+        if kind == "trigger":
+            handler.trigger(command.trigger)
+            return wpb.ControlReply(sequence=command.sequence)
+        if kind == "complete":
+            handler.complete(command.complete)
+        elif kind == "abort":
+            handler.abort(command.abort)
+        elif kind == "cancel":
+            handler.cancel(command.cancel)
+        else:
+            raise CommandRefused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "a control command needs one of trigger, complete, abort or cancel",
+            )
+    except CommandRefused as e:
+        return wpb.ControlReply(sequence=command.sequence, code=e.code.value[0], message=e.message)
+    return None
+
+
+async def serve_control(
+    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, handler: ControlHandler
+) -> AsyncIterator[wpb.ControlReply]:
+    """The body of a ``Control`` handler: each command carried out in order, replies out."""
+    async for command in requests:
+        if isinstance(command, MalformedRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, command.describe())
+        reply = _reply(command, handler)
+        if reply is not None:
+            yield reply
 
 
 class ControlledAgent(Protocol):
@@ -41,79 +111,67 @@ class ControlledAgent(Protocol):
 
 
 class WorkerControlServicer(wgrpc.WorkerControlServiceServicer):
-    """Serves ``WorkerControlService`` for one agent: checks that a message is for the agent's
+    """Serves ``WorkerControlService`` for one agent: checks that a command is for the agent's
     job and coordinator epoch, then hands it to the subtasks it names."""
 
     def __init__(self, agent: ControlledAgent) -> None:
         self.agent = agent
 
-    async def _check(
-        self,
-        job_id: str,
-        epoch: int,
-        attempts: Sequence[pb.TaskAttempt],
-        context: grpc.aio.ServicerContext,
-    ) -> None:
-        """Refuse a message of another job or an older epoch. A newer epoch is adopted only
-        from a message that names current attempts of tasks hosted here, so one forged message
+    async def Control(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[wpb.ControlReply]:
+        async for reply in serve_control(request_iterator, context, self):
+            yield reply
+
+    def _check(self, job_id: str, epoch: int, attempts: Sequence[pb.TaskAttempt]) -> None:
+        """Refuse a command of another job or an older epoch. A newer epoch is adopted only
+        from a command that names current attempts of tasks hosted here, so one forged command
         cannot make the agent refuse its real coordinator."""
         agent = self.agent
         if job_id != agent.job_id:
-            await context.abort(
+            raise CommandRefused(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {job_id[:64]!r} is not hosted by this agent: ignored",
             )
         if epoch < agent.epoch:
-            await context.abort(
+            raise CommandRefused(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"coordinator epoch {epoch} is older than {agent.epoch}: ignored",
             )
         if epoch > agent.epoch:
             if not attempts or not all(agent.hosts(a) for a in attempts):
-                await context.abort(
+                raise CommandRefused(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"coordinator epoch {epoch} is newer than {agent.epoch} but the message "
+                    f"coordinator epoch {epoch} is newer than {agent.epoch} but the command "
                     f"names tasks this agent does not run: ignored",
                 )
             agent.adopt_epoch(epoch)
 
-    async def TriggerCheckpoint(
-        self, request: wpb.TriggerTaskCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
+    def trigger(self, request: wpb.TriggerTaskCheckpointRequest) -> None:
+        self._check(request.job_id, request.coordinator_epoch, request.tasks)
         options = wire.barrier_options_from_pb(request.options)
         tasks = self.agent.tasks_for(request.tasks)
         not_sources = [task.name for task in tasks if not task.is_source][:5]
         if not_sources:
             # Barriers reach the other tasks on their inputs; a trigger there is a bad request.
-            await context.abort(
+            raise CommandRefused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"checkpoint triggers go to source tasks only; not sources: {', '.join(not_sources)}",
             )
         for task in tasks:
             task.trigger(request.checkpoint_id, request.timestamp_ms, options)
-        return wpb.WorkerAck()
 
-    async def NotifyCheckpointComplete(
-        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
+    def complete(self, request: wpb.NotifyCheckpointRequest) -> None:
+        self._check(request.job_id, request.coordinator_epoch, request.tasks)
         for task in self.agent.tasks_for(request.tasks):
             task.notify_complete(request.checkpoint_id, request.final)
-        return wpb.WorkerAck()
 
-    async def NotifyCheckpointAborted(
-        self, request: wpb.NotifyCheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
+    def abort(self, request: wpb.NotifyCheckpointRequest) -> None:
+        self._check(request.job_id, request.coordinator_epoch, request.tasks)
         for task in self.agent.tasks_for(request.tasks):
             task.notify_aborted(request.checkpoint_id)
         self.agent.checkpoint_aborted(request.checkpoint_id)
-        return wpb.WorkerAck()
 
-    async def CancelTask(
-        self, request: wpb.CancelTaskRequest, context: grpc.aio.ServicerContext
-    ) -> wpb.WorkerAck:
-        await self._check(request.job_id, request.coordinator_epoch, request.tasks, context)
+    def cancel(self, request: wpb.CancelTaskRequest) -> None:
+        self._check(request.job_id, request.coordinator_epoch, request.tasks)
         self.agent.cancel_tasks(request.tasks)
-        return wpb.WorkerAck()

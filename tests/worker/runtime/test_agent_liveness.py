@@ -30,6 +30,7 @@ from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
+from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.api.keyed_operators import KeyedCount
 from snapflow.worker.connectors.file_sink import TransactionalFileSink, read_committed
 from snapflow.worker.connectors.split_sources import GeneratorSource
@@ -46,6 +47,13 @@ def _source(records: int = 300_000, rate: int = 100_000) -> GeneratorSource:
 
 
 # --- request parsing and epochs ----------------------------------------------------------------
+
+
+async def control(address: str, commands: list[wpb.ControlCommand]) -> list[wpb.ControlReply]:
+    """Send ``commands`` on one ``Control`` stream, close it, and return the agent's replies."""
+    async with aio_channel(address, PLAINTEXT) as channel:
+        call = wgrpc.WorkerControlServiceStub(channel).Control(iter(commands), timeout=5)
+        return [reply async for reply in call]
 
 
 def test_garbage_bytes_to_every_worker_rpc_are_invalid_argument() -> None:
@@ -110,17 +118,21 @@ def test_forged_notice_with_a_huge_epoch_changes_nothing(redis_url: str, tmp_pat
                         tasks=[pb.TaskAttempt(vertex_id=real.vertex_id, attempt=99)],
                     ),
                 ]
+                commands = [wpb.ControlCommand(sequence=5)]  # no command at all
+                commands += [
+                    wpb.ControlCommand(sequence=6 + i, abort=r) for i, r in enumerate(forged)
+                ]
                 for agent in agents:
-                    async with aio_channel(agent.address, PLAINTEXT) as channel:
-                        notify = channel.unary_unary(
-                            "/snapflow.v1.WorkerControlService/NotifyCheckpointAborted",
-                            request_serializer=wpb.NotifyCheckpointRequest.SerializeToString,
-                            response_deserializer=wpb.WorkerAck.FromString,
-                        )
-                        for request in forged:
-                            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                                await notify(request, timeout=5)
-                            assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+                    # One stream: a refused command is answered and the stream stays open.
+                    replies = await control(agent.address, commands)
+                    assert [(r.sequence, r.code) for r in replies] == [
+                        (5, grpc.StatusCode.INVALID_ARGUMENT.value[0]),
+                        (6, grpc.StatusCode.FAILED_PRECONDITION.value[0]),
+                        (7, grpc.StatusCode.FAILED_PRECONDITION.value[0]),
+                    ]
+                    assert "needs one of trigger" in replies[0].message
+                    assert "is not hosted by this agent" in replies[1].message
+                    assert "names tasks this agent does not run" in replies[2].message
                 assert [a.epoch for a in agents] == epochs
                 # The real coordinator's triggers and notices are still obeyed.
                 await wait_checkpoints_completed(c.stub, job_id, seen + 2)
@@ -164,16 +176,11 @@ def test_a_trigger_naming_a_task_that_is_not_a_source_is_invalid_argument(
                     timestamp_ms=1,
                     options=pb.CheckpointOptions(target_location=str(tmp_path / "forged")),
                 )
-                async with aio_channel(agent.address, PLAINTEXT) as channel:
-                    trigger = channel.unary_unary(
-                        "/snapflow.v1.WorkerControlService/TriggerCheckpoint",
-                        request_serializer=wpb.TriggerTaskCheckpointRequest.SerializeToString,
-                        response_deserializer=wpb.WorkerAck.FromString,
-                    )
-                    with pytest.raises(grpc.aio.AioRpcError) as refused:
-                        await trigger(request, timeout=5)
-                assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-                assert "source tasks only; not sources: count#" in (refused.value.details() or "")
+                [reply] = await control(
+                    agent.address, [wpb.ControlCommand(sequence=1, trigger=request)]
+                )
+                assert reply.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                assert "source tasks only; not sources: count#" in reply.message
                 await wait_checkpoints_completed(c.stub, job_id, seen + 2)
                 async with asyncio.timeout(60):
                     await run

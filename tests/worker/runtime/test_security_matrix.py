@@ -65,6 +65,10 @@ def _request(method: Any, job_id: str, root: Path) -> bytes:
         message.coordinator_epoch = 7
     if method.name == "SubmitJob":
         message.graph.CopyFrom(two_vertex_graph(name="intruder"))
+    if method.name == "Control":
+        return wpb.ControlCommand(
+            trigger=wpb.TriggerTaskCheckpointRequest(job_id=job_id, coordinator_epoch=7)
+        ).SerializeToString()
     if method.name == "Exchange":
         return wpb.ExchangeMessage(
             open=wpb.ChannelId(job_id=job_id, producer_vertex_id="src", consumer_vertex_id="map")
