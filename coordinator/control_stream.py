@@ -176,6 +176,11 @@ class ControlStream:
 
     # --- lifecycle -------------------------------------------------------------------------
 
+    @property
+    def open(self) -> bool:
+        """Whether a call is open (or opening) now."""
+        return self._call is not None
+
     async def drain(self) -> None:
         """Wait until every trigger sent was answered or failed (tests)."""
         while self._call is not None and self._call.pending:

@@ -23,7 +23,7 @@ from snapflow.coordinator.control_stream import ControlStream
 from snapflow.coordinator.model import ExecutionAttempt
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from snapflow.worker.runtime.agent_service import CommandRefused, serve_control
+from snapflow.worker.runtime.agent_service import CommandRefused, ControlCalls
 
 T = TypeVar("T")
 JOB = "0123456789abcdef0123456789abcdef"
@@ -46,13 +46,13 @@ class Agent(wgrpc.WorkerControlServiceServicer):
         self.refuse = refuse
         self.hold = hold
         self.streams = 0
+        self.control = ControlCalls()
 
-    async def Control(self, request_iterator: Any, context: Any) -> Any:
+    async def Control(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
         self.streams += 1
         if self.hold:
             await asyncio.sleep(3600)
-        async for reply in serve_control(request_iterator, context, self):
-            yield reply
+        await self.control.serve(context, self)
 
     def trigger(self, request: wpb.TriggerTaskCheckpointRequest) -> None:
         self.calls.append(("trigger", request))
@@ -190,5 +190,28 @@ def test_triggers_fail_at_once_when_too_many_commands_wait_to_be_written() -> No
             assert "has 4 commands waiting to be written: the agent is not reading" in failures[0]
             await stream.close()
             await channel.close()
+
+    run(body())
+
+
+def test_an_agent_that_stops_ends_its_calls_and_the_next_command_opens_a_new_one() -> None:
+    async def body() -> None:
+        agent = Agent()
+        async with serving(agent) as (address, _):
+            clients = AgentClients(timeout_s=5, max_message_bytes=1 << 20)
+            failed: list[tuple[ExecutionAttempt, int, str]] = []
+            gateway = AgentGateway(JOB, clients, lambda: 1, lambda *a: failed.append(a), LOG)
+            stream = clients.control(address)
+            try:
+                gateway.trigger({address: [SRC]}, 1, 100, OPTIONS)
+                await gateway.drain()
+                agent.control.close()  # what Agent.stop does before its server stops
+                await wait_until_async(lambda: stream.open is False, "the call ended")
+                gateway.trigger({address: [SRC]}, 2, 100, OPTIONS)
+                await gateway.drain()
+            finally:
+                await clients.close()
+        assert [r.checkpoint_id for _, r in agent.calls] == [1, 2]
+        assert agent.streams == 2 and failed == []
 
     run(body())

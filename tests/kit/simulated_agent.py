@@ -31,7 +31,7 @@ from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 from snapflow.worker.runtime.ack_batcher import AckBatcher
-from snapflow.worker.runtime.agent_service import CommandRefused, serve_control
+from snapflow.worker.runtime.agent_service import CommandRefused, ControlCalls
 
 AckPolicy = Callable[[pb.TaskAttempt, int], str]
 """Decides per (task, checkpoint id): "ack", "decline" or "ignore"."""
@@ -66,6 +66,7 @@ class SimulatedAgent:
     last_ack_sent: dict[int, float] = field(default_factory=dict)
     """checkpoint id -> ``time.perf_counter()`` when this agent sent its last ack for it."""
     _server: grpc.aio.Server | None = None
+    _control: _Control | None = None
     _channel: grpc.aio.Channel | None = None
     _stub: cgrpc.CoordinatorServiceAsyncStub | None = None
     _acks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -79,7 +80,8 @@ class SimulatedAgent:
 
     async def start(self) -> None:
         self._server = grpc.aio.server()
-        wgrpc.add_WorkerControlServiceServicer_to_server(_Control(self), self._server)
+        self._control = _Control(self)
+        wgrpc.add_WorkerControlServiceServicer_to_server(self._control, self._server)
         port = self._server.add_insecure_port("127.0.0.1:0")
         await self._server.start()
         self.address = f"127.0.0.1:{port}"
@@ -155,7 +157,9 @@ class SimulatedAgent:
         for task in list(self._acks):
             task.cancel()
         if self._server is not None:
-            await self._server.stop(0)
+            if self._control is not None:
+                self._control.calls.close()
+            await self._server.stop(0.5)
         if self._channel is not None:
             await self._channel.close(grace=None)
 
@@ -231,14 +235,14 @@ class SimulatedAgent:
 
 
 class _Control(wgrpc.WorkerControlServiceServicer):
-    """The agent's control stream, carried out by the worker's own ``serve_control``."""
+    """The agent's control stream, served by the worker's own ``ControlCalls``."""
 
     def __init__(self, agent: SimulatedAgent) -> None:
         self.agent = agent
+        self.calls = ControlCalls()
 
-    async def Control(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        async for reply in serve_control(request_iterator, context, self):
-            yield reply
+    async def Control(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
+        await self.calls.serve(context, self)
 
     def _check_epoch(self, epoch: int) -> None:
         if epoch < self.agent.epoch:

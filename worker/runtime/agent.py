@@ -215,6 +215,7 @@ class Agent:
         self.registry = ChannelRegistry()
         self.hosted: dict[tuple[str, int], _Hosted] = {}
         self._server: grpc.aio.Server | None = None
+        self._control: WorkerControlServicer | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: cgrpc.CoordinatorServiceAsyncStub | None = None
         self._batcher: AckBatcher | None = None
@@ -230,7 +231,8 @@ class Agent:
             options=options, interceptors=server_interceptors(self.security)
         )
         # Undecodable requests are INVALID_ARGUMENT, as on the coordinator.
-        add_servicer(self._server, _CONTROL_SERVICE, WorkerControlServicer(self))
+        self._control = WorkerControlServicer(self)
+        add_servicer(self._server, _CONTROL_SERVICE, self._control)
         add_servicer(self._server, _EXCHANGE_SERVICE, DataExchangeServicer(self.registry))
         port = add_port(self._server, f"{self.host}:{self.port}", self.security)
         await self._server.start()
@@ -251,6 +253,8 @@ class Agent:
         for channel in self._peer_channels.values():
             await channel.close(grace=None)
         if self._server is not None:
+            if self._control is not None:
+                self._control.calls.close()  # the coordinator's control stream ends at once
             await self._server.stop(0.5)
         if self._channel is not None:
             await self._channel.close(grace=None)

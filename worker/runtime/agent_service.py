@@ -6,12 +6,14 @@ Commands are carried out one at a time in the order they arrive (none of them wa
 completion notice sent after a trigger reaches the subtasks after it. Every trigger is
 answered, OK or refused, and every refused command; a refused command leaves the stream open
 (the next may be valid). Undecodable bytes end the stream with INVALID_ARGUMENT: an honest
-coordinator never sends them.
+coordinator never sends them. A stopping agent ends its calls with UNAVAILABLE
+(``ControlCalls.close``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -26,10 +28,10 @@ from snapflow.worker.runtime.task import Subtask
 
 __all__ = [
     "CommandRefused",
+    "ControlCalls",
     "ControlHandler",
     "ControlledAgent",
     "WorkerControlServicer",
-    "serve_control",
 ]
 
 
@@ -77,16 +79,75 @@ def _reply(command: wpb.ControlCommand, handler: ControlHandler) -> wpb.ControlR
     return None
 
 
-async def serve_control(
-    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, handler: ControlHandler
-) -> AsyncIterator[wpb.ControlReply]:
-    """The body of a ``Control`` handler: each command carried out in order, replies out."""
-    async for command in requests:
-        if isinstance(command, MalformedRequest):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, command.describe())
-        reply = _reply(command, handler)
-        if reply is not None:
-            yield reply
+class _ControlCall:
+    """One ``Control`` call being served: a reader task carries the commands out and writes
+    the replies; the handler waits for the outcome and then ends the call. As for ``Exchange``
+    streams (``exchange.py``), gRPC operations in flight are never cancelled from here: the
+    call is ended with the read still pending, which ends that read."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, handler: ControlHandler) -> None:
+        self.context = context
+        self.handler = handler
+        self.outcome: asyncio.Future[tuple[grpc.StatusCode, str] | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def finish(self, outcome: tuple[grpc.StatusCode, str] | None) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(outcome)
+
+    async def _read(self) -> None:
+        context, handler = self.context, self.handler
+        try:
+            while not self.outcome.done():
+                command = await context.read()
+                if command is grpc.aio.EOF or self.outcome.done():
+                    self.finish(None)
+                    return
+                if isinstance(command, MalformedRequest):
+                    self.finish((grpc.StatusCode.INVALID_ARGUMENT, command.describe()))
+                    return
+                reply = _reply(command, handler)
+                if reply is not None:
+                    await context.write(reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the call broke under us (the peer went away)
+            self.finish((grpc.StatusCode.UNAVAILABLE, f"control stream broke: {e!r}"[:200]))
+
+    async def run(self) -> None:
+        reader = asyncio.create_task(self._read(), name="control-reader")
+        try:
+            outcome = await self.outcome
+        except asyncio.CancelledError:
+            reader.cancel()  # the client cancelled the call: the core ends it
+            raise
+        if outcome is not None:
+            await self.context.abort(*outcome)
+
+
+class ControlCalls:
+    """The ``Control`` calls a server is serving, so that they end before it stops: a stream
+    the coordinator keeps open would otherwise hold the server's grace period and then be
+    cancelled (which gRPC logs as an error)."""
+
+    def __init__(self) -> None:
+        self._calls: set[_ControlCall] = set()
+
+    async def serve(self, context: grpc.aio.ServicerContext, handler: ControlHandler) -> None:
+        """The body of a ``Control`` handler: each command carried out in order, the replies
+        written, until the client ends the call or ``close``."""
+        call = _ControlCall(context, handler)
+        self._calls.add(call)
+        try:
+            await call.run()
+        finally:
+            self._calls.discard(call)
+
+    def close(self) -> None:
+        """End every call (UNAVAILABLE: the agent is stopping); call before the server stops."""
+        for call in list(self._calls):
+            call.finish((grpc.StatusCode.UNAVAILABLE, "the agent is stopping"))
 
 
 class ControlledAgent(Protocol):
@@ -116,12 +177,10 @@ class WorkerControlServicer(wgrpc.WorkerControlServiceServicer):
 
     def __init__(self, agent: ControlledAgent) -> None:
         self.agent = agent
+        self.calls = ControlCalls()
 
-    async def Control(
-        self, request_iterator: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[wpb.ControlReply]:
-        async for reply in serve_control(request_iterator, context, self):
-            yield reply
+    async def Control(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
+        await self.calls.serve(context, self)
 
     def _check(self, job_id: str, epoch: int, attempts: Sequence[pb.TaskAttempt]) -> None:
         """Refuse a command of another job or an older epoch. A newer epoch is adopted only
