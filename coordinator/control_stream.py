@@ -20,6 +20,11 @@ The contract, for the coordinator's callers:
   notice leaves the agent to drop the checkpoint at the next one.
 * Commands reach the agent in the order sent, on one call; after a call ended, those not yet
   written are dropped with it (triggers among them fail), never resent on the next call.
+* **Acks** the agent sends up the call (``ControlReply.acks``) go to ``on_acks`` (the same
+  intake as the unary ``AcknowledgeCheckpoints``, ``ack_intake.py``) and its outcomes go back
+  down as ``ack_outcomes`` with the agent's sequence; dropped (logged) when ``max_queued``
+  commands already wait, as the agent then sends them again by unary call. A batch
+  ``on_acks`` refuses as a whole (too many acks) gets that refusal as every ack's outcome.
 """
 
 from __future__ import annotations
@@ -32,12 +37,17 @@ from typing import Any
 
 import grpc
 
+from snapflow.coordinator.ack_intake import refuse_batch
+from snapflow.errors import SnapflowError
 from snapflow.request_parsing import MAX_ERROR_CHARS
+from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 
 #: Called with a message when a trigger failed.
 OnFailed = Callable[[str], None]
+#: Takes a batch of acks an agent sent up the stream; returns one outcome per ack.
+OnAcks = Callable[[cpb.AcknowledgeCheckpointsRequest], cpb.AcknowledgeCheckpointsResponse]
 
 DEFAULT_MAX_QUEUED = 1024
 """Commands waiting to be written on one call. Only reached when an agent stops reading for
@@ -77,8 +87,10 @@ class ControlStream:
         timeout_s: float,
         log: Any,
         max_queued: int = DEFAULT_MAX_QUEUED,
+        on_acks: OnAcks | None = None,
     ) -> None:
         self._stub = stub
+        self._on_acks = on_acks
         self.address = address
         self.timeout_s = timeout_s
         self.max_queued = max_queued
@@ -135,7 +147,10 @@ class ControlStream:
         error = "the agent ended the control stream"
         try:
             async for reply in call.grpc_call:
-                self._answered(call, reply)
+                if reply.HasField("acks"):
+                    self._acks(call, reply)
+                else:
+                    self._answered(call, reply)
         except grpc.aio.AioRpcError as e:
             error = f"{e.code().name} {(e.details() or '')[:MAX_ERROR_CHARS]}"
         except asyncio.CancelledError:
@@ -160,6 +175,22 @@ class ControlStream:
                 sequence=reply.sequence,
                 error=message,
             )
+
+    def _acks(self, call: _Call, reply: wpb.ControlReply) -> None:
+        if self._on_acks is None:  # not a coordinator (tests): unanswered, sent again by call
+            return
+        if call.queue.qsize() >= self.max_queued:
+            self._log.info(
+                "agent.control_dropped",
+                address=self.address,
+                error=f"ack outcomes not sent: {self.max_queued} commands wait to be written",
+            )
+            return
+        try:
+            outcomes = self._on_acks(reply.acks)
+        except SnapflowError as e:
+            outcomes = refuse_batch(reply.acks, e)
+        call.queue.put_nowait(wpb.ControlCommand(sequence=reply.sequence, ack_outcomes=outcomes))
 
     def _ended(self, call: _Call, error: str) -> None:
         if self._call is call:
