@@ -18,7 +18,7 @@ import structlog
 from snapflow import wire
 from snapflow.coordinator import convert
 from snapflow.coordinator.checkpoint_coordinator import BarrierOptions
-from snapflow.coordinator.control_stream import ControlStream, OnAcks
+from snapflow.coordinator.control_stream import ControlStream
 from snapflow.coordinator.model import ExecutionAttempt
 from snapflow.security import PLAINTEXT, SecuritySettings
 from snapflow.tls import aio_channel
@@ -34,19 +34,16 @@ log = structlog.get_logger("snapflow.coordinator")
 
 
 class AgentClients:
-    """One channel and one control stream per agent address, shared by the coordinator's jobs;
-    ``on_acks`` takes the acks agents send up their streams (``ack_intake.acknowledge_batch``)."""
+    """One channel and one control stream per agent address, shared by the coordinator's jobs."""
 
     def __init__(
         self,
         timeout_s: float,
         max_message_bytes: int,
         security: SecuritySettings = PLAINTEXT,
-        on_acks: OnAcks | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self._security = security
-        self._on_acks = on_acks
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -65,9 +62,7 @@ class AgentClients:
         """The control stream to ``address`` (made on first use)."""
         stream = self._streams.get(address)
         if stream is None:
-            stream = ControlStream(
-                lambda: self._stub(address), address, self.timeout_s, log, on_acks=self._on_acks
-            )
+            stream = ControlStream(lambda: self._stub(address), address, self.timeout_s, log)
             self._streams[address] = stream
         return stream
 

@@ -8,8 +8,8 @@ costs a fraction of that.
 
 The contract, for the coordinator's callers:
 
-* ``send`` never blocks and never raises; the call is opened on the first command and opened
-  again on the next command after it ended.
+* ``send`` never blocks and never raises, and reports no failure before it returns; the call
+  is opened on the first command and opened again on the next command after it ended.
 * A **trigger** is answered by the agent (OK or refused). It fails (``on_failed`` with a
   message saying why) when the agent refuses it, when no answer came within ``timeout_s``,
   when the call ends before its answer (the agent died, restarted, or the connection broke:
@@ -20,11 +20,6 @@ The contract, for the coordinator's callers:
   notice leaves the agent to drop the checkpoint at the next one.
 * Commands reach the agent in the order sent, on one call; after a call ended, those not yet
   written are dropped with it (triggers among them fail), never resent on the next call.
-* **Acks** the agent sends up the call (``ControlReply.acks``) go to ``on_acks`` (the same
-  intake as the unary ``AcknowledgeCheckpoints``, ``ack_intake.py``) and its outcomes go back
-  down as ``ack_outcomes`` with the agent's sequence; dropped (logged) when ``max_queued``
-  commands already wait, as the agent then sends them again by unary call. A batch
-  ``on_acks`` refuses as a whole (too many acks) gets that refusal as every ack's outcome.
 """
 
 from __future__ import annotations
@@ -37,17 +32,12 @@ from typing import Any
 
 import grpc
 
-from snapflow.coordinator.ack_intake import refuse_batch
-from snapflow.errors import SnapflowError
 from snapflow.request_parsing import MAX_ERROR_CHARS
-from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
 
 #: Called with a message when a trigger failed.
 OnFailed = Callable[[str], None]
-#: Takes a batch of acks an agent sent up the stream; returns one outcome per ack.
-OnAcks = Callable[[cpb.AcknowledgeCheckpointsRequest], cpb.AcknowledgeCheckpointsResponse]
 
 DEFAULT_MAX_QUEUED = 1024
 """Commands waiting to be written on one call. Only reached when an agent stops reading for
@@ -66,15 +56,18 @@ class _Pending:
 class _Call:
     """One opened call: its queue of commands to write, the triggers awaiting an answer."""
 
-    def __init__(self, max_queued: int) -> None:
-        self.queue: asyncio.Queue[wpb.ControlCommand] = asyncio.Queue()
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[wpb.ControlCommand | None] = asyncio.Queue()
+        """Commands to write; None ends the request stream (the call ended)."""
         self.pending: dict[int, _Pending] = {}
         self.reader: asyncio.Task[None] | None = None
         self.grpc_call: Any = None
 
     async def requests(self) -> AsyncIterator[wpb.ControlCommand]:
-        while True:  # ends when the call does (grpc cancels its reading of this generator)
-            yield await self.queue.get()
+        # Ends when the call does: grpc stops reading it on a cancel, None after any other end
+        # (else grpc's task reading it stays pending and is destroyed so, which asyncio logs).
+        while (command := await self.queue.get()) is not None:
+            yield command
 
 
 class ControlStream:
@@ -87,10 +80,8 @@ class ControlStream:
         timeout_s: float,
         log: Any,
         max_queued: int = DEFAULT_MAX_QUEUED,
-        on_acks: OnAcks | None = None,
     ) -> None:
         self._stub = stub
-        self._on_acks = on_acks
         self.address = address
         self.timeout_s = timeout_s
         self.max_queued = max_queued
@@ -104,9 +95,12 @@ class ControlStream:
     def send(self, command: wpb.ControlCommand, on_failed: OnFailed | None = None) -> None:
         """Queue ``command`` (its ``sequence`` is set here). ``on_failed`` is for triggers:
         it is called once if the trigger fails, never if the agent carried it out."""
+        # Failures are reported from the loop, never from inside send: the caller may be in the
+        # middle of executing the job core's actions.
+        loop = asyncio.get_running_loop()
         if self._closed:
             if on_failed is not None:
-                on_failed(f"control stream to {self.address} is closed")
+                loop.call_soon(on_failed, f"control stream to {self.address} is closed")
             return
         call = self._call if self._call is not None else self._open()
         self._sequence += 1
@@ -117,19 +111,17 @@ class ControlStream:
                 f"to be written: the agent is not reading"
             )
             if on_failed is not None:
-                on_failed(message)
+                loop.call_soon(on_failed, message)
             else:
                 self._log.info("agent.control_dropped", address=self.address, error=message)
             return
         if on_failed is not None:
-            deadline = asyncio.get_running_loop().call_later(
-                self.timeout_s, self._expire, call, self._sequence
-            )
+            deadline = loop.call_later(self.timeout_s, self._expire, call, self._sequence)
             call.pending[self._sequence] = _Pending(on_failed, deadline)
         call.queue.put_nowait(command)
 
     def _open(self) -> _Call:
-        call = self._call = _Call(self.max_queued)
+        call = self._call = _Call()
         call.grpc_call = self._stub().Control(call.requests())
         call.reader = asyncio.create_task(self._read(call))
         return call
@@ -147,10 +139,7 @@ class ControlStream:
         error = "the agent ended the control stream"
         try:
             async for reply in call.grpc_call:
-                if reply.HasField("acks"):
-                    self._acks(call, reply)
-                else:
-                    self._answered(call, reply)
+                self._answered(call, reply)
         except grpc.aio.AioRpcError as e:
             error = f"{e.code().name} {(e.details() or '')[:MAX_ERROR_CHARS]}"
         except asyncio.CancelledError:
@@ -176,25 +165,10 @@ class ControlStream:
                 error=message,
             )
 
-    def _acks(self, call: _Call, reply: wpb.ControlReply) -> None:
-        if self._on_acks is None:  # not a coordinator (tests): unanswered, sent again by call
-            return
-        if call.queue.qsize() >= self.max_queued:
-            self._log.info(
-                "agent.control_dropped",
-                address=self.address,
-                error=f"ack outcomes not sent: {self.max_queued} commands wait to be written",
-            )
-            return
-        try:
-            outcomes = self._on_acks(reply.acks)
-        except SnapflowError as e:
-            outcomes = refuse_batch(reply.acks, e)
-        call.queue.put_nowait(wpb.ControlCommand(sequence=reply.sequence, ack_outcomes=outcomes))
-
     def _ended(self, call: _Call, error: str) -> None:
         if self._call is call:
             self._call = None
+        call.queue.put_nowait(None)
         pending, call.pending = call.pending, {}
         for entry in pending.values():
             entry.deadline.cancel()

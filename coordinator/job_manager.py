@@ -19,7 +19,6 @@ import structlog
 
 from snapflow.checkpoint_config import CheckpointConfig
 from snapflow.coordinator import checkpoint_io, convert
-from snapflow.coordinator.ack_intake import acknowledge_batch
 from snapflow.coordinator.agent_gateway import AgentClients
 from snapflow.coordinator.checkpoint_storage import CheckpointStorage
 from snapflow.coordinator.config import CoordinatorSettings
@@ -73,10 +72,7 @@ class JobManager:
         self.clock = clock
         self.rng = rng or random.Random()
         self.workers = AgentClients(
-            settings.worker_rpc_timeout_s,
-            settings.max_message_bytes,
-            settings.security(),
-            on_acks=lambda request: acknowledge_batch(self._runner_of, request),
+            settings.worker_rpc_timeout_s, settings.max_message_bytes, settings.security()
         )
         self.jobs: dict[str, JobRunner] = {}
         self.epoch = 0
@@ -179,10 +175,6 @@ class JobManager:
         await self.workers.close()
 
     # --- jobs ----------------------------------------------------------------------------------
-
-    def _runner_of(self, job_id: str) -> JobRunner:
-        """The runner of a job id as a client sent it (checked first)."""
-        return self.runner(convert.parse_job_id(job_id))
 
     def runner(self, job_id: str) -> JobRunner:
         runner = self.jobs.get(job_id)

@@ -13,9 +13,8 @@ import grpc
 
 from snapflow import limits, wire
 from snapflow.coordinator import convert
-from snapflow.coordinator.ack_intake import acknowledge_batch
 from snapflow.coordinator.confinement import check_confined
-from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream
+from snapflow.coordinator.grpc_errors import grpc_errors, grpc_errors_stream, status_for
 from snapflow.coordinator.job_manager import JobManager
 from snapflow.coordinator.job_runner import JobRunner
 from snapflow.coordinator.model import (
@@ -25,13 +24,14 @@ from snapflow.coordinator.model import (
     TaskKey,
 )
 from snapflow.coordinator.savepoint_operations import SavepointOperation
-from snapflow.errors import CheckpointRefusedError, InvalidArgumentError
+from snapflow.errors import CheckpointRefusedError, InvalidArgumentError, SnapflowError
 from snapflow.jobgraph import TaskState
 from snapflow.v1 import common_pb2 as pb
 from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import coordinator_pb2_grpc as cgrpc
 
 MAX_HISTORY = 1000
+MAX_ACKS_PER_BATCH = 4096
 MAX_HEARTBEAT_TASKS = limits.MAX_PARALLELISM
 
 
@@ -207,7 +207,28 @@ class CoordinatorServicer(cgrpc.CoordinatorServiceServicer):
     async def AcknowledgeCheckpoints(
         self, request: cpb.AcknowledgeCheckpointsRequest, context: grpc.aio.ServicerContext
     ) -> cpb.AcknowledgeCheckpointsResponse:
-        return acknowledge_batch(self._runner, request)
+        if len(request.acks) > MAX_ACKS_PER_BATCH:
+            raise InvalidArgumentError(
+                f"{len(request.acks)} acks in one call; at most {MAX_ACKS_PER_BATCH}: split the batch"
+            )
+        outcomes = []
+        for ack in request.acks:
+            try:
+                runner = self._runner(ack.job_id)
+                result = runner.acknowledge(
+                    convert.attempt_from_pb(ack.attempt),
+                    convert.checkpoint_id_from_pb(ack.checkpoint_id),
+                    convert.operator_states_from_pb(ack.operator_states),
+                    convert.metrics_from_pb(ack.metrics),
+                    ack.input_ended,
+                    convert.held_ms_from_pb(ack.held_ms),
+                )
+            except SnapflowError as error:
+                code, message = status_for(error)
+                outcomes.append(cpb.AckOutcome(error_code=code.value[0], error_message=message))
+            else:
+                outcomes.append(cpb.AckOutcome(result=convert.ACK_RESULT.to_pb(result)))
+        return cpb.AcknowledgeCheckpointsResponse(outcomes=outcomes)
 
     @grpc_errors
     async def DeclineCheckpoint(

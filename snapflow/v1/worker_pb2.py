@@ -23,52 +23,51 @@ _sym_db = _symbol_database.Default()
 
 
 from snapflow.v1 import common_pb2 as snapflow_dot_v1_dot_common__pb2
-from snapflow.v1 import coordinator_pb2 as snapflow_dot_v1_dot_coordinator__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapflow/v1/worker.proto\x12\x0bsnapflow.v1\x1a\x18snapflow/v1/common.proto\x1a\x1dsnapflow/v1/coordinator.proto\"\xd3\x02\n\x0e\x43ontrolCommand\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12<\n\x07trigger\x18\x02 \x01(\x0b\x32).snapflow.v1.TriggerTaskCheckpointRequestH\x00\x12\x38\n\x08\x63omplete\x18\x03 \x01(\x0b\x32$.snapflow.v1.NotifyCheckpointRequestH\x00\x12\x35\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32$.snapflow.v1.NotifyCheckpointRequestH\x00\x12\x30\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x1e.snapflow.v1.CancelTaskRequestH\x00\x12\x43\n\x0c\x61\x63k_outcomes\x18\x06 \x01(\x0b\x32+.snapflow.v1.AcknowledgeCheckpointsResponseH\x00\x42\t\n\x07\x63ommand\"y\n\x0c\x43ontrolReply\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x38\n\x04\x61\x63ks\x18\x04 \x01(\x0b\x32*.snapflow.v1.AcknowledgeCheckpointsRequest\"\xd0\x01\n\x1cTriggerTaskCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12/\n\x07options\x18\x06 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"\xa3\x01\n\x17NotifyCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\"g\n\x11\x43\x61ncelTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\"\x98\x01\n\tChannelId\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12producer_vertex_id\x18\x02 \x01(\t\x12\x18\n\x10producer_subtask\x18\x03 \x01(\x05\x12\x1a\n\x12\x63onsumer_vertex_id\x18\x04 \x01(\t\x12\x18\n\x10\x63onsumer_subtask\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"i\n\x0f\x45xchangeMessage\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.ChannelIdH\x00\x12#\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x12.snapflow.v1.FrameH\x00\x42\t\n\x07message\"\xb1\x03\n\x05\x46rame\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.DataBatchH\x00\x12\x31\n\x07\x62\x61rrier\x18\x02 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointBarrierH\x00\x12<\n\rcancel_marker\x18\x03 \x01(\x0b\x32#.snapflow.v1.CancelCheckpointMarkerH\x00\x12\x37\n\x10\x65nd_of_partition\x18\x04 \x01(\x0b\x32\x1b.snapflow.v1.EndOfPartitionH\x00\x12+\n\twatermark\x18\x05 \x01(\x0b\x32\x16.snapflow.v1.WatermarkH\x00\x12\x34\n\x0elatency_marker\x18\x06 \x01(\x0b\x32\x1a.snapflow.v1.LatencyMarkerH\x00\x12-\n\x0b\x65nd_of_data\x18\x07 \x01(\x0b\x32\x16.snapflow.v1.EndOfDataH\x00\x12\x38\n\x10watermark_status\x18\x08 \x01(\x0b\x32\x1c.snapflow.v1.WatermarkStatusH\x00\x42\t\n\x07payload\"3\n\tDataBatch\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x13\n\x0bnum_records\x18\x02 \x01(\x05\"q\n\x11\x43heckpointBarrier\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12/\n\x07options\x18\x03 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"/\n\x16\x43\x61ncelCheckpointMarker\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\"\x10\n\x0e\x45ndOfPartition\"\x0b\n\tEndOfData\"!\n\tWatermark\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\"\x1f\n\x0fWatermarkStatus\x12\x0c\n\x04idle\x18\x01 \x01(\x08\"Y\n\rLatencyMarker\x12\x16\n\x0emarked_time_ms\x18\x01 \x01(\x03\x12\x18\n\x10source_vertex_id\x18\x02 \x01(\t\x12\x16\n\x0esource_subtask\x18\x03 \x01(\x05\"\x1e\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\x32]\n\x14WorkerControlService\x12\x45\n\x07\x43ontrol\x12\x1b.snapflow.v1.ControlCommand\x1a\x19.snapflow.v1.ControlReply(\x01\x30\x01\x32]\n\x13\x44\x61taExchangeService\x12\x46\n\x08\x45xchange\x12\x1c.snapflow.v1.ExchangeMessage\x1a\x18.snapflow.v1.CreditGrant(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18snapflow/v1/worker.proto\x12\x0bsnapflow.v1\x1a\x18snapflow/v1/common.proto\"\x8e\x02\n\x0e\x43ontrolCommand\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12<\n\x07trigger\x18\x02 \x01(\x0b\x32).snapflow.v1.TriggerTaskCheckpointRequestH\x00\x12\x38\n\x08\x63omplete\x18\x03 \x01(\x0b\x32$.snapflow.v1.NotifyCheckpointRequestH\x00\x12\x35\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32$.snapflow.v1.NotifyCheckpointRequestH\x00\x12\x30\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x1e.snapflow.v1.CancelTaskRequestH\x00\x42\t\n\x07\x63ommand\"?\n\x0c\x43ontrolReply\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xd0\x01\n\x1cTriggerTaskCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12/\n\x07options\x18\x06 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"\xa3\x01\n\x17NotifyCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\x12\x15\n\rcheckpoint_id\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\"g\n\x11\x43\x61ncelTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63oordinator_epoch\x18\x02 \x01(\x03\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.snapflow.v1.TaskAttempt\"\x98\x01\n\tChannelId\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12producer_vertex_id\x18\x02 \x01(\t\x12\x18\n\x10producer_subtask\x18\x03 \x01(\x05\x12\x1a\n\x12\x63onsumer_vertex_id\x18\x04 \x01(\t\x12\x18\n\x10\x63onsumer_subtask\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\"i\n\x0f\x45xchangeMessage\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.ChannelIdH\x00\x12#\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x12.snapflow.v1.FrameH\x00\x42\t\n\x07message\"\xb1\x03\n\x05\x46rame\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x16.snapflow.v1.DataBatchH\x00\x12\x31\n\x07\x62\x61rrier\x18\x02 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointBarrierH\x00\x12<\n\rcancel_marker\x18\x03 \x01(\x0b\x32#.snapflow.v1.CancelCheckpointMarkerH\x00\x12\x37\n\x10\x65nd_of_partition\x18\x04 \x01(\x0b\x32\x1b.snapflow.v1.EndOfPartitionH\x00\x12+\n\twatermark\x18\x05 \x01(\x0b\x32\x16.snapflow.v1.WatermarkH\x00\x12\x34\n\x0elatency_marker\x18\x06 \x01(\x0b\x32\x1a.snapflow.v1.LatencyMarkerH\x00\x12-\n\x0b\x65nd_of_data\x18\x07 \x01(\x0b\x32\x16.snapflow.v1.EndOfDataH\x00\x12\x38\n\x10watermark_status\x18\x08 \x01(\x0b\x32\x1c.snapflow.v1.WatermarkStatusH\x00\x42\t\n\x07payload\"3\n\tDataBatch\x12\x11\n\tarrow_ipc\x18\x01 \x01(\x0c\x12\x13\n\x0bnum_records\x18\x02 \x01(\x05\"q\n\x11\x43heckpointBarrier\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12/\n\x07options\x18\x03 \x01(\x0b\x32\x1e.snapflow.v1.CheckpointOptions\"/\n\x16\x43\x61ncelCheckpointMarker\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\x03\"\x10\n\x0e\x45ndOfPartition\"\x0b\n\tEndOfData\"!\n\tWatermark\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\"\x1f\n\x0fWatermarkStatus\x12\x0c\n\x04idle\x18\x01 \x01(\x08\"Y\n\rLatencyMarker\x12\x16\n\x0emarked_time_ms\x18\x01 \x01(\x03\x12\x18\n\x10source_vertex_id\x18\x02 \x01(\t\x12\x16\n\x0esource_subtask\x18\x03 \x01(\x05\"\x1e\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\x32]\n\x14WorkerControlService\x12\x45\n\x07\x43ontrol\x12\x1b.snapflow.v1.ControlCommand\x1a\x19.snapflow.v1.ControlReply(\x01\x30\x01\x32]\n\x13\x44\x61taExchangeService\x12\x46\n\x08\x45xchange\x12\x1c.snapflow.v1.ExchangeMessage\x1a\x18.snapflow.v1.CreditGrant(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snapflow.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONTROLCOMMAND']._serialized_start=99
-  _globals['_CONTROLCOMMAND']._serialized_end=438
-  _globals['_CONTROLREPLY']._serialized_start=440
-  _globals['_CONTROLREPLY']._serialized_end=561
-  _globals['_TRIGGERTASKCHECKPOINTREQUEST']._serialized_start=564
-  _globals['_TRIGGERTASKCHECKPOINTREQUEST']._serialized_end=772
-  _globals['_NOTIFYCHECKPOINTREQUEST']._serialized_start=775
-  _globals['_NOTIFYCHECKPOINTREQUEST']._serialized_end=938
-  _globals['_CANCELTASKREQUEST']._serialized_start=940
-  _globals['_CANCELTASKREQUEST']._serialized_end=1043
-  _globals['_CHANNELID']._serialized_start=1046
-  _globals['_CHANNELID']._serialized_end=1198
-  _globals['_EXCHANGEMESSAGE']._serialized_start=1200
-  _globals['_EXCHANGEMESSAGE']._serialized_end=1305
-  _globals['_FRAME']._serialized_start=1308
-  _globals['_FRAME']._serialized_end=1741
-  _globals['_DATABATCH']._serialized_start=1743
-  _globals['_DATABATCH']._serialized_end=1794
-  _globals['_CHECKPOINTBARRIER']._serialized_start=1796
-  _globals['_CHECKPOINTBARRIER']._serialized_end=1909
-  _globals['_CANCELCHECKPOINTMARKER']._serialized_start=1911
-  _globals['_CANCELCHECKPOINTMARKER']._serialized_end=1958
-  _globals['_ENDOFPARTITION']._serialized_start=1960
-  _globals['_ENDOFPARTITION']._serialized_end=1976
-  _globals['_ENDOFDATA']._serialized_start=1978
-  _globals['_ENDOFDATA']._serialized_end=1989
-  _globals['_WATERMARK']._serialized_start=1991
-  _globals['_WATERMARK']._serialized_end=2024
-  _globals['_WATERMARKSTATUS']._serialized_start=2026
-  _globals['_WATERMARKSTATUS']._serialized_end=2057
-  _globals['_LATENCYMARKER']._serialized_start=2059
-  _globals['_LATENCYMARKER']._serialized_end=2148
-  _globals['_CREDITGRANT']._serialized_start=2150
-  _globals['_CREDITGRANT']._serialized_end=2180
-  _globals['_WORKERCONTROLSERVICE']._serialized_start=2182
-  _globals['_WORKERCONTROLSERVICE']._serialized_end=2275
-  _globals['_DATAEXCHANGESERVICE']._serialized_start=2277
-  _globals['_DATAEXCHANGESERVICE']._serialized_end=2370
+  _globals['_CONTROLCOMMAND']._serialized_start=68
+  _globals['_CONTROLCOMMAND']._serialized_end=338
+  _globals['_CONTROLREPLY']._serialized_start=340
+  _globals['_CONTROLREPLY']._serialized_end=403
+  _globals['_TRIGGERTASKCHECKPOINTREQUEST']._serialized_start=406
+  _globals['_TRIGGERTASKCHECKPOINTREQUEST']._serialized_end=614
+  _globals['_NOTIFYCHECKPOINTREQUEST']._serialized_start=617
+  _globals['_NOTIFYCHECKPOINTREQUEST']._serialized_end=780
+  _globals['_CANCELTASKREQUEST']._serialized_start=782
+  _globals['_CANCELTASKREQUEST']._serialized_end=885
+  _globals['_CHANNELID']._serialized_start=888
+  _globals['_CHANNELID']._serialized_end=1040
+  _globals['_EXCHANGEMESSAGE']._serialized_start=1042
+  _globals['_EXCHANGEMESSAGE']._serialized_end=1147
+  _globals['_FRAME']._serialized_start=1150
+  _globals['_FRAME']._serialized_end=1583
+  _globals['_DATABATCH']._serialized_start=1585
+  _globals['_DATABATCH']._serialized_end=1636
+  _globals['_CHECKPOINTBARRIER']._serialized_start=1638
+  _globals['_CHECKPOINTBARRIER']._serialized_end=1751
+  _globals['_CANCELCHECKPOINTMARKER']._serialized_start=1753
+  _globals['_CANCELCHECKPOINTMARKER']._serialized_end=1800
+  _globals['_ENDOFPARTITION']._serialized_start=1802
+  _globals['_ENDOFPARTITION']._serialized_end=1818
+  _globals['_ENDOFDATA']._serialized_start=1820
+  _globals['_ENDOFDATA']._serialized_end=1831
+  _globals['_WATERMARK']._serialized_start=1833
+  _globals['_WATERMARK']._serialized_end=1866
+  _globals['_WATERMARKSTATUS']._serialized_start=1868
+  _globals['_WATERMARKSTATUS']._serialized_end=1899
+  _globals['_LATENCYMARKER']._serialized_start=1901
+  _globals['_LATENCYMARKER']._serialized_end=1990
+  _globals['_CREDITGRANT']._serialized_start=1992
+  _globals['_CREDITGRANT']._serialized_end=2022
+  _globals['_WORKERCONTROLSERVICE']._serialized_start=2024
+  _globals['_WORKERCONTROLSERVICE']._serialized_end=2117
+  _globals['_DATAEXCHANGESERVICE']._serialized_start=2119
+  _globals['_DATAEXCHANGESERVICE']._serialized_end=2212
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,4 @@
 from snapflow.v1 import common_pb2 as _common_pb2
-from snapflow.v1 import coordinator_pb2 as _coordinator_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -9,32 +8,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ControlCommand(_message.Message):
-    __slots__ = ("sequence", "trigger", "complete", "abort", "cancel", "ack_outcomes")
+    __slots__ = ("sequence", "trigger", "complete", "abort", "cancel")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
-    ACK_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     trigger: TriggerTaskCheckpointRequest
     complete: NotifyCheckpointRequest
     abort: NotifyCheckpointRequest
     cancel: CancelTaskRequest
-    ack_outcomes: _coordinator_pb2.AcknowledgeCheckpointsResponse
-    def __init__(self, sequence: _Optional[int] = ..., trigger: _Optional[_Union[TriggerTaskCheckpointRequest, _Mapping]] = ..., complete: _Optional[_Union[NotifyCheckpointRequest, _Mapping]] = ..., abort: _Optional[_Union[NotifyCheckpointRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelTaskRequest, _Mapping]] = ..., ack_outcomes: _Optional[_Union[_coordinator_pb2.AcknowledgeCheckpointsResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, sequence: _Optional[int] = ..., trigger: _Optional[_Union[TriggerTaskCheckpointRequest, _Mapping]] = ..., complete: _Optional[_Union[NotifyCheckpointRequest, _Mapping]] = ..., abort: _Optional[_Union[NotifyCheckpointRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelTaskRequest, _Mapping]] = ...) -> None: ...
 
 class ControlReply(_message.Message):
-    __slots__ = ("sequence", "code", "message", "acks")
+    __slots__ = ("sequence", "code", "message")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    ACKS_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     code: int
     message: str
-    acks: _coordinator_pb2.AcknowledgeCheckpointsRequest
-    def __init__(self, sequence: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., acks: _Optional[_Union[_coordinator_pb2.AcknowledgeCheckpointsRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, sequence: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class TriggerTaskCheckpointRequest(_message.Message):
     __slots__ = ("job_id", "coordinator_epoch", "tasks", "checkpoint_id", "timestamp_ms", "options")

@@ -54,8 +54,6 @@ class WorkerControlServiceServicer:
         as messages, carried out in the order sent. A message costs a fraction of a unary call on
         both sides, and ten checkpoints a second send four per checkpoint. The agent answers every
         trigger and every refused command (ControlReply); other commands are not answered.
-        The agent also sends its checkpoint acknowledgements up the stream of the coordinator whose
-        epoch it follows (ControlReply.acks), answered by ControlCommand.ack_outcomes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

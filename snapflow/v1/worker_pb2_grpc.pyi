@@ -41,8 +41,6 @@ class WorkerControlServiceStub:
     as messages, carried out in the order sent. A message costs a fraction of a unary call on
     both sides, and ten checkpoints a second send four per checkpoint. The agent answers every
     trigger and every refused command (ControlReply); other commands are not answered.
-    The agent also sends its checkpoint acknowledgements up the stream of the coordinator whose
-    epoch it follows (ControlReply.acks), answered by ControlCommand.ack_outcomes.
     """
 
 @_typing.type_check_only
@@ -58,8 +56,6 @@ class WorkerControlServiceAsyncStub(WorkerControlServiceStub):
     as messages, carried out in the order sent. A message costs a fraction of a unary call on
     both sides, and ten checkpoints a second send four per checkpoint. The agent answers every
     trigger and every refused command (ControlReply); other commands are not answered.
-    The agent also sends its checkpoint acknowledgements up the stream of the coordinator whose
-    epoch it follows (ControlReply.acks), answered by ControlCommand.ack_outcomes.
     """
 
 class WorkerControlServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -78,8 +74,6 @@ class WorkerControlServiceServicer(metaclass=_abc_1.ABCMeta):
         as messages, carried out in the order sent. A message costs a fraction of a unary call on
         both sides, and ten checkpoints a second send four per checkpoint. The agent answers every
         trigger and every refused command (ControlReply); other commands are not answered.
-        The agent also sends its checkpoint acknowledgements up the stream of the coordinator whose
-        epoch it follows (ControlReply.acks), answered by ControlCommand.ack_outcomes.
         """
 
 def add_WorkerControlServiceServicer_to_server(servicer: WorkerControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -461,7 +461,7 @@ def test_batched_acks_are_judged_one_by_one(env: Env, tmp_path: Path) -> None:
                         cpb.AcknowledgeCheckpointsRequest(acks=flood), timeout=T
                     ),
                     Code.INVALID_ARGUMENT,
-                    "4097 acks in one batch; at most 4096",
+                    "4097 acks in one call; at most 4096",
                 )
                 details = await checkpoint_details(env.stub, job.id, checkpoint_id)
                 assert details.summary.num_acknowledged == 1

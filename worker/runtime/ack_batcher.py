@@ -9,20 +9,12 @@ completion: ``ack_hold``), then sends the acks that are ready within ``linger_s`
 RPC per agent and checkpoint instead of one per subtask. Each ack says how long it was held
 (``held_ms``), so the coordinator's ack times stay those of the snapshots. Each ack still gets
 its own outcome; a rejected ack raises for its own caller only.
-
-A batch goes up the coordinator's control stream when ``route`` names one (the call of the
-coordinator whose epoch the agent follows: ``ControlCalls.route``), a message instead of a unary
-call on both sides; it goes by ``AcknowledgeCheckpoints`` when there is none, or when that call
-ended or went unanswered for ``timeout_s`` before the outcomes came (``RouteLost``): sent twice,
-an ack is answered ``DUPLICATE`` the second time, its files kept for the first.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import grpc
 import structlog
@@ -44,20 +36,6 @@ class AckRejected(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
-
-
-class RouteLost(Exception):
-    """The control stream ended, or did not answer in time, before the batch's outcomes."""
-
-
-class AckRoute(Protocol):
-    """A coordinator's control stream the agent's acks can go up (``agent_service``)."""
-
-    async def acknowledge(
-        self, request: cpb.AcknowledgeCheckpointsRequest, timeout_s: float
-    ) -> cpb.AcknowledgeCheckpointsResponse:
-        """The outcomes of ``request``; raises ``RouteLost``."""
-        ...
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -83,10 +61,8 @@ class AckBatcher:
         max_batch: int = DEFAULT_MAX_BATCH,
         timeout_s: float = 10.0,
         max_hold_s: float = MAX_HOLD_S,
-        route: Callable[[], AckRoute | None] | None = None,
     ) -> None:
         self.stub = stub
-        self._route = route
         self.linger_s = linger_s
         self.max_batch = max_batch
         self.timeout_s = timeout_s
@@ -171,23 +147,12 @@ class AckBatcher:
             task.add_done_callback(self._inflight.discard)
 
     async def _send(self, batch: list[_Ack]) -> None:
-        request = cpb.AcknowledgeCheckpointsRequest(acks=[a.request for a in batch])
-        response: cpb.AcknowledgeCheckpointsResponse | None = None
-        route = self._route() if self._route is not None else None
-        if route is not None:
-            try:
-                response = await route.acknowledge(request, self.timeout_s)
-            except RouteLost:
-                response = None  # sent again by call: a duplicate is answered DUPLICATE
         try:
-            if response is None:
-                response = await self.stub.AcknowledgeCheckpoints(request, timeout=self.timeout_s)
-            if len(response.outcomes) != len(batch):
-                raise AckRejected(
-                    grpc.StatusCode.INTERNAL,
-                    f"{len(response.outcomes)} outcomes for {len(batch)} acks",
-                )
-        except (grpc.aio.AioRpcError, AckRejected) as e:
+            response = await self.stub.AcknowledgeCheckpoints(
+                cpb.AcknowledgeCheckpointsRequest(acks=[a.request for a in batch]),
+                timeout=self.timeout_s,
+            )
+        except grpc.aio.AioRpcError as e:
             for ack in batch:
                 if not ack.future.done():
                     ack.future.set_exception(e)

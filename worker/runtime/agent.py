@@ -240,9 +240,7 @@ class Agent:
         # One address or several (highly available coordinators): calls find the leader.
         self._channel = aio_leader_channel(self.coordinator_address, self.security, options)
         self._stub = cgrpc.CoordinatorServiceStub(self._channel)
-        # Acks go up the control stream of the coordinator this agent follows, when open.
-        control = self._control
-        self._batcher = AckBatcher(self._stub, route=lambda: control.calls.route(self.epoch))
+        self._batcher = AckBatcher(self._stub)
 
     async def stop(self) -> None:
         for hosted in self.hosted.values():

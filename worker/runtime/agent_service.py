@@ -22,10 +22,8 @@ import grpc.aio
 from snapflow import wire
 from snapflow.request_parsing import MAX_ERROR_CHARS, MalformedRequest
 from snapflow.v1 import common_pb2 as pb
-from snapflow.v1 import coordinator_pb2 as cpb
 from snapflow.v1 import worker_pb2 as wpb
 from snapflow.v1 import worker_pb2_grpc as wgrpc
-from snapflow.worker.runtime.ack_batcher import AckRoute, RouteLost
 from snapflow.worker.runtime.task import Subtask
 
 __all__ = [
@@ -85,11 +83,7 @@ class _ControlCall:
     """One ``Control`` call being served: a reader task carries the commands out and writes
     the replies; the handler waits for the outcome and then ends the call. As for ``Exchange``
     streams (``exchange.py``), gRPC operations in flight are never cancelled from here: the
-    call is ended with the read still pending, which ends that read.
-
-    It is also an ``AckRoute``: the agent's acks go up it (``acknowledge``) and their outcomes
-    come down as ``ack_outcomes``; writes are serialised by a lock (replies and acks come from
-    different tasks)."""
+    call is ended with the read still pending, which ends that read."""
 
     def __init__(self, context: grpc.aio.ServicerContext, handler: ControlHandler) -> None:
         self.context = context
@@ -97,52 +91,10 @@ class _ControlCall:
         self.outcome: asyncio.Future[tuple[grpc.StatusCode, str] | None] = (
             asyncio.get_running_loop().create_future()
         )
-        self.epoch = -1
-        """The newest coordinator epoch of a command carried out on this call."""
-        self._write_lock = asyncio.Lock()
-        self._acks: dict[int, asyncio.Future[cpb.AcknowledgeCheckpointsResponse]] = {}
-        self._ack_sequence = 0
 
     def finish(self, outcome: tuple[grpc.StatusCode, str] | None) -> None:
         if not self.outcome.done():
             self.outcome.set_result(outcome)
-
-    async def _write(self, message: wpb.ControlReply) -> None:
-        async with self._write_lock:
-            await self.context.write(message)
-
-    async def acknowledge(
-        self, request: cpb.AcknowledgeCheckpointsRequest, timeout_s: float
-    ) -> cpb.AcknowledgeCheckpointsResponse:
-        """Send ``request`` up this call and wait for its outcomes (``RouteLost``: the call
-        ended, or no answer within ``timeout_s``)."""
-        if self.outcome.done():
-            raise RouteLost("the control stream ended")
-        self._ack_sequence += 1
-        sequence = self._ack_sequence
-        answer = self._acks[sequence] = asyncio.get_running_loop().create_future()
-        try:
-            await self._write(wpb.ControlReply(sequence=sequence, acks=request))
-            async with asyncio.timeout(timeout_s):
-                return await answer
-        except TimeoutError:
-            raise RouteLost(f"no outcomes within {timeout_s:g} s") from None
-        except RouteLost:
-            raise
-        except Exception as e:  # the write failed: the call is over
-            raise RouteLost(f"the control stream broke: {e!r}"[:200]) from e
-        finally:
-            self._acks.pop(sequence, None)
-
-    def _answer(self, command: wpb.ControlCommand) -> None:
-        answer = self._acks.get(command.sequence)
-        if answer is not None and not answer.done():
-            answer.set_result(command.ack_outcomes)
-
-    def _lost(self) -> None:
-        for answer in self._acks.values():
-            if not answer.done():
-                answer.set_exception(RouteLost("the control stream ended"))
 
     async def _read(self) -> None:
         context, handler = self.context, self.handler
@@ -155,15 +107,9 @@ class _ControlCall:
                 if isinstance(command, MalformedRequest):
                     self.finish((grpc.StatusCode.INVALID_ARGUMENT, command.describe()))
                     return
-                kind = command.WhichOneof("command")
-                if kind == "ack_outcomes":
-                    self._answer(command)
-                    continue
                 reply = _reply(command, handler)
-                if reply is None or reply.code == 0:
-                    self.epoch = max(self.epoch, getattr(command, kind).coordinator_epoch)
                 if reply is not None:
-                    await self._write(reply)
+                    await context.write(reply)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the call broke under us (the peer went away)
@@ -174,10 +120,8 @@ class _ControlCall:
         try:
             outcome = await self.outcome
         except asyncio.CancelledError:
-            self._lost()
             reader.cancel()  # the client cancelled the call: the core ends it
             raise
-        self._lost()
         if outcome is not None:
             await self.context.abort(*outcome)
 
@@ -188,26 +132,17 @@ class ControlCalls:
     cancelled (which gRPC logs as an error)."""
 
     def __init__(self) -> None:
-        self._calls: dict[_ControlCall, None] = {}
-        """In the order opened (a dict as an ordered set)."""
+        self._calls: set[_ControlCall] = set()
 
     async def serve(self, context: grpc.aio.ServicerContext, handler: ControlHandler) -> None:
         """The body of a ``Control`` handler: each command carried out in order, the replies
         written, until the client ends the call or ``close``."""
         call = _ControlCall(context, handler)
-        self._calls[call] = None
+        self._calls.add(call)
         try:
             await call.run()
         finally:
-            self._calls.pop(call, None)
-
-    def route(self, epoch: int) -> AckRoute | None:
-        """The newest open call that carried out a command of coordinator ``epoch``: the
-        coordinator the agent follows, where its acks go (None: by unary call)."""
-        for call in reversed(self._calls):
-            if call.epoch == epoch and not call.outcome.done():
-                return call
-        return None
+            self._calls.discard(call)
 
     def close(self) -> None:
         """End every call (UNAVAILABLE: the agent is stopping); call before the server stops."""
