@@ -1,5 +1,5 @@
 """The coordinator's control stream to an agent (``control_stream.py``, ``AgentGateway``), over
-real gRPC against an agent that serves ``Control`` with the worker's own ``serve_control``:
+real gRPC against an agent that serves ``Control`` with the worker's own ``ControlCalls``:
 commands arrive in order with the epoch, and a trigger fails exactly when the contract says
 (refused, not answered in time, the call ended first, too many commands waiting); other
 commands never report."""
